@@ -1,0 +1,225 @@
+// Package client is the Go client of tokenbus's NATS protocol. The gateway
+// uses it, and so can any Go program that wants to skip HTTP: publish an
+// OpenAI request body, read the reply stream frame by frame.
+//
+// One Client holds one wildcard subscription on its inbox prefix and routes
+// replies to streams through a map: a subscription per stream would cost
+// about 512 KB and several microseconds per token.
+package client
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Options tune a Client. Zero values take the defaults shown.
+type Options struct {
+	// InboxPrefix is the subject prefix for reply subjects; default: the
+	// connection's inbox prefix plus a unique token. Tenants restricted by NATS
+	// permissions use the prefix they are allowed to subscribe to.
+	InboxPrefix string
+	// FirstFrameTimeout bounds the wait for the first frame (queued, accepted
+	// or error) after publishing. Default 5s.
+	FirstFrameTimeout time.Duration
+	// StallTimeout bounds the silence between frames once a worker accepted
+	// the request; workers send keepalives much more often. Default 15s.
+	StallTimeout time.Duration
+	// MaxPending bounds the frames buffered for one stream whose reader is
+	// slower than its worker; past it the stream fails. Default 4096.
+	MaxPending int
+	Logger     *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.FirstFrameTimeout <= 0 {
+		o.FirstFrameTimeout = 5 * time.Second
+	}
+	if o.StallTimeout <= 0 {
+		o.StallTimeout = 15 * time.Second
+	}
+	if o.MaxPending <= 0 {
+		o.MaxPending = 4096
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Client sends requests and demultiplexes their reply streams.
+type Client struct {
+	nc     *nats.Conn
+	opts   Options
+	prefix string // inbox prefix ending in '.'
+	sub    *nats.Subscription
+
+	mu      sync.Mutex
+	streams map[string]*Stream // by inbox token
+}
+
+// New subscribes to the reply prefix on nc.
+func New(nc *nats.Conn, opts Options) (*Client, error) {
+	opts.defaults()
+	prefix := opts.InboxPrefix
+	if prefix == "" {
+		prefix = nats.InboxPrefix + nuid.Next()
+	}
+	prefix = strings.TrimSuffix(prefix, ".") + "."
+	c := &Client{nc: nc, opts: opts, prefix: prefix, streams: make(map[string]*Stream)}
+	sub, err := nc.Subscribe(prefix+"*", c.route)
+	if err != nil {
+		return nil, err
+	}
+	// Replies for thousands of streams share this one subscription: let it
+	// buffer generously rather than drop (a drop fails a stream).
+	if err := sub.SetPendingLimits(1<<20, 256<<20); err != nil {
+		return nil, err
+	}
+	c.sub = sub
+	return c, nil
+}
+
+// Close unsubscribes; open streams fail.
+func (c *Client) Close() error {
+	err := c.sub.Unsubscribe()
+	c.mu.Lock()
+	streams := c.streams
+	c.streams = map[string]*Stream{}
+	c.mu.Unlock()
+	for _, s := range streams {
+		s.fail(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the client is shutting down"))
+	}
+	return err
+}
+
+// Open streams counts streams in flight.
+func (c *Client) Open() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.streams)
+}
+
+// Request is one request to send.
+type Request struct {
+	ID       string       // required; see schemas.ValidRequestID
+	Kind     schemas.Kind // required
+	Model    string       // required
+	Body     []byte       // the OpenAI JSON body, sent as is
+	Deadline time.Time    // optional
+	Priority int          // optional; lower runs first
+	Tenant   string       // optional
+	Trace    string       // optional W3C traceparent
+	// Subject overrides where the request is published (default
+	// schemas.ReqSubject(Model)); a gateway with an embedded dispatcher
+	// publishes straight to a worker's subject.
+	Subject string
+	// Bounce is set with Subject: where a full worker hands the request back.
+	Bounce string
+}
+
+// Header builds the NATS headers of r.
+func (r *Request) Header() nats.Header {
+	h := nats.Header{}
+	h[schemas.HdrRequestID] = []string{r.ID}
+	h[schemas.HdrKind] = []string{string(r.Kind)}
+	h[schemas.HdrModel] = []string{r.Model}
+	if !r.Deadline.IsZero() {
+		h[schemas.HdrDeadline] = []string{schemas.FormatDeadline(r.Deadline)}
+	}
+	if r.Priority != 0 {
+		h[schemas.HdrPriority] = []string{itoa(r.Priority)}
+	}
+	if r.Tenant != "" {
+		h[schemas.HdrTenant] = []string{r.Tenant}
+	}
+	if r.Trace != "" {
+		h[schemas.HdrTrace] = []string{r.Trace}
+	}
+	if r.Bounce != "" {
+		h[schemas.HdrBounce] = []string{r.Bounce}
+	}
+	return h
+}
+
+// ErrClosed is returned by Start after Close.
+var ErrClosed = errors.New("tokenbus client closed")
+
+// Start publishes r and returns its reply stream. The caller must Close the
+// stream (which cancels the request if it has not finished).
+func (c *Client) Start(r *Request) (*Stream, error) {
+	if !schemas.ValidRequestID(r.ID) {
+		return nil, schemas.BadRequest("", "invalid request id")
+	}
+	if !r.Kind.Valid() {
+		return nil, schemas.BadRequest("", "invalid request kind %q", r.Kind)
+	}
+	tok := nuid.Next()
+	s := newStream(c, tok, r)
+	c.mu.Lock()
+	if c.streams == nil {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	c.streams[tok] = s
+	c.mu.Unlock()
+	subject := r.Subject
+	if subject == "" {
+		subject = schemas.ReqSubject(r.Model)
+	}
+	msg := &nats.Msg{Subject: subject, Reply: c.prefix + tok, Header: r.Header(), Data: r.Body}
+	if err := c.nc.PublishMsg(msg); err != nil {
+		c.remove(tok)
+		return nil, schemas.Unavailable(schemas.CodeNoDispatcher, 1, "cannot publish the request: %v", err)
+	}
+	return s, nil
+}
+
+func (c *Client) remove(tok string) {
+	c.mu.Lock()
+	delete(c.streams, tok)
+	c.mu.Unlock()
+}
+
+// route runs on the subscription's goroutine for every reply of every stream:
+// keep it short and never block.
+func (c *Client) route(m *nats.Msg) {
+	tok := m.Subject[len(c.prefix):]
+	c.mu.Lock()
+	s := c.streams[tok]
+	c.mu.Unlock()
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		if s != nil {
+			s.fail(schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher is serving requests"))
+		}
+		return
+	}
+	f, err := schemas.ParseFrame(m.Data)
+	if err != nil {
+		c.opts.Logger.Warn("dropping malformed reply frame", "subject", m.Subject)
+		return
+	}
+	if s == nil {
+		// The stream ended (client gone) but a worker is still talking to
+		// it: tell the worker to stop.
+		if f.Type == schemas.FrameAccepted {
+			c.cancelLate(f.Payload)
+		}
+		return
+	}
+	s.push(f)
+}
+
+func (c *Client) cancelLate(payload []byte) {
+	acc, ok := parseAccepted(payload)
+	if !ok || acc.Cancel == "" || acc.RequestID == "" {
+		return
+	}
+	_ = c.nc.Publish(acc.Cancel, []byte(acc.RequestID))
+}

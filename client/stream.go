@@ -1,0 +1,235 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Stream is the reply stream of one request. Next is for one reader at a time.
+type Stream struct {
+	c   *Client
+	tok string
+	req *Request
+
+	mu       sync.Mutex
+	pending  []schemas.Frame
+	notify   chan struct{} // cap 1: "pending changed"
+	failed   *schemas.Error
+	worker   string
+	cancel   string // worker's cancel subject, once accepted
+	queued   bool
+	stallFor time.Duration
+	nextSeq  uint64 // next expected worker sequence number
+	finished bool   // a terminal frame was delivered
+	closed   bool
+
+	timer *time.Timer
+}
+
+func newStream(c *Client, tok string, r *Request) *Stream {
+	return &Stream{c: c, tok: tok, req: r, notify: make(chan struct{}, 1),
+		stallFor: c.opts.FirstFrameTimeout, nextSeq: 1}
+}
+
+// ID is the request id.
+func (s *Stream) ID() string { return s.req.ID }
+
+// Worker is the id of the worker that accepted the request, or "".
+func (s *Stream) Worker() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.worker
+}
+
+// Queued reports whether a dispatcher queued the request at some point.
+func (s *Stream) Queued() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued
+}
+
+func (s *Stream) push(f schemas.Frame) {
+	s.mu.Lock()
+	if s.failed != nil || s.finished {
+		s.mu.Unlock()
+		return
+	}
+	switch {
+	case f.Seq == 0:
+		// dispatcher frames are not numbered
+	case f.Seq != s.nextSeq:
+		s.failLocked(schemas.Unavailable(schemas.CodeStreamLost, 1,
+			"reply stream lost messages (expected frame %d, got %d)", s.nextSeq, f.Seq))
+		s.mu.Unlock()
+		return
+	default:
+		s.nextSeq++
+	}
+	if len(s.pending) >= s.c.opts.MaxPending {
+		s.failLocked(schemas.Unavailable(schemas.CodeStreamLost, 1, "reader too slow: reply stream overflowed"))
+		s.mu.Unlock()
+		return
+	}
+	s.pending = append(s.pending, f)
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *Stream) wake() {
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Stream) fail(e *schemas.Error) {
+	s.mu.Lock()
+	s.failLocked(e)
+	s.mu.Unlock()
+	s.wake()
+}
+
+func (s *Stream) failLocked(e *schemas.Error) {
+	if s.failed == nil && !s.finished {
+		s.failed = e
+	}
+}
+
+// Next returns the next content frame: chunk, then done (the last); queued,
+// accepted and keepalive frames are handled here and not returned. Errors:
+// an error frame, a lost stream (gap, stall, overflow) or no dispatcher come
+// back as *schemas.Error; ctx ending returns ctx.Err(); after done, io.EOF.
+func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
+	for {
+		s.mu.Lock()
+		if s.finished {
+			s.mu.Unlock()
+			return schemas.Frame{}, io.EOF
+		}
+		if len(s.pending) > 0 {
+			f := s.pending[0]
+			s.pending[0] = schemas.Frame{}
+			s.pending = s.pending[1:]
+			if len(s.pending) == 0 {
+				s.pending = s.pending[:0:0]
+			}
+			out, err, ok := s.handleLocked(f)
+			s.mu.Unlock()
+			if ok {
+				return out, err
+			}
+			continue
+		}
+		if s.failed != nil {
+			err := s.failed
+			s.finished = true
+			s.mu.Unlock()
+			return schemas.Frame{}, err
+		}
+		stall := s.stallFor
+		s.mu.Unlock()
+
+		if s.timer == nil {
+			s.timer = time.NewTimer(stall)
+		} else {
+			s.timer.Reset(stall)
+		}
+		select {
+		case <-s.notify:
+			s.timer.Stop()
+		case <-ctx.Done():
+			s.timer.Stop()
+			return schemas.Frame{}, ctx.Err()
+		case <-s.timer.C:
+			s.fail(s.stallError())
+		}
+	}
+}
+
+// Buffered reports whether Next would return without waiting; a writer uses
+// it to flush once per burst instead of once per frame.
+func (s *Stream) Buffered() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending) > 0 || s.failed != nil
+}
+
+func (s *Stream) stallError() *schemas.Error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.worker != "":
+		return schemas.Unavailable(schemas.CodeStreamLost, 1, "worker %s went silent for %s", s.worker, s.stallFor)
+	case s.queued:
+		return schemas.Unavailable(schemas.CodeQueueFull, 1, "the request waited in the queue for too long")
+	}
+	return schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher answered within %s", s.stallFor)
+}
+
+// handleLocked processes one frame; ok says whether to return it.
+func (s *Stream) handleLocked(f schemas.Frame) (schemas.Frame, error, bool) {
+	switch f.Type {
+	case schemas.FrameQueued:
+		s.queued = true
+		var q schemas.Queued
+		if json.Unmarshal(f.Payload, &q) == nil && q.TimeoutMS > 0 {
+			s.stallFor = time.Duration(q.TimeoutMS)*time.Millisecond + s.c.opts.StallTimeout
+		}
+		return f, nil, false
+	case schemas.FrameAccepted:
+		if acc, ok := parseAccepted(f.Payload); ok {
+			s.worker, s.cancel = acc.Worker, acc.Cancel
+		}
+		s.stallFor = s.c.opts.StallTimeout
+		return f, nil, false
+	case schemas.FrameKeepalive:
+		return f, nil, false
+	case schemas.FrameChunk:
+		return f, nil, true
+	case schemas.FrameDone:
+		s.finished = true
+		return f, nil, true
+	case schemas.FrameError:
+		s.finished = true
+		return schemas.Frame{}, schemas.ParseErrorPayload(f.Payload), true
+	}
+	return f, nil, false
+}
+
+// Close releases the stream. If the request has not finished, it is cancelled:
+// at its worker once one accepted it, otherwise in every dispatcher's queue.
+func (s *Stream) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	done := s.finished && s.failed == nil
+	cancel := s.cancel
+	s.mu.Unlock()
+	s.c.remove(s.tok)
+	if done {
+		return
+	}
+	if cancel != "" {
+		_ = s.c.nc.Publish(cancel, []byte(s.req.ID))
+	} else {
+		_ = s.c.nc.Publish(schemas.QueueCancel, []byte(s.req.ID))
+	}
+}
+
+func parseAccepted(b []byte) (schemas.Accepted, bool) {
+	var a schemas.Accepted
+	err := json.Unmarshal(b, &a)
+	return a, err == nil
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }
+

@@ -1,0 +1,49 @@
+package schemas
+
+// Heartbeat is published by every worker on HeartbeatSubject every second and
+// whenever its state changes. A worker whose heartbeats stop for three
+// intervals is gone.
+type Heartbeat struct {
+	Worker         string   `json:"worker"`
+	Models         []string `json:"models"`             // models served, base models and loaded adapters
+	Adapters       []string `json:"adapters,omitempty"` // the LoRA adapters among Models
+	MaxLoras       int      `json:"max_loras,omitempty"`
+	MaxConcurrency int      `json:"max_concurrency"` // the worker's admission cap
+	Running        int      `json:"running"`         // requests admitted and not finished
+	Waiting        int      `json:"waiting"`         // requests the engine has queued (part of Running)
+	KVCacheUsage   float64  `json:"kv_cache_usage"`  // 0..1
+	Draining       bool     `json:"draining,omitempty"`
+	Healthy        bool     `json:"healthy"`
+	Engine         string   `json:"engine"`
+	Version        string   `json:"version"`
+	IntervalMS     int      `json:"interval_ms"`
+	Seq            uint64   `json:"seq"`
+}
+
+// DoneNotice is published on DoneSubject when a worker finishes a request, so
+// dispatchers free its capacity at once instead of at the next heartbeat.
+type DoneNotice struct {
+	Worker    string `json:"worker"`
+	RequestID string `json:"request_id"`
+	Running   int    `json:"running"` // the worker's running count after this request left
+}
+
+// Control operations on CtlSubject; request and reply bodies are JSON.
+const (
+	CtlDrain         = "drain"          // {} -> CtlReply
+	CtlLoadAdapter   = "load_adapter"   // AdapterRequest -> CtlReply
+	CtlUnloadAdapter = "unload_adapter" // AdapterRequest -> CtlReply
+)
+
+// AdapterRequest asks a worker to load or unload a LoRA adapter.
+type AdapterRequest struct {
+	Name string `json:"name"`
+	Base string `json:"base,omitempty"`
+	Path string `json:"path,omitempty"`
+}
+
+// CtlReply answers a control request; Error is nil on success.
+type CtlReply struct {
+	OK    bool   `json:"ok"`
+	Error *Error `json:"error,omitempty"`
+}

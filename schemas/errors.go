@@ -1,0 +1,137 @@
+package schemas
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Error is an OpenAI-shaped error together with its HTTP status. It is the one
+// error type that crosses the bus (payload of an error frame) and the one the
+// gateway writes; AsError maps every other error to it, in one place.
+type Error struct {
+	Status     int       `json:"status"`
+	RetryAfter int       `json:"retry_after,omitempty"` // seconds; sent as Retry-After
+	Body       ErrorBody `json:"error"`
+}
+
+// ErrorBody is OpenAI's nested error object; all four keys are always present.
+type ErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Body.Type, e.Body.Message) }
+
+// JSON is the body OpenAI clients expect: {"error":{...}}.
+func (e *Error) JSON() []byte {
+	b, _ := json.Marshal(struct {
+		Error ErrorBody `json:"error"`
+	}{e.Body})
+	return b
+}
+
+// Error types as OpenAI names them.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeAuthentication = "authentication_error"
+	TypePermission     = "permission_error"
+	TypeNotFound       = "not_found_error"
+	TypeRateLimit      = "rate_limit_error"
+	TypeOverloaded     = "overloaded_error"
+	TypeServer         = "server_error"
+	TypeTimeout        = "timeout_error"
+)
+
+func strp(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// NewError builds an Error; empty param or code become JSON null.
+func NewError(status int, typ, code, param, msg string) *Error {
+	return &Error{Status: status, Body: ErrorBody{Message: msg, Type: typ, Param: strp(param), Code: strp(code)}}
+}
+
+// BadRequest is a 400 about param (which may be empty).
+func BadRequest(param, format string, args ...any) *Error {
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, "", param, fmt.Sprintf(format, args...))
+}
+
+// ModelNotFound is OpenAI's 404 for an unknown model.
+func ModelNotFound(model string) *Error {
+	return NewError(http.StatusNotFound, TypeInvalidRequest, "model_not_found", "model",
+		fmt.Sprintf("The model `%s` does not exist.", model))
+}
+
+// Unavailable is a 503 with a retry hint in seconds.
+func Unavailable(code string, retryAfter int, format string, args ...any) *Error {
+	e := NewError(http.StatusServiceUnavailable, TypeOverloaded, code, "", fmt.Sprintf(format, args...))
+	e.RetryAfter = retryAfter
+	return e
+}
+
+// Internal is a 500 that says what failed without leaking details.
+func Internal(format string, args ...any) *Error {
+	return NewError(http.StatusInternalServerError, TypeServer, "internal_error", "", fmt.Sprintf(format, args...))
+}
+
+// Timeout is a 504: the request's deadline passed on the bus.
+func Timeout(format string, args ...any) *Error {
+	return NewError(http.StatusGatewayTimeout, TypeTimeout, "timeout", "", fmt.Sprintf(format, args...))
+}
+
+// Codes that clients and tests can rely on.
+const (
+	CodeQueueFull       = "queue_full"
+	CodeNoWorker        = "no_worker"
+	CodeNoDispatcher    = "no_dispatcher"
+	CodeStreamLost      = "stream_lost"   // gap in the sequence or worker went silent
+	CodeWorkerBusy      = "worker_busy"   // a worker at its cap, with no dispatcher to hand it back to
+	CodeShuttingDown    = "shutting_down" // the serving process is draining
+	CodeEngineError     = "engine_error"
+	CodeEngineUnhealthy = "engine_unhealthy"
+)
+
+// AsError maps any error to an *Error. This is the only place where Go errors
+// become OpenAI error bodies.
+func AsError(err error) *Error {
+	var e *Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &e):
+		return e
+	case errors.Is(err, context.DeadlineExceeded):
+		return Timeout("the request timed out")
+	case errors.Is(err, context.Canceled):
+		// The client went away; the status is for logs and metrics only
+		// (499 is nginx's "client closed request").
+		return NewError(499, TypeInvalidRequest, "cancelled", "", "the request was cancelled")
+	}
+	return Internal("internal error: %v", err)
+}
+
+// ParseErrorPayload decodes an error frame payload; a malformed one becomes a 502.
+func ParseErrorPayload(b []byte) *Error {
+	var e Error
+	if err := json.Unmarshal(b, &e); err != nil || e.Status < 400 || e.Status > 599 && e.Status != 0 {
+		return NewError(http.StatusBadGateway, TypeServer, CodeEngineError, "", "malformed error from worker")
+	}
+	if e.Body.Type == "" {
+		e.Body.Type = TypeServer
+	}
+	return &e
+}
+
+// Payload is e as an error frame payload.
+func (e *Error) Payload() []byte {
+	b, _ := json.Marshal(e)
+	return b
+}

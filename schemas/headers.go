@@ -1,0 +1,73 @@
+package schemas
+
+import (
+	"strconv"
+	"time"
+)
+
+// Request headers on ReqPrefix and WorkPrefix messages. The body of a request
+// is the client's OpenAI JSON, byte for byte. NATS header names are case-sensitive.
+const (
+	HdrRequestID = "Tb-Request-Id" // required; see ValidRequestID
+	HdrKind      = "Tb-Kind"       // "chat" or "completion"; required
+	HdrModel     = "Tb-Model"      // the model as the client named it
+	HdrDeadline  = "Tb-Deadline"   // unix milliseconds; work past it is dropped
+	HdrPriority  = "Tb-Priority"   // integer, lower is served first (vLLM's convention); default 0
+	HdrTenant    = "Tb-Tenant"     // tenant name, for limits and usage
+	HdrBounce    = "Tb-Bounce"     // set by a dispatcher: where a full worker hands the request back
+	HdrAttempt   = "Tb-Attempt"    // set by a dispatcher: how many workers have bounced it
+	HdrTrace     = "traceparent"   // W3C trace context
+)
+
+// Kind is the OpenAI endpoint a request is for.
+type Kind string
+
+const (
+	KindChat       Kind = "chat"
+	KindCompletion Kind = "completion"
+)
+
+// Valid reports whether k is a known kind.
+func (k Kind) Valid() bool { return k == KindChat || k == KindCompletion }
+
+// MaxRequestIDLen caps request ids accepted from clients.
+const MaxRequestIDLen = 128
+
+// ValidRequestID reports whether id is acceptable as a request id: 1 to
+// MaxRequestIDLen bytes of letters, digits and "-_.:".
+func ValidRequestID(id string) bool {
+	if id == "" || len(id) > MaxRequestIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(tokenSafe(c) || c == '.' || c == ':') {
+			return false
+		}
+	}
+	return true
+}
+
+// FormatDeadline writes t as the HdrDeadline value.
+func FormatDeadline(t time.Time) string { return strconv.FormatInt(t.UnixMilli(), 10) }
+
+// ParseDeadline reads a HdrDeadline value; the zero time means none.
+func ParseDeadline(v string) time.Time {
+	if v == "" {
+		return time.Time{}
+	}
+	ms, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || ms <= 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+// ParsePriority reads a HdrPriority value; anything unparsable is 0.
+func ParsePriority(v string) int {
+	p, err := strconv.Atoi(v)
+	if err != nil {
+		return 0
+	}
+	return p
+}

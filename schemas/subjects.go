@@ -1,0 +1,80 @@
+package schemas
+
+import "strings"
+
+// Prefix is the root of every tokenbus subject. The version is part of the
+// subject so that a v2 protocol can run beside v1 on one NATS cluster.
+const Prefix = "tokenbus.v1"
+
+// Subjects. A <model-token> is ModelToken(model); a <worker-id> must itself be
+// a valid subject token (see ValidToken).
+const (
+	// ReqPrefix + <model-token>: client requests; dispatchers listen in queue group DispatcherQueue.
+	ReqPrefix = Prefix + ".req."
+	// WorkPrefix + <worker-id>: requests forwarded by a dispatcher to one worker.
+	WorkPrefix = Prefix + ".work."
+	// HeartbeatPrefix + <worker-id>: worker heartbeats (Heartbeat JSON).
+	HeartbeatPrefix = Prefix + ".hb."
+	// DonePrefix + <worker-id>: one DoneNotice per finished request.
+	DonePrefix = Prefix + ".done."
+	// CancelPrefix + <worker-id>: body = request id; the worker aborts it.
+	CancelPrefix = Prefix + ".cancel."
+	// CtlPrefix + <worker-id> + "." + <op>: request/reply control of one worker.
+	CtlPrefix = Prefix + ".ctl."
+	// BouncePrefix + <dispatcher-id>: a worker that is full hands a forwarded
+	// request back to the dispatcher that sent it (header HdrBounce names the subject).
+	BouncePrefix = Prefix + ".bounce."
+	// QueueCancel: body = request id; every dispatcher drops that request from its queue.
+	QueueCancel = Prefix + ".qcancel"
+	// EventsPrefix + <kind>: registry changes (models, adapters, keys).
+	EventsPrefix = Prefix + ".events."
+
+	// DispatcherQueue is the queue group of all dispatchers on ReqPrefix + ">".
+	DispatcherQueue = "tokenbus-dispatchers"
+)
+
+// ReqSubject is the subject a client publishes a request for model to.
+func ReqSubject(model string) string { return ReqPrefix + ModelToken(model) }
+
+// WorkSubject is the subject on which worker id takes forwarded requests.
+func WorkSubject(workerID string) string { return WorkPrefix + workerID }
+
+// HeartbeatSubject is where worker id publishes its heartbeats.
+func HeartbeatSubject(workerID string) string { return HeartbeatPrefix + workerID }
+
+// DoneSubject is where worker id announces finished requests.
+func DoneSubject(workerID string) string { return DonePrefix + workerID }
+
+// CancelSubject is where worker id takes cancellations.
+func CancelSubject(workerID string) string { return CancelPrefix + workerID }
+
+// CtlSubject is the control subject for operation op on worker id.
+func CtlSubject(workerID, op string) string { return CtlPrefix + workerID + "." + op }
+
+// BounceSubject is where dispatcher id takes requests back from full workers.
+func BounceSubject(dispatcherID string) string { return BouncePrefix + dispatcherID }
+
+// ModelFromReqSubject returns the model named by a request subject.
+func ModelFromReqSubject(subject string) (string, bool) {
+	tok, ok := strings.CutPrefix(subject, ReqPrefix)
+	if !ok {
+		return "", false
+	}
+	m, err := ParseModelToken(tok)
+	return m, err == nil
+}
+
+// ValidToken reports whether s can stand as one subject token: non-empty, and
+// none of '.', '*', '>', whitespace or control characters.
+func ValidToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c <= ' ' || c == '.' || c == '*' || c == '>' || c == 0x7f {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,70 @@
+// Package engine defines what a worker needs from an inference engine. The
+// engines themselves live in sub-packages: sim (built in, no GPU), vllm and
+// openai (HTTP servers).
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Request is one OpenAI request as the worker hands it to an engine.
+type Request struct {
+	ID          string       // tokenbus request id
+	Kind        schemas.Kind // chat or completion
+	Model       string       // the model the client named (a base model or an adapter)
+	Body        []byte       // the client's JSON, byte for byte; unknown fields must survive
+	Deadline    time.Time    // zero: none
+	TraceParent string       // W3C trace context, to pass on to HTTP engines
+}
+
+// Sink receives a request's output. An engine calls it from one goroutine at
+// a time per request.
+type Sink interface {
+	// Chunks hands over one or more complete OpenAI chunk objects (exactly the
+	// JSON that follows "data: " in SSE), separated by '\n', for a streaming
+	// request. They are published as one message, so an engine should pass
+	// everything it has ready in one call, and must never hold back the first.
+	// The engine may reuse b once Chunks returns. An error means the request is
+	// gone (cancelled, client lost): stop generating.
+	Chunks(b []byte) error
+}
+
+// Result is what a finished request leaves.
+type Result struct {
+	Usage schemas.Usage
+	// Response is the whole OpenAI response object for stream:false, nil for streams.
+	Response []byte
+}
+
+// Engine runs requests. Generate blocks until the request is finished,
+// cancelled (ctx) or failed; errors a client should see are *schemas.Error
+// (a 400 for a bad field, a 503 for an engine that is down...), anything else
+// becomes a 500.
+type Engine interface {
+	Name() string
+	Generate(ctx context.Context, req *Request, sink Sink) (*Result, error)
+	// Models lists what the engine serves now: base models and loaded adapters.
+	Models() []string
+	Stats() Stats
+	// Health returns nil when the engine can take requests.
+	Health(ctx context.Context) error
+	Close() error
+}
+
+// Stats is an engine's load, as heartbeats advertise it.
+type Stats struct {
+	Running      int     // sequences being decoded
+	Waiting      int     // sequences queued inside the engine
+	KVCacheUsage float64 // 0..1
+	Adapters     []string
+	MaxLoras     int
+}
+
+// Adapters is implemented by engines that can load LoRA adapters at run time.
+type Adapters interface {
+	LoadAdapter(ctx context.Context, name, path string) error
+	UnloadAdapter(ctx context.Context, name string) error
+}
