@@ -47,3 +47,14 @@ type CtlReply struct {
 	OK    bool   `json:"ok"`
 	Error *Error `json:"error,omitempty"`
 }
+
+// Model is an entry of OpenAI's (and vLLM's) model list.
+type Model struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"` // "model"
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root,omitempty"`
+	Parent      *string `json:"parent"`
+	MaxModelLen int     `json:"max_model_len,omitempty"`
+}

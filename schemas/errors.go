@@ -25,7 +25,9 @@ type ErrorBody struct {
 	Code    *string `json:"code"`
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Body.Type, e.Body.Message) }
+func (e *Error) Error() string {
+	return fmt.Sprintf("%d %s: %s", e.Status, e.Body.Type, e.Body.Message)
+}
 
 // JSON is the body OpenAI clients expect: {"error":{...}}.
 func (e *Error) JSON() []byte {

@@ -138,7 +138,7 @@ type Queued struct {
 type Accepted struct {
 	RequestID string `json:"request_id"`
 	Worker    string `json:"worker"`
-	Cancel string `json:"cancel"` // publish the request id here to abort
+	Cancel    string `json:"cancel"` // publish the request id here to abort
 }
 
 // DoneInfo is what every done payload has at its top level.
