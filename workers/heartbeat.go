@@ -1,0 +1,137 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+func (w *Worker) beatSoon() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	w.publishHeartbeat()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		case <-w.wake:
+		}
+		w.publishHeartbeat()
+	}
+}
+
+// Heartbeat is the worker's current state as it advertises it.
+func (w *Worker) Heartbeat() schemas.Heartbeat {
+	st := w.eng.Stats()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	healthy := w.eng.Health(ctx) == nil
+	cancel()
+	return schemas.Heartbeat{
+		Worker:         w.cfg.ID,
+		Models:         w.eng.Models(),
+		Adapters:       st.Adapters,
+		MaxLoras:       st.MaxLoras,
+		MaxConcurrency: w.cfg.MaxConcurrency,
+		Running:        w.Running(),
+		Waiting:        st.Waiting,
+		KVCacheUsage:   st.KVCacheUsage,
+		Draining:       w.draining.Load(),
+		Healthy:        healthy,
+		Engine:         w.eng.Name(),
+		Version:        w.cfg.Version,
+		IntervalMS:     int(w.cfg.HeartbeatInterval / time.Millisecond),
+		Seq:            w.hbSeq.Add(1),
+	}
+}
+
+func (w *Worker) publishHeartbeat() {
+	b, _ := json.Marshal(w.Heartbeat())
+	if err := w.nc.Publish(schemas.HeartbeatSubject(w.cfg.ID), b); err != nil {
+		w.log.Warn("heartbeat not sent", "err", err)
+	}
+}
+
+// keepaliveLoop sends keepalives on streams that have been silent (long
+// prefill, queued in the engine), so the client tells a slow worker from a
+// dead one. One ticker for all streams, not a timer per stream.
+func (w *Worker) keepaliveLoop(stop <-chan struct{}) {
+	t := time.NewTicker(w.cfg.KeepaliveInterval / 2)
+	defer t.Stop()
+	var calls []*call
+	for {
+		select {
+		case <-stop:
+			return
+		case now := <-t.C:
+			calls = calls[:0]
+			w.mu.Lock()
+			for _, c := range w.inflight {
+				calls = append(calls, c)
+			}
+			w.mu.Unlock()
+			for _, c := range calls {
+				c.keepalive(now, w.cfg.KeepaliveInterval)
+			}
+		}
+	}
+}
+
+// onControl answers request/reply control operations.
+func (w *Worker) onControl(m *nats.Msg) {
+	op := m.Subject[len(schemas.CtlPrefix)+len(w.cfg.ID)+1:]
+	reply := func(err error) {
+		if m.Reply == "" {
+			return
+		}
+		r := schemas.CtlReply{OK: err == nil}
+		if err != nil {
+			r.Error = schemas.AsError(err)
+		}
+		b, _ := json.Marshal(r)
+		_ = m.Respond(b)
+	}
+	switch op {
+	case schemas.CtlDrain:
+		w.Drain()
+		reply(nil)
+	case schemas.CtlLoadAdapter, schemas.CtlUnloadAdapter:
+		ad, ok := w.eng.(engine.Adapters)
+		if !ok {
+			reply(schemas.BadRequest("", "engine %s cannot load adapters", w.eng.Name()))
+			return
+		}
+		var req schemas.AdapterRequest
+		if err := json.Unmarshal(m.Data, &req); err != nil || req.Name == "" {
+			reply(schemas.BadRequest("name", "adapter request needs a name"))
+			return
+		}
+		// Loading takes a while: never block the control subscription.
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			var err error
+			if op == schemas.CtlLoadAdapter {
+				err = ad.LoadAdapter(ctx, req.Name, req.Path)
+			} else {
+				err = ad.UnloadAdapter(ctx, req.Name)
+			}
+			reply(err)
+			w.beatSoon()
+		}()
+	default:
+		reply(schemas.BadRequest("", "unknown control operation %q", op))
+	}
+}

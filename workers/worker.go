@@ -1,0 +1,253 @@
+// Package workers is the worker runtime: it takes requests forwarded by
+// dispatchers on its work subject, admits them up to a hard cap, runs them on
+// an engine and publishes the reply stream, and tells the dispatchers about
+// itself with heartbeats and done notices.
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// Config tunes a Worker. Zero values take the defaults shown.
+type Config struct {
+	ID                string        // required; a valid subject token
+	MaxConcurrency    int           // hard admission cap; default 256
+	HeartbeatInterval time.Duration // default 1s
+	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
+	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
+	Version           string
+}
+
+func (c *Config) defaults() {
+	if c.MaxConcurrency <= 0 {
+		c.MaxConcurrency = 256
+	}
+	if c.HeartbeatInterval <= 0 {
+		c.HeartbeatInterval = time.Second
+	}
+	if c.KeepaliveInterval <= 0 {
+		c.KeepaliveInterval = 2 * time.Second
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = 30 * time.Second
+	}
+}
+
+// Worker runs one engine behind the bus.
+type Worker struct {
+	cfg Config
+	nc  *nats.Conn
+	eng engine.Engine
+	log *slog.Logger
+
+	running  atomic.Int64
+	draining atomic.Bool
+	hbSeq    atomic.Uint64
+	wake     chan struct{} // asks the heartbeat loop for an early beat
+
+	mu       sync.Mutex
+	inflight map[string]*call // by request id
+	wg       sync.WaitGroup
+}
+
+// New makes a worker; Run starts it.
+func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worker, error) {
+	cfg.defaults()
+	if !schemas.ValidToken(cfg.ID) {
+		return nil, errors.New("worker id must be a non-empty subject token (no '.', '*', '>' or spaces)")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
+		inflight: map[string]*call{}, wake: make(chan struct{}, 1)}, nil
+}
+
+// ID is the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Running is the number of requests admitted and not finished.
+func (w *Worker) Running() int { return int(w.running.Load()) }
+
+// Drain stops taking new requests; those in flight go on.
+func (w *Worker) Drain() {
+	if !w.draining.Swap(true) {
+		w.log.Info("draining")
+		w.beatSoon()
+	}
+}
+
+// Run serves until ctx ends, then drains: it stops taking work, lets in-flight
+// requests finish within DrainTimeout, cancels the rest and returns.
+func (w *Worker) Run(ctx context.Context) error {
+	var subs []*nats.Subscription
+	sub := func(subject string, h nats.MsgHandler) error {
+		s, err := w.nc.Subscribe(subject, h)
+		if err != nil {
+			return err
+		}
+		// Requests arrive in bursts at high rates; never drop them silently.
+		_ = s.SetPendingLimits(1<<20, 1<<30)
+		subs = append(subs, s)
+		return nil
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	if err := sub(schemas.WorkSubject(w.cfg.ID), w.onRequest); err != nil {
+		return err
+	}
+	if err := sub(schemas.CancelSubject(w.cfg.ID), w.onCancel); err != nil {
+		return err
+	}
+	if err := sub(schemas.CtlSubject(w.cfg.ID, "*"), w.onControl); err != nil {
+		return err
+	}
+	if err := w.nc.Flush(); err != nil {
+		return err
+	}
+	w.log.Info("worker up", "engine", w.eng.Name(), "models", w.eng.Models(), "max_concurrency", w.cfg.MaxConcurrency)
+
+	stop := make(chan struct{})
+	loops := sync.WaitGroup{}
+	loops.Add(2)
+	go func() { defer loops.Done(); w.heartbeatLoop(stop) }()
+	go func() { defer loops.Done(); w.keepaliveLoop(stop) }()
+
+	<-ctx.Done()
+	w.Drain()
+	// Stop taking requests at once; a request already forwarded to us is
+	// bounced back to its dispatcher by onRequest.
+	_ = subs[0].Unsubscribe()
+	w.waitInflight(w.cfg.DrainTimeout)
+	close(stop)
+	loops.Wait()
+	w.publishHeartbeat() // last beat: draining, running 0
+	return w.nc.Flush()
+}
+
+func (w *Worker) waitInflight(timeout time.Duration) {
+	done := make(chan struct{})
+	go func() { w.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(timeout):
+	}
+	w.mu.Lock()
+	n := len(w.inflight)
+	for _, c := range w.inflight {
+		c.cancel(errShutdown)
+	}
+	w.mu.Unlock()
+	w.log.Warn("drain timeout: cancelled in-flight requests", "count", n)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		w.log.Error("in-flight requests did not end after cancel")
+	}
+}
+
+var errShutdown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the worker is shutting down")
+
+func (w *Worker) onRequest(m *nats.Msg) {
+	if m.Reply == "" {
+		return // nobody to answer
+	}
+	if w.draining.Load() || !w.admit() {
+		w.bounce(m)
+		return
+	}
+	c, err := w.newCall(m)
+	if err != nil {
+		w.running.Add(-1)
+		c.sendError(schemas.AsError(err))
+		return
+	}
+	w.wg.Add(1)
+	go w.serve(c)
+}
+
+// admit takes one slot of the hard cap, or reports that there is none.
+func (w *Worker) admit() bool {
+	for {
+		n := w.running.Load()
+		if n >= int64(w.cfg.MaxConcurrency) {
+			return false
+		}
+		if w.running.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// bounce hands a request we cannot take back to the dispatcher that sent it,
+// or, when it came straight from a client, answers 503.
+func (w *Worker) bounce(m *nats.Msg) {
+	if b := m.Header.Get(schemas.HdrBounce); b != "" {
+		fwd := &nats.Msg{Subject: b, Reply: m.Reply, Header: m.Header, Data: m.Data}
+		if err := w.nc.PublishMsg(fwd); err == nil {
+			return
+		}
+	}
+	e := schemas.Unavailable(schemas.CodeWorkerBusy, 1, "worker %s is at capacity", w.cfg.ID)
+	if w.draining.Load() {
+		e = errShutdown
+	}
+	_ = w.nc.Publish(m.Reply, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))
+}
+
+func (w *Worker) onCancel(m *nats.Msg) {
+	id := string(m.Data)
+	w.mu.Lock()
+	c := w.inflight[id]
+	w.mu.Unlock()
+	if c != nil {
+		c.cancel(context.Canceled)
+	}
+}
+
+func (w *Worker) serve(c *call) {
+	defer w.wg.Done()
+	defer w.finish(c)
+	c.sendAccepted()
+	res, err := w.eng.Generate(c.ctx, &c.req, c)
+	if err != nil {
+		if cause := context.Cause(c.ctx); cause != nil && c.ctx.Err() != nil {
+			err = cause
+		}
+		if errors.Is(err, context.Canceled) {
+			return // the client is gone: nobody to tell
+		}
+		c.sendError(schemas.AsError(err))
+		return
+	}
+	payload := res.Response
+	if payload == nil {
+		payload, _ = json.Marshal(schemas.DoneInfo{Usage: &res.Usage})
+	}
+	c.send(schemas.FrameDone, payload)
+}
+
+func (w *Worker) finish(c *call) {
+	c.cancel(nil)
+	w.mu.Lock()
+	delete(w.inflight, c.req.ID)
+	w.mu.Unlock()
+	n := w.running.Add(-1)
+	b, _ := json.Marshal(schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n)})
+	_ = w.nc.Publish(schemas.DoneSubject(w.cfg.ID), b)
+}
