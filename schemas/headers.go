@@ -16,6 +16,7 @@ const (
 	HdrTenant    = "Tb-Tenant"     // tenant name, for limits and usage
 	HdrBounce    = "Tb-Bounce"     // set by a dispatcher: where a full worker hands the request back
 	HdrAttempt   = "Tb-Attempt"    // set by a dispatcher: how many workers have bounced it
+	HdrWorker    = "Tb-Worker"     // set by a dispatcher: the worker it forwarded to
 	HdrTrace     = "traceparent"   // W3C trace context
 )
 

@@ -1,0 +1,414 @@
+// Package dispatcher routes requests to workers. Any number of dispatchers
+// share the request subjects in a queue group; each keeps its own live worker
+// table from heartbeats and done notices, forwards every request to the
+// least-loaded worker serving its model, and queues it (bounded, priority then
+// FIFO) when every such worker is full.
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Models tells whether a model is known at all, which decides between 404
+// (unknown) and 503 (known, but no worker up). The registry implements it.
+type Models interface {
+	Known(model string) bool
+}
+
+// Config tunes a Dispatcher. Zero values take the defaults shown.
+type Config struct {
+	ID           string        // default: a random id
+	QueueSize    int           // per model; default 1024
+	QueueTimeout time.Duration // longest wait in a queue; default 60s
+	MaxBounces   int           // workers a request may bounce off before it queues; default 3
+	SweepEvery   time.Duration // expiry scan period; default 250ms
+}
+
+func (c *Config) defaults() {
+	if c.ID == "" {
+		c.ID = "d-" + nuid.Next()[:10]
+	}
+	if c.QueueSize <= 0 {
+		c.QueueSize = 1024
+	}
+	if c.QueueTimeout <= 0 {
+		c.QueueTimeout = 60 * time.Second
+	}
+	if c.MaxBounces <= 0 {
+		c.MaxBounces = 3
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = 250 * time.Millisecond
+	}
+}
+
+// Dispatcher is one dispatcher replica.
+type Dispatcher struct {
+	cfg    Config
+	nc     *nats.Conn
+	models Models
+	log    *slog.Logger
+	table  *Table
+	m      *metrics
+
+	mu     sync.Mutex
+	queues map[string]*modelQueue
+	byID   map[string]*queued
+	seq    uint64
+}
+
+// New makes a dispatcher; Run starts it. models may be nil (every model with
+// no worker is then unknown).
+func New(cfg Config, nc *nats.Conn, models Models, reg prometheus.Registerer, log *slog.Logger) *Dispatcher {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
+		table: NewTable(), m: newMetrics(reg), queues: map[string]*modelQueue{}, byID: map[string]*queued{}}
+}
+
+// ID is the dispatcher's id.
+func (d *Dispatcher) ID() string { return d.cfg.ID }
+
+// Table is the dispatcher's live worker table.
+func (d *Dispatcher) Table() *Table { return d.table }
+
+// Run serves until ctx ends. Requests still queued then are answered 503 so
+// their clients can retry elsewhere at once.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	type subSpec struct {
+		subject, queue string
+		h              nats.MsgHandler
+	}
+	specs := []subSpec{
+		{schemas.HeartbeatPrefix + "*", "", d.onHeartbeat},
+		{schemas.DonePrefix + "*", "", d.onDone},
+		{schemas.QueueCancel, "", d.onQueueCancel},
+		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
+		{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest},
+	}
+	var subs []*nats.Subscription
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	for _, sp := range specs {
+		var s *nats.Subscription
+		var err error
+		if sp.queue != "" {
+			s, err = d.nc.QueueSubscribe(sp.subject, sp.queue, sp.h)
+		} else {
+			s, err = d.nc.Subscribe(sp.subject, sp.h)
+		}
+		if err != nil {
+			return err
+		}
+		_ = s.SetPendingLimits(1<<20, 1<<30)
+		subs = append(subs, s)
+	}
+	if err := d.nc.Flush(); err != nil {
+		return err
+	}
+	d.log.Info("dispatcher up")
+	t := time.NewTicker(d.cfg.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Stop taking requests first, then turn away what is queued.
+			_ = subs[len(subs)-1].Unsubscribe()
+			d.rejectAll(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the dispatcher is shutting down"))
+			return d.nc.Flush()
+		case now := <-t.C:
+			d.sweep(now)
+		}
+	}
+}
+
+func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
+	var hb schemas.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil || !schemas.ValidToken(hb.Worker) {
+		d.log.Warn("bad heartbeat", "subject", m.Subject)
+		return
+	}
+	if hb.Draining && hb.Running == 0 {
+		d.table.Remove(hb.Worker)
+		return
+	}
+	if d.table.Observe(hb, time.Now()) {
+		d.log.Info("worker joined", "worker", hb.Worker, "models", hb.Models, "max_concurrency", hb.MaxConcurrency)
+	}
+	d.drain(hb.Models)
+}
+
+func (d *Dispatcher) onDone(m *nats.Msg) {
+	var n schemas.DoneNotice
+	if err := json.Unmarshal(m.Data, &n); err != nil {
+		return
+	}
+	d.table.Finished(n.Worker, n.Running)
+	d.drain(d.table.ModelsOf(n.Worker))
+}
+
+func (d *Dispatcher) onQueueCancel(m *nats.Msg) {
+	id := string(m.Data)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if e := d.byID[id]; e != nil {
+		d.unqueueLocked(e)
+	}
+}
+
+// request is what the dispatcher reads of a request message.
+type request struct {
+	msg      *nats.Msg
+	id       string
+	model    string
+	priority int
+	deadline time.Time
+	attempt  int
+}
+
+func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
+	h := m.Header
+	r := &request{msg: m, id: h.Get(schemas.HdrRequestID), model: h.Get(schemas.HdrModel)}
+	if r.model == "" {
+		r.model, _ = schemas.ModelFromReqSubject(m.Subject)
+	}
+	r.priority = schemas.ParsePriority(h.Get(schemas.HdrPriority))
+	r.deadline = schemas.ParseDeadline(h.Get(schemas.HdrDeadline))
+	r.attempt, _ = strconv.Atoi(h.Get(schemas.HdrAttempt))
+	switch {
+	case !schemas.ValidRequestID(r.id):
+		return nil, schemas.BadRequest("", "missing or invalid %s header", schemas.HdrRequestID)
+	case !schemas.Kind(h.Get(schemas.HdrKind)).Valid():
+		return nil, schemas.BadRequest("", "missing or invalid %s header (chat or completion)", schemas.HdrKind)
+	case r.model == "":
+		return nil, schemas.BadRequest("model", "no model named")
+	}
+	return r, nil
+}
+
+func (d *Dispatcher) onRequest(m *nats.Msg) {
+	if m.Reply == "" {
+		return
+	}
+	r, err := d.parse(m)
+	if err != nil {
+		d.reply(m.Reply, err)
+		return
+	}
+	d.route(r, "")
+}
+
+// onBounce takes back a request that a full worker could not admit.
+func (d *Dispatcher) onBounce(m *nats.Msg) {
+	r, err := d.parse(m)
+	if err != nil || m.Reply == "" {
+		return
+	}
+	d.m.bounces.Inc()
+	r.attempt++
+	m.Header.Set(schemas.HdrAttempt, strconv.Itoa(r.attempt))
+	from := m.Header.Get(schemas.HdrWorker)
+	if from != "" {
+		d.table.MarkFull(from)
+	}
+	if r.attempt > d.cfg.MaxBounces {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		d.enqueueLocked(r)
+		return
+	}
+	d.route(r, from)
+}
+
+func (d *Dispatcher) route(r *request, exclude string) {
+	if !r.deadline.IsZero() && time.Now().After(r.deadline) {
+		d.reply(r.msg.Reply, schemas.Timeout("the request's deadline passed before it was routed"))
+		return
+	}
+	d.mu.Lock()
+	// Requests already waiting for this model go first.
+	if q := d.queues[r.model]; q != nil && q.Len() > 0 {
+		d.enqueueLocked(r)
+		d.mu.Unlock()
+		d.drain([]string{r.model})
+		return
+	}
+	id, serving, ok := d.table.Acquire(r.model, exclude)
+	if ok {
+		d.mu.Unlock()
+		d.forward(r.msg, id)
+		return
+	}
+	if serving == 0 && exclude == "" {
+		d.mu.Unlock()
+		d.m.rejected.WithLabelValues("no_worker").Inc()
+		if d.models != nil && d.models.Known(r.model) {
+			d.reply(r.msg.Reply, schemas.Unavailable(schemas.CodeNoWorker, 2,
+				"no worker is serving model `%s` right now", r.model))
+		} else {
+			d.reply(r.msg.Reply, schemas.ModelNotFound(r.model))
+		}
+		return
+	}
+	d.enqueueLocked(r)
+	d.mu.Unlock()
+}
+
+func (d *Dispatcher) enqueueLocked(r *request) {
+	q := d.queues[r.model]
+	if q == nil {
+		q = &modelQueue{}
+		d.queues[r.model] = q
+	}
+	if q.Len() >= d.cfg.QueueSize {
+		d.m.rejected.WithLabelValues("queue_full").Inc()
+		go d.reply(r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
+			"all workers for model `%s` are busy and its queue is full; retry shortly", r.model))
+		return
+	}
+	if old := d.byID[r.id]; old != nil {
+		d.unqueueLocked(old) // the same request bounced back: keep one entry
+	}
+	d.seq++
+	expires := time.Now().Add(d.cfg.QueueTimeout)
+	if !r.deadline.IsZero() && r.deadline.Before(expires) {
+		expires = r.deadline
+	}
+	e := &queued{msg: r.msg, id: r.id, model: r.model, priority: r.priority, seq: d.seq,
+		enqueued: time.Now(), expires: expires}
+	q.push(e)
+	d.byID[r.id] = e
+	d.m.queueDepth.WithLabelValues(r.model).Set(float64(q.Len()))
+	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
+		TimeoutMS: time.Until(expires).Milliseconds()})
+	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
+}
+
+func (d *Dispatcher) unqueueLocked(e *queued) {
+	if q := d.queues[e.model]; q != nil {
+		q.remove(e)
+		d.m.queueDepth.WithLabelValues(e.model).Set(float64(q.Len()))
+	}
+	delete(d.byID, e.id)
+}
+
+// drain forwards queued requests of models to workers that have room.
+func (d *Dispatcher) drain(models []string) {
+	type fwd struct {
+		msg    *nats.Msg
+		worker string
+	}
+	var out []fwd
+	now := time.Now()
+	d.mu.Lock()
+	for _, model := range models {
+		q := d.queues[model]
+		for q != nil && q.Len() > 0 {
+			id, _, ok := d.table.Acquire(model, "")
+			if !ok {
+				break
+			}
+			e := q.pop()
+			delete(d.byID, e.id)
+			out = append(out, fwd{e.msg, id})
+			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
+			d.m.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+		}
+	}
+	d.mu.Unlock()
+	for _, f := range out {
+		d.forward(f.msg, f.worker)
+	}
+}
+
+// forward sends a request to a worker, keeping the client's reply subject.
+func (d *Dispatcher) forward(m *nats.Msg, worker string) {
+	m.Header.Set(schemas.HdrBounce, schemas.BounceSubject(d.cfg.ID))
+	m.Header.Set(schemas.HdrWorker, worker)
+	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
+	if err := d.nc.PublishMsg(fwd); err != nil {
+		d.reply(m.Reply, schemas.Unavailable(schemas.CodeNoWorker, 1, "cannot forward the request: %v", err))
+		return
+	}
+	d.m.routed.Inc()
+}
+
+func (d *Dispatcher) reply(subject string, e *schemas.Error) {
+	_ = d.nc.Publish(subject, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))
+}
+
+// sweep forgets silent workers and answers queued requests that waited too long
+// or whose model lost its last worker.
+func (d *Dispatcher) sweep(now time.Time) {
+	for _, id := range d.table.Expire(now) {
+		d.log.Warn("worker lost: no heartbeat", "worker", id)
+	}
+	type rej struct {
+		reply string
+		err   *schemas.Error
+	}
+	var out []rej
+	d.mu.Lock()
+	for model, q := range d.queues {
+		serving := -1
+		for i := 0; i < q.Len(); {
+			e := (*q)[i]
+			switch {
+			case now.After(e.expires):
+				out = append(out, rej{e.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
+					"no worker for model `%s` became free in time", model)})
+			default:
+				if serving < 0 {
+					serving = d.table.Serving(model)
+				}
+				if serving > 0 {
+					i++
+					continue
+				}
+				out = append(out, rej{e.msg.Reply, schemas.Unavailable(schemas.CodeNoWorker, 2,
+					"the workers serving model `%s` went away", model)})
+			}
+			d.unqueueLocked(e)
+		}
+		if q.Len() == 0 {
+			delete(d.queues, model)
+		}
+	}
+	d.mu.Unlock()
+	for _, r := range out {
+		d.m.rejected.WithLabelValues("queue_timeout").Inc()
+		d.reply(r.reply, r.err)
+	}
+}
+
+func (d *Dispatcher) rejectAll(e *schemas.Error) {
+	d.mu.Lock()
+	var replies []string
+	for _, q := range d.queues {
+		for q.Len() > 0 {
+			replies = append(replies, q.pop().msg.Reply)
+		}
+	}
+	d.queues = map[string]*modelQueue{}
+	d.byID = map[string]*queued{}
+	d.mu.Unlock()
+	for _, r := range replies {
+		d.reply(r, e)
+	}
+}

@@ -1,0 +1,31 @@
+package dispatcher
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	routed     prometheus.Counter
+	bounces    prometheus.Counter
+	rejected   *prometheus.CounterVec
+	queueDepth *prometheus.GaugeVec
+	queueWait  prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		routed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_routed_total", Help: "Requests forwarded to a worker."}),
+		bounces: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_bounces_total", Help: "Requests handed back by a full worker and routed again."}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_rejected_total", Help: "Requests answered with an error, by reason."}, []string{"reason"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tokenbus_dispatcher_queue_depth", Help: "Requests waiting for a worker, by model."}, []string{"model"}),
+		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_dispatcher_queue_wait_seconds", Help: "Time requests spent queued before a worker took them.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.routed, m.bounces, m.rejected, m.queueDepth, m.queueWait)
+	}
+	return m
+}
