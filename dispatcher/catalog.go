@@ -1,0 +1,87 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Watch keeps t up to date from heartbeats and done notices on nc until ctx
+// ends. Gateways use it; a Dispatcher feeds its own table in Run.
+func Watch(ctx context.Context, nc *nats.Conn, t *Table) error {
+	hb, err := nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
+		var h schemas.Heartbeat
+		if json.Unmarshal(m.Data, &h) != nil || !schemas.ValidToken(h.Worker) {
+			return
+		}
+		if h.Draining && h.Running == 0 {
+			t.Remove(h.Worker)
+			return
+		}
+		t.Observe(h, time.Now())
+	})
+	if err != nil {
+		return err
+	}
+	go func() {
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		defer hb.Unsubscribe()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				t.Expire(now)
+			}
+		}
+	}()
+	return nil
+}
+
+// Catalog answers what exists and what can be served, from the live worker
+// table and the registry cache (which may be nil).
+type Catalog struct {
+	Table    *Table
+	Registry *registry.Cache
+}
+
+// Known reports whether model is registered or served by a live worker.
+func (c *Catalog) Known(model string) bool {
+	return c.Table.Serving(model) > 0 || c.Registry != nil && c.Registry.Known(model)
+}
+
+// WorkersUp is the number of live workers.
+func (c *Catalog) WorkersUp() int { return c.Table.Len() }
+
+// Models lists what can be served now, as OpenAI model objects: every model a
+// live worker serves, with the registry's metadata where it has some.
+func (c *Catalog) Models() []schemas.Model {
+	served := c.Table.Models()
+	out := make([]schemas.Model, 0, len(served))
+	now := time.Now().Unix()
+	for _, name := range served {
+		m := schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name}
+		if c.Registry != nil {
+			if r, ok := c.Registry.Get(name); ok {
+				m.Created = r.Created
+				m.MaxModelLen = r.MaxModelLen
+				if r.OwnedBy != "" {
+					m.OwnedBy = r.OwnedBy
+				}
+				if r.IsAdapter() {
+					base := r.Base
+					m.Parent = &base
+					m.Root = r.Path
+				}
+			}
+		}
+		out = append(out, m)
+	}
+	return out
+}

@@ -1,0 +1,113 @@
+// Package natsconn holds the NATS connection settings every subcommand shares
+// and connects with them.
+package natsconn
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/pflag"
+)
+
+// Options are the NATS connection flags.
+type Options struct {
+	URL      string
+	Creds    string
+	User     string
+	Password string
+	Token    string
+	NKey     string
+	TLSCA    string
+	TLSCert  string
+	TLSKey   string
+	Inbox    string
+}
+
+// Register defines the flags on fs.
+func (o *Options) Register(fs *pflag.FlagSet) {
+	fs.StringVar(&o.URL, "nats-url", "nats://127.0.0.1:4222", "NATS server URL(s), comma-separated")
+	fs.StringVar(&o.Creds, "nats-creds", "", "NATS credentials file (JWT + nkey seed)")
+	fs.StringVar(&o.User, "nats-user", "", "NATS user name")
+	fs.StringVar(&o.Password, "nats-password", "", "NATS password")
+	fs.StringVar(&o.Token, "nats-token", "", "NATS authentication token")
+	fs.StringVar(&o.NKey, "nats-nkey", "", "NATS nkey seed file")
+	fs.StringVar(&o.TLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
+	fs.StringVar(&o.TLSCert, "nats-tls-cert", "", "client certificate file for NATS mutual TLS")
+	fs.StringVar(&o.TLSKey, "nats-tls-key", "", "client key file for NATS mutual TLS")
+	fs.StringVar(&o.Inbox, "nats-inbox-prefix", "", "reply subject prefix (default _INBOX); a tenant restricted by NATS permissions sets its own")
+}
+
+// NatsOptions turns the flags into nats.go options.
+func (o *Options) NatsOptions(name string, log *slog.Logger) ([]nats.Option, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.Timeout(5 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(64 << 20),
+		nats.PingInterval(10 * time.Second),
+		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
+			subj := ""
+			if s != nil {
+				subj = s.Subject
+			}
+			log.Error("nats async error", "subject", subj, "err", err)
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+	}
+	if o.Creds != "" {
+		opts = append(opts, nats.UserCredentials(o.Creds))
+	}
+	if o.User != "" {
+		opts = append(opts, nats.UserInfo(o.User, o.Password))
+	}
+	if o.Token != "" {
+		opts = append(opts, nats.Token(o.Token))
+	}
+	if o.NKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(o.NKey)
+		if err != nil {
+			return nil, fmt.Errorf("nats nkey: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	if o.TLSCA != "" {
+		opts = append(opts, nats.RootCAs(o.TLSCA))
+	}
+	if o.TLSCert != "" || o.TLSKey != "" {
+		opts = append(opts, nats.ClientCert(o.TLSCert, o.TLSKey))
+	}
+	if o.Inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(o.Inbox))
+	}
+	return opts, nil
+}
+
+// Connect dials the server, retrying for up to wait (a server that starts a
+// little after us, as under docker compose, is normal).
+func (o *Options) Connect(name string, wait time.Duration, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+	opts, err := o.NatsOptions(name, log)
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, extra...)
+	deadline := time.Now().Add(wait)
+	for {
+		nc, err := nats.Connect(o.URL, opts...)
+		if err == nil {
+			return nc, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("connect to NATS at %s: %w", o.URL, err)
+		}
+		log.Warn("NATS not reachable yet; retrying", "url", o.URL, "err", err)
+		time.Sleep(500 * time.Millisecond)
+	}
+}

@@ -1,0 +1,103 @@
+package registry
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// EventModels is the subject on which model and adapter changes are announced.
+const EventModels = schemas.EventsPrefix + "models"
+
+// Cache keeps a copy of the registry, refreshed periodically and at once on
+// a change event, so that reads never wait on Redis and survive its outage.
+type Cache struct {
+	store *Store
+	log   *slog.Logger
+
+	mu     sync.RWMutex
+	models map[string]Model
+	synced time.Time
+}
+
+// NewCache makes a cache; call Run to keep it fresh.
+func NewCache(store *Store, log *slog.Logger) *Cache {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Cache{store: store, log: log, models: map[string]Model{}}
+}
+
+// Refresh reloads the cache from Redis.
+func (c *Cache) Refresh(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	list, err := c.store.Models(ctx)
+	if err != nil {
+		return err
+	}
+	m := make(map[string]Model, len(list))
+	for _, x := range list {
+		m[x.Name] = x
+	}
+	c.mu.Lock()
+	c.models, c.synced = m, time.Now()
+	c.mu.Unlock()
+	return nil
+}
+
+// Run refreshes every interval and whenever a change event arrives on nc
+// (nil: polling only), until ctx ends.
+func (c *Cache) Run(ctx context.Context, nc *nats.Conn, every time.Duration) {
+	kick := make(chan struct{}, 1)
+	if nc != nil {
+		sub, err := nc.Subscribe(EventModels, func(*nats.Msg) {
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		})
+		if err == nil {
+			defer sub.Unsubscribe()
+		}
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if err := c.Refresh(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("registry refresh failed; serving from cache", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-kick:
+		}
+	}
+}
+
+// Known reports whether model is registered.
+func (c *Cache) Known(model string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	_, ok := c.models[model]
+	return ok
+}
+
+// Get returns a registered model.
+func (c *Cache) Get(model string) (Model, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	m, ok := c.models[model]
+	return m, ok
+}
+
+// Announce tells every cache that the registry changed.
+func Announce(nc *nats.Conn, name string) error {
+	return nc.Publish(EventModels, []byte(name))
+}
