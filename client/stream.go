@@ -232,4 +232,3 @@ func parseAccepted(b []byte) (schemas.Accepted, bool) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
-

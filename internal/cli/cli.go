@@ -1,0 +1,124 @@
+// Package cli implements the tokenbus subcommands. Each is a function
+// run(ctx, args, stdout, stderr) error, so tests start whole programs.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tokenbus/tokenbus/internal/flagenv"
+)
+
+// Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
+var Version = "0.1.0-dev"
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"dev", "everything in one process: embedded NATS and store, dispatcher, sim workers, gateway", runDev},
+		{"gateway", "the OpenAI-compatible HTTP gateway", runGateway},
+		{"dispatcher", "routes requests to workers; run any number", runDispatcher},
+		{"worker", "drives one inference engine", runWorker},
+		{"version", "print the version", runVersion},
+	}
+}
+
+// Run runs the subcommand named by args[0].
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		return nil
+	}
+	for _, c := range commands() {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:], stdout, stderr)
+			if errors.Is(err, pflag.ErrHelp) {
+				return nil
+			}
+			return err
+		}
+	}
+	usage(stderr)
+	return fmt.Errorf("unknown command %q", args[0])
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "tokenbus: an OpenAI-compatible LLM serving system over NATS")
+	fmt.Fprintln(w, "\nUsage: tokenbus <command> [flags]   (tokenbus <command> --help for its flags)")
+	fmt.Fprintln(w, "\nCommands:")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-11s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nEvery flag can also be set in the environment as TOKENBUS_<FLAG>, e.g. TOKENBUS_NATS_URL.")
+}
+
+func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
+	fmt.Fprintln(stdout, "tokenbus", Version)
+	return nil
+}
+
+// logOptions are the logging flags of every long-running command.
+type logOptions struct {
+	level  string
+	format string
+}
+
+func (o *logOptions) register(fs *pflag.FlagSet) {
+	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.format, "log-format", "text", "log format: text or json")
+}
+
+func (o *logOptions) logger(w io.Writer, component string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.level)); err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	hopts := &slog.HandlerOptions{Level: lvl}
+	var h slog.Handler
+	switch strings.ToLower(o.format) {
+	case "json":
+		h = slog.NewJSONHandler(w, hopts)
+	case "text":
+		h = slog.NewTextHandler(w, hopts)
+	default:
+		return nil, fmt.Errorf("--log-format must be text or json, not %q", o.format)
+	}
+	return slog.New(h).With("component", component), nil
+}
+
+// parse parses a subcommand's flags with environment fallbacks; --help prints
+// usage to stdout.
+func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) error {
+	fs.SetOutput(stdout)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage of tokenbus %s:\n", fs.Name())
+		fs.PrintDefaults()
+	}
+	return flagenv.Parse(fs, args, os.Getenv)
+}
+
+func hostID(prefix string) string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = prefix
+	}
+	var b strings.Builder
+	for _, c := range h {
+		if c == '.' || c == '*' || c == '>' || c <= ' ' {
+			c = '-'
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}

@@ -1,0 +1,168 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/internal/embedded"
+	"github.com/tokenbus/tokenbus/internal/flagenv"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/workers"
+)
+
+func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flagenv.NewFlagSet("dev")
+	var gopts gatewayOptions
+	var eopts engineOptions
+	var dopts dispatcherOptions
+	var wopts workerOptions
+	var lopts logOptions
+	gopts.register(fs, "127.0.0.1:8080")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
+	redisURL := fs.String("redis-url", "", "use this Redis instead of the embedded store")
+	dataDir := fs.String("data-dir", "", "JetStream storage directory (default: a temporary directory)")
+	simWorkers := fs.Int("sim-workers", 2, "number of workers to run")
+	fs.IntVar(&wopts.maxConcurrency, "max-concurrency", 256, "per-worker cap on requests in flight")
+	fs.DurationVar(&wopts.drainTimeout, "drain-timeout", time.Second, "on Ctrl-C, how long in-flight requests may run before they are cancelled")
+	eopts.register(fs)
+	dopts.register(fs)
+	lopts.register(fs)
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	gopts.shutdownTimeout = min(gopts.shutdownTimeout, 1500*time.Millisecond)
+	log, err := lopts.logger(stderr, "dev")
+	if err != nil {
+		return err
+	}
+
+	dir := *dataDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "tokenbus-dev-"); err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+	}
+	ns, err := embedded.NATS(*natsListen, dir)
+	if err != nil {
+		return err
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+	connect := func(name string) (*nats.Conn, error) {
+		return nats.Connect("", nats.InProcessServer(ns), nats.Name(name), nats.MaxReconnects(-1))
+	}
+
+	url := *redisURL
+	if url == "" {
+		mr, u, err := embedded.Redis()
+		if err != nil {
+			return err
+		}
+		defer mr.Close()
+		url = u
+	}
+	store, err := registry.Open(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+
+	// Every component gets its own connection, as in a distributed deployment.
+	var conns []*nats.Conn
+	defer func() {
+		for _, nc := range conns {
+			nc.Close()
+		}
+	}()
+	conn := func(name string) (*nats.Conn, error) {
+		nc, err := connect(name)
+		if err == nil {
+			conns = append(conns, nc)
+		}
+		return nc, err
+	}
+	reg := newRegistry()
+	compCtx, stopComponents := context.WithCancel(context.Background())
+	defer stopComponents()
+	var wg sync.WaitGroup
+
+	gwNC, err := conn("tokenbus-gateway")
+	if err != nil {
+		return err
+	}
+	dNC, err := conn("tokenbus-dispatcher")
+	if err != nil {
+		return err
+	}
+	cache := registry.NewCache(store, log)
+	if err := ensureModels(ctx, store, []string{eopts.model}, gwNC); err != nil {
+		return err
+	}
+	_ = cache.Refresh(ctx)
+	go cache.Run(compCtx, gwNC, 10*time.Second)
+
+	d := dispatcher.New(dopts.config(), dNC, cache, reg, log.With("component", "dispatcher"))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := d.Run(compCtx); err != nil {
+			log.Error("dispatcher stopped", "err", err)
+		}
+	}()
+
+	for i := range *simWorkers {
+		eng, err := eopts.newEngine(eopts.model)
+		if err != nil {
+			return err
+		}
+		defer eng.Close()
+		wNC, err := conn("tokenbus-worker")
+		if err != nil {
+			return err
+		}
+		w, err := workers.New(wopts.config(fmt.Sprintf("dev-worker-%d", i+1)), wNC, eng, log.With("component", "worker"))
+		if err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := w.Run(compCtx); err != nil {
+				log.Error("worker stopped", "err", err)
+			}
+		}()
+	}
+
+	addr, stopGateway, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, cache: cache, reg: reg, log: log.With("component", "gateway")})
+	if err != nil {
+		return err
+	}
+	natsURL := ns.ClientURL()
+	fmt.Fprintf(stdout, "tokenbus dev %s is up\n", Version)
+	fmt.Fprintf(stdout, "  OpenAI API   http://%s/v1   (model %q, %d %s workers)\n", addr, eopts.model, *simWorkers, eopts.kind)
+	fmt.Fprintf(stdout, "  metrics      http://%s/metrics\n", addr)
+	fmt.Fprintf(stdout, "  NATS         %s\n", natsURL)
+	fmt.Fprintf(stdout, "  store        %s\n", url)
+	fmt.Fprintf(stdout, "Try:\n  curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n"+
+		"    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", addr, eopts.model)
+	fmt.Fprintln(stdout, "Ctrl-C to stop.")
+
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "shutting down")
+	// The gateway lets open streams finish while the workers drain; both are
+	// bounded (shutdown-timeout, drain-timeout) so Ctrl-C returns promptly.
+	var sw sync.WaitGroup
+	sw.Add(1)
+	go func() { defer sw.Done(); stopGateway() }()
+	stopComponents()
+	wg.Wait()
+	sw.Wait()
+	return nil
+}
