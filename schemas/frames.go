@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"errors"
+	"math"
 	"strconv"
 )
 
@@ -94,7 +95,7 @@ func frameType(b []byte) FrameType {
 }
 
 func parseUint(b []byte) (uint64, bool) {
-	if len(b) == 0 || len(b) > 19 {
+	if len(b) == 0 || len(b) > 20 {
 		return 0, false
 	}
 	var n uint64
@@ -102,7 +103,11 @@ func parseUint(b []byte) (uint64, bool) {
 		if c < '0' || c > '9' {
 			return 0, false
 		}
-		n = n*10 + uint64(c-'0')
+		d := uint64(c - '0')
+		if n > (math.MaxUint64-d)/10 {
+			return 0, false // overflow
+		}
+		n = n*10 + d
 	}
 	return n, true
 }
