@@ -1,0 +1,148 @@
+// Package testenv starts the real servers tests run against: a NATS server
+// (the nats-server module, in-process, on a real TCP port) and a Redis server
+// (the redis-server binary, as a child process). Helpers in the manner of
+// nats-server's RunServer and checkFor.
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+)
+
+// NATS starts a NATS server with JetStream on a random port; it stops with the test.
+func NATS(t testing.TB) *server.Server {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats server did not start")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+// Connect connects to ns; the connection closes with the test.
+func Connect(t testing.TB, ns *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(ns.ClientURL(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Redis is a redis-server child process.
+type Redis struct {
+	URL  string
+	Addr string
+	Port int
+	cmd  *exec.Cmd
+	dir  string
+}
+
+// StartRedis starts redis-server on a free port with no persistence; it is
+// killed with the test. redis-server must be on PATH (the README's test
+// command installs it).
+func StartRedis(t testing.TB) *Redis {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server not found on PATH: install it (Debian: apt-get install redis-server) or run the README's test command")
+	}
+	r := &Redis{dir: t.TempDir()}
+	r.Port = FreePort(t)
+	if err := r.start(bin); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+func (r *Redis) start(bin string) error {
+	r.Addr = "127.0.0.1:" + strconv.Itoa(r.Port)
+	r.URL = "redis://" + r.Addr + "/0"
+	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", r.dir,
+		"--logfile", filepath.Join(r.dir, "redis.log"))
+	if err := r.cmd.Start(); err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
+	defer rdb.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
+	return fmt.Errorf("redis-server did not answer on %s; log:\n%s", r.Addr, log)
+}
+
+// Stop kills the server (to test an outage); Restart brings it back on the same port.
+func (r *Redis) Stop() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
+}
+
+// Restart starts the server again on the same port (empty: no persistence).
+func (r *Redis) Restart(t testing.TB) {
+	t.Helper()
+	bin, _ := exec.LookPath("redis-server")
+	if err := r.start(bin); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FreePort returns a TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// WaitFor polls cond every 10ms until it returns nil or timeout passes, then
+// fails the test with cond's last error. Use it instead of sleeping.
+func WaitFor(t testing.TB, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s: %v", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,84 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+func TestStoreCRUD(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ctx := context.Background()
+	s, err := registry.Open(ctx, r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.PutModel(ctx, registry.Model{Name: "meta-llama/Llama-3.1-8B", MaxModelLen: 8192}); err != nil {
+		t.Fatal(err)
+	}
+	created, err := s.EnsureModel(ctx, registry.Model{Name: "meta-llama/Llama-3.1-8B", MaxModelLen: 1})
+	if err != nil || created {
+		t.Fatalf("EnsureModel over an existing model: created=%v err=%v", created, err)
+	}
+	if created, err := s.EnsureModel(ctx, registry.Model{Name: "lora-a", Base: "meta-llama/Llama-3.1-8B", Path: "/w/a"}); err != nil || !created {
+		t.Fatalf("EnsureModel new: %v %v", created, err)
+	}
+	m, err := s.Model(ctx, "meta-llama/Llama-3.1-8B")
+	if err != nil || m.MaxModelLen != 8192 || m.Created == 0 {
+		t.Fatalf("Model = %+v, %v", m, err)
+	}
+	list, err := s.Models(ctx)
+	if err != nil || len(list) != 2 || list[0].Name != "lora-a" || !list[0].IsAdapter() {
+		t.Fatalf("Models = %+v, %v", list, err)
+	}
+	if err := s.DeleteModel(ctx, "lora-a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteModel(ctx, "lora-a"); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	if _, err := s.Model(ctx, "lora-a"); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("deleted model: %v", err)
+	}
+}
+
+func TestCacheFollowsEventsAndSurvivesOutage(t *testing.T) {
+	r := testenv.StartRedis(t)
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := registry.Open(ctx, r.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := registry.NewCache(s, nil)
+	// Poll rarely: only the event can make the change visible quickly.
+	go c.Run(ctx, nc, time.Hour)
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if err := s.PutModel(ctx, registry.Model{Name: "m1"}); err != nil {
+			return err
+		}
+		return registry.Announce(nc, "m1")
+	})
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if !c.Known("m1") {
+			return fmt.Errorf("m1 not in cache yet")
+		}
+		return nil
+	})
+	r.Stop()
+	if err := c.Refresh(ctx); err == nil {
+		t.Fatal("refresh with Redis down should fail")
+	}
+	if !c.Known("m1") {
+		t.Fatal("the cache forgot m1 during a Redis outage")
+	}
+}
