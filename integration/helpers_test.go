@@ -1,0 +1,271 @@
+// Package integration runs tokenbus end to end: real NATS server, real Redis
+// (redis-server), real HTTP, official OpenAI clients.
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/tokenbus/tokenbus/internal/cli"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// dev is a `tokenbus dev` running inside the test process.
+type dev struct {
+	URL     string // http://host:port
+	NATSURL string
+	stop    func() time.Duration
+}
+
+var apiLine = regexp.MustCompile(`OpenAI API\s+(http://\S+)/v1`)
+var natsLine = regexp.MustCompile(`NATS\s+(nats://\S+)`)
+
+// startDev runs `tokenbus dev` with args (on free ports) and waits until it
+// serves. It stops with the test; stop() stops it early and says how long that took.
+func startDev(t *testing.T, args ...string) *dev {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	full := append([]string{"dev", "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--log-level", "warn"}, args...)
+	go func() {
+		err := cli.Run(ctx, full, pw, testWriter{t})
+		pw.CloseWithError(fmt.Errorf("dev exited: %v", err))
+		errc <- err
+	}()
+	d := &dev{}
+	sc := bufio.NewScanner(pr)
+	for sc.Scan() {
+		line := sc.Text()
+		if m := apiLine.FindStringSubmatch(line); m != nil {
+			d.URL = m[1]
+		}
+		if m := natsLine.FindStringSubmatch(line); m != nil {
+			d.NATSURL = m[1]
+		}
+		if strings.HasPrefix(line, "Ctrl-C") {
+			break
+		}
+	}
+	if d.URL == "" {
+		cancel()
+		t.Fatalf("tokenbus dev did not start: %v %v", sc.Err(), <-errc)
+	}
+	go io.Copy(io.Discard, pr)
+	var once sync.Once
+	var took time.Duration
+	d.stop = func() time.Duration {
+		once.Do(func() {
+			start := time.Now()
+			cancel()
+			select {
+			case err := <-errc:
+				if err != nil {
+					t.Errorf("tokenbus dev: %v", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Errorf("tokenbus dev did not stop within 15s")
+			}
+			took = time.Since(start)
+		})
+		return took
+	}
+	t.Cleanup(func() { d.stop() })
+	waitReady(t, d.URL)
+	return d
+}
+
+func waitReady(t *testing.T, base string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(base + "/ready")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("%s/ready never answered 200", base)
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// openaiClient is the official Go SDK with retries off (they would hide 5xx).
+func openaiClient(base string) openai.Client {
+	return openai.NewClient(option.WithBaseURL(base), option.WithAPIKey("unused"), option.WithMaxRetries(0),
+		option.WithRequestTimeout(60*time.Second))
+}
+
+// sse is one parsed event stream.
+type sse struct {
+	Status  int
+	Header  http.Header
+	Events  []string // data payloads, [DONE] included
+	Body    string   // non-stream body
+	Elapsed time.Duration
+}
+
+// post sends body to path and reads the whole answer (SSE or JSON).
+func post(t testing.TB, base, path, body string, hdr ...string) sse {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	start := time.Now()
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		t.Fatalf("POST %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	out := sse{Status: resp.StatusCode, Header: resp.Header}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			if line == "" {
+				continue
+			}
+			data, ok := strings.CutPrefix(line, "data: ")
+			if !ok {
+				t.Errorf("non-data SSE line %q", line)
+				continue
+			}
+			out.Events = append(out.Events, data)
+		}
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		out.Body = string(b)
+	}
+	out.Elapsed = time.Since(start)
+	return out
+}
+
+var httpClient = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+
+// errorBody decodes an OpenAI error body and checks its shape.
+func errorBody(t testing.TB, body string) schemas.ErrorBody {
+	t.Helper()
+	var e struct {
+		Error *schemas.ErrorBody `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Error == nil || e.Error.Message == "" || e.Error.Type == "" {
+		t.Fatalf("not an OpenAI error body: %s", body)
+	}
+	var raw map[string]map[string]json.RawMessage
+	_ = json.Unmarshal([]byte(body), &raw)
+	for _, k := range []string{"message", "type", "param", "code"} {
+		if _, ok := raw["error"][k]; !ok {
+			t.Errorf("error body lacks %q: %s", k, body)
+		}
+	}
+	return *e.Error
+}
+
+// heartbeats follows worker heartbeats on a NATS server.
+type heartbeats struct {
+	mu   sync.Mutex
+	last map[string]schemas.Heartbeat
+}
+
+func watchHeartbeats(t *testing.T, natsURL string) *heartbeats {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	h := &heartbeats{last: map[string]schemas.Heartbeat{}}
+	record := func(id string, running int, hb *schemas.Heartbeat) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if hb != nil {
+			h.last[id] = *hb
+			return
+		}
+		cur := h.last[id]
+		cur.Running = running
+		h.last[id] = cur
+	}
+	_, err = nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
+		var hb schemas.Heartbeat
+		if json.Unmarshal(m.Data, &hb) == nil {
+			record(hb.Worker, 0, &hb)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = nc.Subscribe(schemas.DonePrefix+"*", func(m *nats.Msg) {
+		var d schemas.DoneNotice
+		if json.Unmarshal(m.Data, &d) == nil {
+			record(d.Worker, d.Running, nil)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// running sums the running counts the workers last reported.
+func (h *heartbeats) running() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, hb := range h.last {
+		n += hb.Running
+	}
+	return n
+}
+
+// buildBinary builds the tokenbus binary once per test run.
+var buildOnce sync.Once
+var binPath string
+var buildErr error
+
+func tokenbusBinary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tokenbus-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "tokenbus")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/tokenbus/tokenbus/cmd/tokenbus").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
