@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"image/png"
+	"io"
 	"math"
 	"math/rand/v2"
 	"net/http"
@@ -684,6 +685,34 @@ func BenchmarkReadStream(b *testing.B) {
 		c.do(context.Background(), body, &rec)
 		if rec.Err != "" {
 			b.Fatal(rec.Err, rec.ErrMsg)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/chunk")
+}
+
+// BenchmarkParseStream measures the client's CPU per chunk without a network:
+// a recorded 1000-chunk chat stream read from memory.
+func BenchmarkParseStream(b *testing.B) {
+	var sse bytes.Buffer
+	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	for range 1000 {
+		sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	}
+	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}` + "\n\n")
+	sse.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1000,"total_tokens":1009}}` + "\n\n")
+	sse.WriteString("data: [DONE]\n\n")
+	raw := sse.Bytes()
+	c := &caller{chat: true, stream: true, usage: true, maxChunks: 1001}
+	hdr := http.Header{"Content-Type": {"text/event-stream"}}
+	ctx := context.Background()
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var rec record
+		resp := &http.Response{StatusCode: 200, Header: hdr, Body: io.NopCloser(bytes.NewReader(raw))}
+		c.readStream(ctx, ctx, func() {}, time.Now(), resp, &rec)
+		if rec.Err != "" || rec.Tokens != 1000 {
+			b.Fatal(rec.Err, rec.ErrMsg, rec.Tokens)
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/chunk")

@@ -174,98 +174,6 @@ func errorMessage(b []byte) string {
 	return strings.TrimSpace(string(b))
 }
 
-// chunk is the part of a stream chunk (or a whole non-stream response) that
-// the benchmark reads.
-type chunk struct {
-	ID      string          `json:"id"`
-	Object  string          `json:"object"`
-	Choices []choice        `json:"choices"`
-	Usage   *usage          `json:"usage"`
-	Error   json.RawMessage `json:"error"` // any top-level "error" key, even null, is a defect
-}
-
-type choice struct {
-	Index        *int    `json:"index"`
-	Delta        message `json:"delta"`
-	Message      message `json:"message"`
-	Text         string  `json:"text"`
-	FinishReason *string `json:"finish_reason"`
-}
-
-type message struct {
-	Content          string `json:"content"`
-	ReasoningContent string `json:"reasoning_content"`
-}
-
-type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-}
-
-// reset zeroes c for the next Unmarshal, keeping the choices' backing array.
-func (c *chunk) reset() {
-	ch := c.Choices[:cap(c.Choices)]
-	clear(ch)
-	*c = chunk{Choices: ch[:0]}
-}
-
-// streamCheck verifies the chunks of one stream (n = 1: one choice, index 0).
-type streamCheck struct {
-	object   string // expected "object"
-	id       string
-	finished bool
-}
-
-// check verifies one parsed chunk and returns the failure kind and detail, or "".
-func (s *streamCheck) check(c *chunk) (kind, msg string) {
-	if len(c.Error) > 0 {
-		if string(c.Error) == "null" {
-			return "protocol_error_key", `chunk has "error": null`
-		}
-		return "stream_error", errorMessage(append([]byte(`{"error":`), append(c.Error, '}')...))
-	}
-	if c.ID == "" {
-		return "protocol_missing_id", "chunk without id"
-	}
-	if s.id == "" {
-		s.id = c.ID
-	} else if c.ID != s.id {
-		return "protocol_id_changed", "id " + strconv.Quote(c.ID) + " after " + strconv.Quote(s.id)
-	}
-	if c.Object != s.object {
-		return "protocol_object", "object " + strconv.Quote(c.Object) + ", want " + strconv.Quote(s.object)
-	}
-	for i := range c.Choices {
-		ch := &c.Choices[i]
-		if ch.Index == nil {
-			return "protocol_choice_index", "choice without index"
-		}
-		if *ch.Index != 0 {
-			return "protocol_choice_index", "choice index " + strconv.Itoa(*ch.Index) + " with n=1"
-		}
-		if s.finished && (ch.content() != "" || ch.FinishReason != nil) {
-			return "protocol_chunk_after_finish", "choice continues after its finish_reason"
-		}
-		if ch.FinishReason != nil {
-			if *ch.FinishReason == "" {
-				return "protocol_finish_reason", "empty finish_reason"
-			}
-			s.finished = true
-		}
-	}
-	return "", ""
-}
-
-func (ch *choice) content() string {
-	if ch.Delta.Content != "" {
-		return ch.Delta.Content
-	}
-	if ch.Text != "" {
-		return ch.Text
-	}
-	return ch.Delta.ReasoningContent
-}
-
 func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFunc, t0 time.Time, resp *http.Response, rec *record) {
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
@@ -283,7 +191,7 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 	}
 	rec.Chunks = make([]uint32, 0, c.maxChunks)
 	var (
-		ch        chunk
+		ch        parsedChunk
 		sawDone   bool
 		gotUsage  bool
 		long      []byte
@@ -342,17 +250,16 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 			continue
 		}
 		now := time.Since(t0)
-		ch.reset()
-		if err := json.Unmarshal(payload, &ch); err != nil {
-			rec.fail("protocol_bad_json", err.Error()+": "+strconv.Quote(clip(payload)))
+		if err := parseChunk(payload, &ch); err != nil {
+			rec.fail("protocol_bad_json", "bad chunk: "+strconv.Quote(clip(payload)))
 			break
 		}
 		if kind, msg := chk.check(&ch); kind != "" {
 			rec.fail(kind, msg)
 			break
 		}
-		for i := range ch.Choices {
-			if ch.Choices[i].content() != "" {
+		for i := range ch.choices {
+			if len(ch.choices[i].content) > 0 {
 				rec.Chunks = append(rec.Chunks, uint32(now/time.Microsecond))
 				if c.onChunk != nil {
 					c.onChunk()
@@ -360,10 +267,10 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 				break
 			}
 		}
-		if ch.Usage != nil {
+		if ch.usage != nil {
 			gotUsage = true
-			rec.Tokens = ch.Usage.CompletionTokens
-			rec.PromptTokens = ch.Usage.PromptTokens
+			rec.Tokens = ch.usage.CompletionTokens
+			rec.PromptTokens = ch.usage.PromptTokens
 		}
 	}
 	if rec.Err != "" || rec.Cancelled {
@@ -396,9 +303,9 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.fail("protocol_content_type", "Content-Type "+strconv.Quote(resp.Header.Get("Content-Type")))
 		return
 	}
-	var ch chunk
-	if err := json.Unmarshal(b, &ch); err != nil {
-		rec.fail("protocol_bad_json", err.Error()+": "+strconv.Quote(clip(b)))
+	var ch parsedChunk
+	if err := parseChunk(b, &ch); err != nil {
+		rec.fail("protocol_bad_json", "bad response body: "+strconv.Quote(clip(b)))
 		return
 	}
 	chk := streamCheck{object: "text_completion"}
@@ -409,19 +316,18 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.fail(kind, msg)
 		return
 	}
-	if len(ch.Choices) != 1 {
-		rec.fail("protocol_choices", strconv.Itoa(len(ch.Choices))+" choices, want 1")
+	if len(ch.choices) != 1 {
+		rec.fail("protocol_choices", strconv.Itoa(len(ch.choices))+" choices, want 1")
 		return
 	}
 	if !chk.finished {
 		rec.fail("protocol_missing_finish_reason", "choice 0 has no finish_reason")
 		return
 	}
-	if ch.Usage != nil {
-		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, true
+	if ch.usage != nil {
+		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.usage.CompletionTokens, ch.usage.PromptTokens, true
 	} else {
-		content := ch.Choices[0].Message.Content + ch.Choices[0].Text
-		rec.Tokens = len(strings.Fields(content))
+		rec.Tokens = len(strings.Fields(unescape(ch.choices[0].content)))
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"math"
 	"os"
+	"strconv"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/basicfont"
@@ -168,18 +169,20 @@ func (p *panel) py(y float64) float64 {
 // axes draws grid, frame, ticks with labels and the axis labels.
 func (p *panel) axes(xlabel, ylabel string, nticks int) {
 	c, r := p.c, p.r
-	for _, t := range niceTicks(p.xmin, p.xmax, nticks) {
+	xt := niceTicks(p.xmin, p.xmax, nticks)
+	for _, t := range xt {
 		x := int(math.Round(p.px(t)))
 		c.vline(x, r.Min.Y, r.Max.Y, colGrid, 0)
 		c.vline(x, r.Max.Y, r.Max.Y+5, colAxis, 0)
-		l := num(t)
+		l := tickLabel(t, xt)
 		c.text(x-c.width(l)/2, r.Max.Y+18, l, colText)
 	}
-	for _, t := range niceTicks(p.ymin, p.ymax, 5) {
+	yt := niceTicks(p.ymin, p.ymax, 5)
+	for _, t := range yt {
 		y := int(math.Round(p.py(t)))
 		c.hline(r.Min.X, r.Max.X, y, colGrid, 0)
 		c.hline(r.Min.X-5, r.Min.X, y, colAxis, 0)
-		l := num(t)
+		l := tickLabel(t, yt)
 		c.text(r.Min.X-8-c.width(l), y+4, l, colText)
 	}
 	c.hline(r.Min.X, r.Max.X, r.Min.Y, colAxis, 0)
@@ -234,6 +237,17 @@ func niceTicks(lo, hi float64, n int) []float64 {
 		out = append(out, math.Round(t/step)*step)
 	}
 	return out
+}
+
+// tickLabel formats t with as many decimals as the tick spacing needs.
+func tickLabel(t float64, ticks []float64) string {
+	dec := 0
+	if len(ticks) > 1 {
+		if step := ticks[1] - ticks[0]; step > 0 && step < 1 {
+			dec = int(math.Ceil(-math.Log10(step) - 1e-9))
+		}
+	}
+	return strconv.FormatFloat(t, 'f', dec, 64)
 }
 
 // canvas is a minimal raster: lines, dots and basicfont text.

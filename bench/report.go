@@ -51,8 +51,9 @@ func writeSummary(w io.Writer, s *Summary) {
 	tw.Flush()
 
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "\tn\tmean\tp50\tp90\tp99\tmax\t\n")
+	fmt.Fprintf(tw, "%-18s\tn\tmean\tp50\tp90\tp99\tmax\t\n", "")
 	dist := func(name string, d Dist) {
+		name = fmt.Sprintf("%-18s", name)
 		if d.N == 0 {
 			fmt.Fprintf(tw, "%s\t0\t-\t-\t-\t-\t-\t\n", name)
 			return
@@ -89,12 +90,13 @@ func writeComparison(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "target:   %s (model %s)\nbaseline: %s (model %s)\n", t.URL, t.Model, b.URL, b.Model)
 	fmt.Fprintf(w, "same prompts and arrivals in %d interleaved rounds: target then baseline, baseline then target, ...\n", rep.Rounds)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "metric\ttarget\tbaseline\ttarget-baseline\ttarget/baseline\t\n")
+	fmt.Fprintf(tw, "%-32s\ttarget\tbaseline\ttarget-baseline\ttarget/baseline\t\n", "metric")
 	for _, r := range c.Rows {
 		name := r.Metric
 		if r.Unit != "" {
 			name += " (" + r.Unit + ")"
 		}
+		name = fmt.Sprintf("%-32s", name)
 		diff, ratio := "", ""
 		if r.Diff != nil {
 			diff = signed(*r.Diff)
