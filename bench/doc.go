@@ -19,6 +19,15 @@
 // ranks, like numpy.percentile). Output tokens are usage.completion_tokens;
 // without a usage chunk, the number of content chunks.
 //
+// Examples:
+//
+//	tokenbus bench --url http://gw:8080/v1 --model llama-8b --concurrency 64 --num-prompts 512 \
+//	    --input-len 512 --output-len 128 --json out.json --plot out.png
+//	tokenbus bench --url http://gw:8080/v1 --compare-url http://vllm:8000/v1 --request-rate 20 \
+//	    --shared-prefix 256 --warmup 8
+//
+// Every flag also reads TOKENBUS_<FLAG> (flag > environment > default).
+//
 // # Comparing two endpoints
 //
 // --url is the TARGET, the system under test (e.g. the tokenbus gateway).
