@@ -13,6 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/tokenbus/tokenbus/bench"
+
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 )
 
@@ -30,6 +32,7 @@ func commands() []command {
 		{"gateway", "the OpenAI-compatible HTTP gateway", runGateway},
 		{"dispatcher", "routes requests to workers; run any number", runDispatcher},
 		{"worker", "drives one inference engine", runWorker},
+		{"bench", "load generator for any OpenAI-compatible endpoint", bench.Run},
 		{"version", "print the version", runVersion},
 	}
 }
