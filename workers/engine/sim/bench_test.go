@@ -69,3 +69,22 @@ func itoa(n int) string {
 	}
 	return itoa(n/10) + string(rune('0'+n%10))
 }
+
+// Streaming allocates per request, never per token.
+func TestNoPerTokenAllocs(t *testing.T) {
+	e := newEngine(t, fastConfig())
+	sink := &discardSink{}
+	allocs := func(tokens int) float64 {
+		body := []byte(`{"messages":[{"role":"user","content":"Hi"}],"stream":true,"ignore_eos":true,"max_tokens":` + itoa(tokens) + `}`)
+		return testing.AllocsPerRun(20, func() {
+			if _, err := e.Generate(context.Background(), &engine.Request{Kind: schemas.KindChat, Body: body}, sink); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	short, long := allocs(64), allocs(2048)
+	if long-short > 3 {
+		t.Errorf("%v allocations for 64 tokens, %v for 2048", short, long)
+	}
+	t.Logf("allocations per request: %v for 64 tokens, %v for 2048", short, long)
+}
