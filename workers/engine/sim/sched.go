@@ -152,6 +152,7 @@ func (e *Engine) finishRequest(r *request) {
 			r.response = r.buildResponse()
 		}
 	}
+	e.publishKV() // Stats are up to date when Generate returns
 	close(r.done)
 }
 

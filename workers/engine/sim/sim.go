@@ -31,6 +31,18 @@
 // (<|im_start|>role\ncontent<|im_end|>\n each, and <|im_start|>assistant\n).
 // Without ignore_eos a sequence ends by itself ("stop") at a length drawn
 // from the seed between MinEOS and MaxEOS tokens, with a full stop.
+//
+// Request fields honoured: model, messages (string content or text parts),
+// prompt (string, strings, token ids, arrays of token ids), max_tokens
+// (completions default 16), max_completion_tokens, n, stop,
+// include_stop_str_in_output, stream, stream_options (as in vLLM, present
+// means include_usage unless it is false), seed, ignore_eos, min_tokens.
+// Others (temperature, logprobs, tools, echo...) are accepted and ignored:
+// logprobs are always null and there are no tool calls.
+//
+// A streaming request gets one Sink.Chunks call per step with a chunk for
+// each of its sequences that produced text, made by the scheduler goroutine;
+// a Sink error or a done context aborts the request within one step.
 package sim
 
 import (

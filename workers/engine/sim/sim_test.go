@@ -615,6 +615,7 @@ func TestPreemption(t *testing.T) {
 	cfg.BlockSize = 4
 	cfg.NumBlocks = 20 // 80 tokens
 	cfg.MaxModelLen = 64
+	cfg.DecodeBase = 500 * time.Microsecond // so that the four requests overlap
 	e := newEngine(t, cfg)
 	var wg sync.WaitGroup
 	for i := 0; i < 4; i++ {
