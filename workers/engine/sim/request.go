@@ -1,0 +1,412 @@
+package sim
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// Sequence states. A sequence is counted in Stats.Waiting while stWaiting and
+// in Stats.Running while stRunning; whoever moves it out of a state (the
+// scheduler, or an abort from any goroutine) does so with a CAS and fixes the
+// counts, so an abort shows in Stats at once.
+const (
+	stWaiting int32 = iota
+	stRunning
+	stDone // finished or aborted; the scheduler still has to free its blocks
+)
+
+type prompt struct {
+	ids    []uint32
+	hashes []uint64 // chained hashes of the full blocks of ids
+}
+
+// request is one Generate call: one or more prompts, n sequences each.
+type request struct {
+	e            *Engine
+	ctx          context.Context
+	sink         engine.Sink
+	chat         bool
+	stream       bool
+	includeUsage bool
+	keepText     bool // the text is kept: non-stream, or stop strings to look for
+	includeStop  bool
+	stops        []string
+	maxStop      int // longest stop string
+	n            int
+	id           string
+	model        string
+	created      int64
+	prefix       []byte // chunk JSON up to and including `"choices":[`
+	prompts      []prompt
+	seqs         []seq
+	done         chan struct{}
+	aborted      atomic.Bool
+
+	// owned by the scheduler; read by Generate after done is closed
+	buf       []byte // this step's chunks
+	mark      uint64 // the step that last wrote to buf
+	live      int    // sequences not finished normally
+	remaining int    // sequences not yet removed from the scheduler
+	finished  bool
+	err       error
+	usage     schemas.Usage
+	response  []byte
+}
+
+// seq is one output sequence (one choice).
+type seq struct {
+	req       *request
+	prompt    *prompt
+	index     int
+	state     atomic.Int32
+	maxTokens int
+	minTokens int
+	eosLen    int // natural length, unless ignoreEOS
+	ignoreEOS bool
+	rng       uint64
+
+	generated int     // tokens produced
+	computed  int     // tokens in the KV cache
+	blocks    []int32 // block table
+	text      []byte  // when req.keepText
+	sent      int     // bytes of text already streamed
+	prev      uint8   // kind of the previous token
+	finish    string
+	cached    int // prompt tokens found in the prefix cache at first admission
+	admitted  bool
+	roleSent  bool
+}
+
+func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engine.Sink) (*request, error) {
+	var chat bool
+	switch req.Kind {
+	case schemas.KindChat:
+		chat = true
+	case schemas.KindCompletion:
+	default:
+		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
+	}
+	var b body
+	if err := json.Unmarshal(req.Body, &b); err != nil {
+		return nil, typeError("", err)
+	}
+	model := req.Model
+	if model == "" && b.Model != nil {
+		model = *b.Model
+	}
+	adapterName, err := e.resolve(model)
+	if err != nil {
+		return nil, err
+	}
+	if model == "" {
+		model = e.cfg.Model
+	}
+
+	n := 1
+	if b.N != nil {
+		switch {
+		case *b.N < 1:
+			return nil, schemas.BadRequest("n", "n must be at least 1, got %d.", *b.N)
+		case *b.N > int64(e.cfg.MaxN):
+			return nil, schemas.BadRequest("n", "n must be at most %d, got %d.", e.cfg.MaxN, *b.N)
+		}
+		n = int(*b.N)
+	}
+	maxTokens, mtParam := b.MaxTokens, "max_tokens"
+	if chat && b.MaxCompletionTokens != nil {
+		maxTokens, mtParam = b.MaxCompletionTokens, "max_completion_tokens"
+	}
+	if maxTokens != nil && *maxTokens < 1 {
+		return nil, schemas.BadRequest(mtParam, "%s must be at least 1, got %d.", mtParam, *maxTokens)
+	}
+	if !chat && maxTokens == nil {
+		sixteen := int64(16) // vLLM's default for completions
+		maxTokens = &sixteen
+	}
+	minTokens := 0
+	if b.MinTokens != nil {
+		if *b.MinTokens < 0 {
+			return nil, schemas.BadRequest("min_tokens", "min_tokens must be greater than or equal to 0, got %d.", *b.MinTokens)
+		}
+		if maxTokens != nil && *b.MinTokens > *maxTokens {
+			return nil, schemas.BadRequest("min_tokens", "min_tokens must be less than or equal to max_tokens=%d, got %d.", *maxTokens, *b.MinTokens)
+		}
+		minTokens = int(*b.MinTokens)
+	}
+	stopList, serr := stops(b.Stop)
+	if serr != nil {
+		return nil, serr
+	}
+	stream := b.Stream != nil && *b.Stream
+	if b.StreamOptions != nil && !stream {
+		return nil, schemas.BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+	}
+
+	var promptIDs [][]uint32
+	promptParam := "prompt"
+	if chat {
+		promptParam = "messages"
+		ids, perr := chatPrompt(b.Messages)
+		if perr != nil {
+			return nil, perr
+		}
+		promptIDs = [][]uint32{ids}
+	} else {
+		var perr *schemas.Error
+		if promptIDs, perr = completionPrompts(b.Prompt); perr != nil {
+			return nil, perr
+		}
+	}
+	limit := e.cfg.MaxModelLen
+	for _, ids := range promptIDs {
+		p := len(ids)
+		if maxTokens == nil && p >= limit {
+			return nil, contextError(promptParam, fmt.Sprintf(
+				"This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.",
+				limit, p))
+		}
+		if maxTokens != nil && int64(p)+*maxTokens > int64(limit) {
+			return nil, contextError(promptParam, fmt.Sprintf(
+				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+				limit, int64(p)+*maxTokens, p, *maxTokens))
+		}
+	}
+
+	r := &request{
+		e:            e,
+		ctx:          ctx,
+		sink:         sink,
+		chat:         chat,
+		stream:       stream,
+		includeUsage: stream && b.StreamOptions != nil && (b.StreamOptions.IncludeUsage == nil || *b.StreamOptions.IncludeUsage),
+		includeStop:  b.IncludeStopStr != nil && *b.IncludeStopStr,
+		stops:        stopList,
+		n:            n,
+		model:        model,
+		created:      time.Now().Unix(),
+		done:         make(chan struct{}),
+		prompts:      make([]prompt, len(promptIDs)),
+		seqs:         make([]seq, n*len(promptIDs)),
+	}
+	r.keepText = !stream || len(stopList) > 0
+	for _, s := range stopList {
+		r.maxStop = max(r.maxStop, len(s))
+	}
+	rid := req.ID
+	if rid == "" {
+		rid = strconv.FormatUint(e.nextID.Add(1), 16)
+	}
+	if chat {
+		r.id = "chatcmpl-" + rid
+	} else {
+		r.id = "cmpl-" + rid
+	}
+	if stream {
+		p := append(make([]byte, 0, 128), `{"id":`...)
+		p = appendString(p, r.id)
+		if chat {
+			p = append(p, `,"object":"chat.completion.chunk","created":`...)
+		} else {
+			p = append(p, `,"object":"text_completion","created":`...)
+		}
+		p = strconv.AppendInt(p, r.created, 10)
+		p = append(p, `,"model":`...)
+		p = appendString(p, model)
+		r.prefix = append(p, `,"choices":[`...)
+		r.buf = make([]byte, 0, 512*n)
+	}
+
+	bs := e.cfg.BlockSize
+	root := uint64(0x5eed)
+	if adapterName != "" {
+		root = hashString("lora:" + adapterName) // adapters do not share KV blocks with the base model
+	}
+	ignoreEOS := b.IgnoreEOS != nil && *b.IgnoreEOS
+	span := uint64(e.cfg.MaxEOS - e.cfg.MinEOS + 1)
+	for pi, ids := range promptIDs {
+		pr := &r.prompts[pi]
+		pr.ids = ids
+		pr.hashes = make([]uint64, len(ids)/bs)
+		h := root
+		for i := range pr.hashes {
+			h = blockHash(h, ids[i*bs:(i+1)*bs])
+			pr.hashes[i] = h
+		}
+		var seed uint64
+		if b.Seed != nil {
+			seed = uint64(*b.Seed)
+		} else {
+			seed = blockHash(0, ids)
+		}
+		mt := limit - len(ids)
+		if maxTokens != nil {
+			mt = int(*maxTokens)
+		}
+		for o := 0; o < n; o++ {
+			idx := pi*n + o
+			s := &r.seqs[idx]
+			s.req, s.prompt, s.index = r, pr, idx
+			s.maxTokens, s.minTokens, s.ignoreEOS = mt, minTokens, ignoreEOS
+			s.rng = mix64(seed^uint64(idx+1)*0x9e3779b97f4a7c15) | 1
+			s.eosLen = max(e.cfg.MinEOS+int(s.rand()%span), minTokens, 1)
+			expect := mt
+			if !ignoreEOS {
+				expect = min(mt, s.eosLen)
+			}
+			s.blocks = make([]int32, 0, (len(ids)+min(expect, 1024))/bs+1)
+			if r.keepText {
+				s.text = make([]byte, 0, min(expect, 1024)*7)
+			}
+		}
+	}
+	r.live = len(r.seqs)
+	r.remaining = len(r.seqs)
+	return r, nil
+}
+
+func contextError(param, msg string) *schemas.Error {
+	e := schemas.BadRequest(param, "%s", msg)
+	code := "context_length_exceeded"
+	e.Body.Code = &code
+	return e
+}
+
+// abort cancels every sequence of r: from the context's AfterFunc, from the
+// scheduler when the sink fails, or at shutdown.
+func (r *request) abort() {
+	if !r.aborted.CompareAndSwap(false, true) {
+		return
+	}
+	e := r.e
+	for i := range r.seqs {
+		s := &r.seqs[i]
+		for {
+			st := s.state.Load()
+			if st == stDone {
+				break
+			}
+			if s.state.CompareAndSwap(st, stDone) {
+				if st == stWaiting {
+					e.nWaiting.Add(-1)
+				} else {
+					e.nRunning.Add(-1)
+				}
+				break
+			}
+		}
+	}
+	e.abortsPending.Add(1)
+	e.signal()
+}
+
+// computeUsage sums the usage over the prompts and sequences; a prompt is
+// counted once however many sequences it has.
+func (r *request) computeUsage() schemas.Usage {
+	var u schemas.Usage
+	cached := 0
+	for i := range r.prompts {
+		u.PromptTokens += len(r.prompts[i].ids)
+		cached += r.seqs[i*r.n].cached
+	}
+	for i := range r.seqs {
+		u.CompletionTokens += r.seqs[i].generated
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.PromptTokensDetails = &schemas.TokenDetails{CachedTokens: cached}
+	return u
+}
+
+// buildResponse is the whole chat.completion or text_completion object.
+func (r *request) buildResponse() []byte {
+	size := 256
+	for i := range r.seqs {
+		size += len(r.seqs[i].text) + 128
+	}
+	b := make([]byte, 0, size)
+	b = append(b, `{"id":`...)
+	b = appendString(b, r.id)
+	if r.chat {
+		b = append(b, `,"object":"chat.completion","created":`...)
+	} else {
+		b = append(b, `,"object":"text_completion","created":`...)
+	}
+	b = strconv.AppendInt(b, r.created, 10)
+	b = append(b, `,"model":`...)
+	b = appendString(b, r.model)
+	b = append(b, `,"choices":[`...)
+	for i := range r.seqs {
+		s := &r.seqs[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"index":`...)
+		b = strconv.AppendInt(b, int64(s.index), 10)
+		if r.chat {
+			b = append(b, `,"message":{"role":"assistant","content":`...)
+			b = appendString(b, s.text)
+			b = append(b, '}')
+		} else {
+			b = append(b, `,"text":`...)
+			b = appendString(b, s.text)
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		b = appendString(b, s.finish)
+		b = append(b, '}')
+	}
+	b = append(b, `],"usage":`...)
+	b = appendUsage(b, &r.usage)
+	return append(b, '}')
+}
+
+// Chunk appenders. Every chunk ends with '\n'.
+
+func (r *request) chunkHead(dst []byte, index int) []byte {
+	dst = append(dst, r.prefix...)
+	dst = append(dst, `{"index":`...)
+	return strconv.AppendInt(dst, int64(index), 10)
+}
+
+func (r *request) appendRole(dst []byte, index int) []byte {
+	dst = r.chunkHead(dst, index)
+	return append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n"...)
+}
+
+func appendDelta[T string | []byte](dst []byte, r *request, index int, text T) []byte {
+	dst = r.chunkHead(dst, index)
+	dst = append(dst, `,"delta":{"content":`...)
+	dst = appendString(dst, text)
+	return append(dst, `},"logprobs":null,"finish_reason":null}]}`+"\n"...)
+}
+
+func (r *request) appendFinish(dst []byte, index int, reason string) []byte {
+	dst = r.chunkHead(dst, index)
+	dst = append(dst, `,"delta":{},"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, reason...)
+	return append(dst, `"}]}`+"\n"...)
+}
+
+func appendText[T string | []byte](dst []byte, r *request, index int, text T, reason string) []byte {
+	dst = r.chunkHead(dst, index)
+	dst = append(dst, `,"text":`...)
+	dst = appendString(dst, text)
+	if reason == "" {
+		return append(dst, `,"logprobs":null,"finish_reason":null}]}`+"\n"...)
+	}
+	dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, reason...)
+	return append(dst, `"}]}`+"\n"...)
+}
+
+func (r *request) appendUsageChunk(dst []byte) []byte {
+	dst = append(dst, r.prefix...)
+	dst = append(dst, `],"usage":`...)
+	dst = appendUsage(dst, &r.usage)
+	return append(dst, "}\n"...)
+}

@@ -1,0 +1,510 @@
+package sim
+
+import (
+	"context"
+	"math"
+	"strings"
+	"time"
+)
+
+// run is the scheduler goroutine: the engine loop.
+func (e *Engine) run() {
+	defer close(e.exit)
+	for {
+		select {
+		case <-e.quit:
+			e.shutdown()
+			return
+		default:
+		}
+		e.takeIncoming()
+		if e.abortsPending.Swap(0) > 0 {
+			e.sweep()
+			e.publishKV()
+		}
+		if len(e.running) == 0 && e.waitingLen() == 0 {
+			e.lastEnd = time.Time{}
+			select {
+			case <-e.wake:
+			case <-e.quit:
+				e.shutdown()
+				return
+			}
+			continue
+		}
+		e.stepOnce()
+	}
+}
+
+func (e *Engine) waitingLen() int { return len(e.waiting) - e.wHead }
+
+func (e *Engine) popWaiting() {
+	e.waiting[e.wHead] = nil
+	e.wHead++
+	if e.wHead == len(e.waiting) {
+		e.waiting, e.wHead = e.waiting[:0], 0
+	}
+}
+
+func (e *Engine) pushFrontWaiting(s *seq) {
+	if e.wHead > 0 {
+		e.wHead--
+		e.waiting[e.wHead] = s
+		return
+	}
+	e.waiting = append(e.waiting, nil)
+	copy(e.waiting[1:], e.waiting)
+	e.waiting[0] = s
+}
+
+// takeIncoming moves submitted sequences to the end of the waiting queue.
+func (e *Engine) takeIncoming() {
+	e.mu.Lock()
+	in := e.incoming
+	if len(in) == 0 {
+		e.mu.Unlock()
+		return
+	}
+	e.incoming = e.spare[:0]
+	e.mu.Unlock()
+	if e.wHead > 0 && e.wHead >= len(e.waiting)/2 {
+		n := copy(e.waiting, e.waiting[e.wHead:])
+		clear(e.waiting[n:])
+		e.waiting, e.wHead = e.waiting[:n], 0
+	}
+	e.waiting = append(e.waiting, in...)
+	clear(in)
+	e.spare = in[:0]
+}
+
+// sweep removes aborted sequences from the batch and the queue.
+func (e *Engine) sweep() {
+	j := 0
+	for _, s := range e.running {
+		if s.state.Load() == stDone {
+			e.drop(s)
+			continue
+		}
+		e.running[j] = s
+		j++
+	}
+	clear(e.running[j:])
+	e.running = e.running[:j]
+
+	j = e.wHead
+	for i := e.wHead; i < len(e.waiting); i++ {
+		s := e.waiting[i]
+		if s.state.Load() == stDone {
+			e.drop(s)
+			continue
+		}
+		e.waiting[j] = s
+		j++
+	}
+	clear(e.waiting[j:])
+	e.waiting = e.waiting[:j]
+	if e.wHead == j {
+		e.waiting, e.wHead = e.waiting[:0], 0
+	}
+}
+
+// drop forgets a sequence that has left the batch (finished or aborted) and
+// ends its request when it was the last one.
+func (e *Engine) drop(s *seq) {
+	s.blocks = e.kv.releaseAll(s.blocks)
+	if s.finish == "" {
+		e.mAbort.Add(1)
+	}
+	r := s.req
+	r.remaining--
+	if r.remaining == 0 && !r.finished {
+		e.finishRequest(r)
+	}
+}
+
+// preempt takes a running sequence out of the batch to free its blocks; it
+// goes back to the head of the queue and is recomputed when readmitted.
+func (e *Engine) preempt(s *seq) {
+	e.mPreempt.Add(1)
+	s.blocks = e.kv.releaseAll(s.blocks)
+	s.computed = 0
+	if !s.state.CompareAndSwap(stRunning, stWaiting) {
+		e.drop(s) // aborted meanwhile
+		return
+	}
+	e.nRunning.Add(-1)
+	e.nWaiting.Add(1)
+	e.pushFrontWaiting(s)
+}
+
+func (e *Engine) finishRequest(r *request) {
+	r.finished = true
+	if r.err == nil && r.aborted.Load() {
+		if r.err = r.ctx.Err(); r.err == nil {
+			r.err = context.Canceled
+		}
+	}
+	if r.err == nil {
+		if !r.includeUsage { // else done when the usage chunk was sent
+			r.usage = r.computeUsage()
+		}
+		if !r.stream {
+			r.response = r.buildResponse()
+		}
+	}
+	e.publishKV() // Stats are up to date when Generate returns
+	close(r.done)
+}
+
+// shutdown fails everything still queued or running with a 503.
+func (e *Engine) shutdown() {
+	e.mu.Lock()
+	in := e.incoming
+	e.incoming = nil
+	e.mu.Unlock()
+	err := e.errClosed()
+	all := append(append(e.running, e.waiting[e.wHead:]...), in...)
+	for _, s := range all {
+		r := s.req
+		if r.finished {
+			continue
+		}
+		if !r.aborted.Load() {
+			r.err = err
+		}
+		r.abort()
+		e.finishRequest(r)
+	}
+	e.running, e.waiting, e.wHead = nil, nil, 0
+}
+
+// stepOnce schedules one step, waits for its simulated duration and emits
+// one token for every sequence in the batch.
+func (e *Engine) stepOnce() {
+	bs := e.cfg.BlockSize
+	e.step++
+
+	// 1. Room in the KV cache for each running sequence's next token; when
+	// there is none, preempt from the back of the batch (vLLM's policy).
+	preempted := false
+	for i := 0; i < len(e.running); i++ {
+		s := e.running[i]
+		self := false
+		for s.computed+1 > len(s.blocks)*bs {
+			if e.kv.free() > 0 {
+				s.blocks = append(s.blocks, e.kv.alloc())
+				continue
+			}
+			victim := e.running[len(e.running)-1]
+			e.running[len(e.running)-1] = nil
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			preempted = true
+			if victim == s {
+				self = true
+				break
+			}
+		}
+		if self {
+			break
+		}
+		s.computed++
+	}
+	nDecode := len(e.running)
+
+	// 2. Admit waiting sequences in order while the batch, the step's prefill
+	// budget and the KV cache allow; not in a step that had to preempt.
+	admitted, prefill := 0, 0
+	for !preempted && e.waitingLen() > 0 && len(e.running) < e.cfg.MaxNumSeqs {
+		s := e.waiting[e.wHead]
+		if s.state.Load() == stDone { // aborted since the last sweep
+			e.popWaiting()
+			e.drop(s)
+			continue
+		}
+		hashes := s.prompt.hashes
+		total := len(s.prompt.ids) + s.generated
+		limit := min(len(hashes), (total-1)/bs) // at least one token is always computed
+		hits, evictable := 0, 0
+		for hits < limit {
+			b := e.kv.lookup(hashes[hits])
+			if b < 0 {
+				break
+			}
+			if e.kv.ref[b] == 0 {
+				evictable++
+			}
+			hits++
+		}
+		compute := total - hits*bs
+		if admitted > 0 && prefill+compute > e.cfg.MaxNumBatchedTokens {
+			break
+		}
+		need := (total+bs-1)/bs - hits
+		if need > e.kv.free()-evictable {
+			break
+		}
+		e.popWaiting()
+		if !s.state.CompareAndSwap(stWaiting, stRunning) {
+			e.drop(s)
+			continue
+		}
+		e.nWaiting.Add(-1)
+		e.nRunning.Add(1)
+		for j := 0; j < hits; j++ {
+			b := e.kv.lookup(hashes[j])
+			e.kv.acquire(b)
+			s.blocks = append(s.blocks, b)
+		}
+		for j := hits; j < hits+need; j++ {
+			b := e.kv.alloc()
+			s.blocks = append(s.blocks, b)
+			if j < len(hashes) {
+				e.kv.register(b, hashes[j])
+			}
+		}
+		if !s.admitted {
+			s.admitted = true
+			s.cached = hits * bs
+			e.mPrompt.Add(uint64(len(s.prompt.ids)))
+			e.mQueries.Add(uint64(len(s.prompt.ids)))
+			e.mHits.Add(uint64(hits * bs))
+		}
+		s.computed = total
+		prefill += compute
+		admitted++
+		e.running = append(e.running, s)
+	}
+	if len(e.running) == 0 {
+		return
+	}
+
+	// 3. The step's simulated duration: one wait for the whole batch.
+	var cost time.Duration
+	if admitted > 0 {
+		cost = e.cfg.PrefillBase + time.Duration(prefill)*e.cfg.PrefillPerToken
+	} else {
+		cost = e.cfg.DecodeBase
+	}
+	cost += time.Duration(nDecode) * e.cfg.DecodePerSeq
+	if !e.wait(cost) {
+		return
+	}
+	e.mSteps.Add(1)
+
+	// 4. One token for every sequence, then one sink call per request.
+	gen := 0
+	for _, s := range e.running {
+		if s.state.Load() == stRunning {
+			e.emit(s)
+			gen++
+		}
+	}
+	e.mGen.Add(uint64(gen))
+	for i, r := range e.touched {
+		if len(r.buf) > 0 && r.sink != nil && !r.aborted.Load() {
+			if err := r.sink.Chunks(r.buf[:len(r.buf)-1]); err != nil {
+				r.err = err
+				r.abort()
+			}
+		}
+		r.buf = r.buf[:0]
+		e.touched[i] = nil
+	}
+	e.touched = e.touched[:0]
+
+	// 5. Sequences that finished or were aborted leave the batch.
+	j := 0
+	for _, s := range e.running {
+		if s.state.Load() == stRunning {
+			e.running[j] = s
+			j++
+			continue
+		}
+		e.drop(s)
+	}
+	clear(e.running[j:])
+	e.running = e.running[:j]
+	e.publishKV()
+}
+
+func (e *Engine) publishKV() {
+	e.kvUsage.Store(math.Float64bits(float64(e.kv.used) / float64(e.kv.total())))
+}
+
+// wait sleeps until the end of a step of duration d; false if the engine is
+// closing. A timer firing late does not make the simulated GPU slower: the
+// next step starts when this one should have ended if that was less than a
+// millisecond ago.
+func (e *Engine) wait(d time.Duration) bool {
+	if d <= 0 {
+		e.lastEnd = time.Time{}
+		return true
+	}
+	now := time.Now()
+	start := now
+	if late := now.Sub(e.lastEnd); !e.lastEnd.IsZero() && late >= 0 && late < time.Millisecond {
+		start = e.lastEnd
+	}
+	end := start.Add(d)
+	e.lastEnd = end
+	sleep := end.Sub(now)
+	if sleep <= 0 {
+		return true
+	}
+	e.timer.Reset(sleep)
+	select {
+	case <-e.timer.C:
+		return true
+	case <-e.quit:
+		e.timer.Stop()
+		return false
+	}
+}
+
+// Kinds of the previous token, for the text generator.
+const (
+	tkNone uint8 = iota
+	tkWord
+	tkComma
+	tkPeriod
+)
+
+func (s *seq) rand() uint64 {
+	// xorshift64*
+	s.rng ^= s.rng >> 12
+	s.rng ^= s.rng << 25
+	s.rng ^= s.rng >> 27
+	return s.rng * 2685821657736338717
+}
+
+// nextToken draws the next token's text. Every token is a single cl100k_base
+// token and no two are merged by its pre-tokenizer (punctuation never
+// follows punctuation), so the text has exactly one token per step. A
+// natural end is a full stop.
+func (s *seq) nextToken(chat bool) string {
+	g := s.generated
+	x := s.rand()
+	pick := x >> 8
+	switch {
+	case g == 0 && chat:
+		s.prev = tkWord
+		return starters[pick%uint64(len(starters))]
+	case !s.ignoreEOS && g+1 == s.eosLen && s.prev != tkComma && s.prev != tkPeriod:
+		s.prev = tkPeriod
+		return "."
+	case s.prev == tkPeriod:
+		s.prev = tkWord
+		return spaceStarters[pick%uint64(len(spaceStarters))]
+	case s.prev == tkWord && (s.ignoreEOS || g+2 < s.eosLen) && x&15 == 0:
+		s.prev = tkComma
+		return ","
+	case s.prev == tkWord && (s.ignoreEOS || g+2 < s.eosLen) && x&15 == 1:
+		s.prev = tkPeriod
+		return "."
+	}
+	s.prev = tkWord
+	return words[pick%uint64(len(words))]
+}
+
+// findStop looks for a stop string that ends in text[from:] (from is where
+// the newest token starts) and returns where the output ends.
+func (r *request) findStop(text []byte, from int) (int, bool) {
+	start := max(0, from-r.maxStop+1)
+	best, bestEnd := -1, 0
+	for _, st := range r.stops {
+		if i := strings.Index(unsafeString(text[start:]), st); i >= 0 && (best < 0 || start+i < best) {
+			best, bestEnd = start+i, start+i+len(st)
+		}
+	}
+	if best < 0 {
+		return 0, false
+	}
+	if r.includeStop {
+		return bestEnd, true
+	}
+	return best, true
+}
+
+// emit produces one token for s and appends its chunks to its request's buffer.
+func (e *Engine) emit(s *seq) {
+	r := s.req
+	if r.mark != e.step {
+		r.mark = e.step
+		e.touched = append(e.touched, r)
+	}
+	tok := s.nextToken(r.chat)
+	s.generated++
+	reason := ""
+	if r.keepText {
+		old := len(s.text)
+		s.text = append(s.text, tok...)
+		if len(r.stops) > 0 && s.generated >= s.minTokens {
+			if cut, ok := r.findStop(s.text, old); ok {
+				s.text = s.text[:cut]
+				reason = "stop"
+			}
+		}
+	}
+	if reason == "" {
+		if !s.ignoreEOS && s.generated >= s.eosLen {
+			reason = "stop"
+		} else if s.generated >= s.maxTokens {
+			reason = "length"
+		}
+	}
+
+	if r.stream {
+		b := r.buf
+		if r.chat && !s.roleSent {
+			s.roleSent = true
+			b = r.appendRole(b, s.index)
+		}
+		if !r.keepText {
+			if r.chat {
+				b = appendDelta(b, r, s.index, tok)
+				if reason != "" {
+					b = r.appendFinish(b, s.index, reason)
+				}
+			} else {
+				b = appendText(b, r, s.index, tok, reason)
+			}
+		} else {
+			end := len(s.text)
+			if reason == "" && !r.includeStop {
+				end -= r.maxStop - 1 // hold back what may be the start of a stop string
+			}
+			var piece []byte
+			if end > s.sent {
+				piece = s.text[s.sent:end]
+				s.sent = end
+			}
+			if r.chat {
+				if len(piece) > 0 {
+					b = appendDelta(b, r, s.index, piece)
+				}
+				if reason != "" {
+					b = r.appendFinish(b, s.index, reason)
+				}
+			} else if len(piece) > 0 || reason != "" {
+				b = appendText(b, r, s.index, piece, reason)
+			}
+		}
+		r.buf = b
+	}
+
+	if reason != "" && s.state.CompareAndSwap(stRunning, stDone) {
+		s.finish = reason
+		e.nRunning.Add(-1)
+		if reason == "stop" {
+			e.mStop.Add(1)
+		} else {
+			e.mLength.Add(1)
+		}
+		r.live--
+		if r.live == 0 && r.includeUsage {
+			r.usage = r.computeUsage()
+			r.buf = r.appendUsageChunk(r.buf)
+		}
+	}
+}

@@ -1,0 +1,444 @@
+// Package sim is tokenbus's built-in simulated inference engine. It behaves
+// like vLLM as seen from its OpenAI API (same request fields, same JSON,
+// same errors) and like a GPU from the outside (time to first token, time
+// per output token, batching, KV-cache pressure), without a GPU or a model.
+//
+// It is a scheduler model, not a sleep per token. One goroutine runs steps,
+// like vLLM's engine loop. Sequences wait in a FIFO queue and are admitted
+// into the running batch while there are fewer than MaxNumSeqs running, while
+// the step's prefill token budget lasts and while the KV cache has blocks for
+// them. The KV cache is paged (BlockSize tokens per block, NumBlocks blocks)
+// with prefix caching: full blocks of prompt tokens are found again by a
+// chained hash, also after their sequence finished (they wait in an LRU of
+// free cached blocks), so a repeated prompt prefix prefills faster and is
+// reported as usage.prompt_tokens_details.cached_tokens. A running sequence
+// that needs a block when none is free preempts the most recently admitted
+// one, which goes back to the head of the queue and is recomputed later.
+//
+// Every step produces one token for every running sequence and costs, in
+// simulated time (one sleep per step, for the whole batch):
+//
+//	base + PrefillPerToken × (tokens prefilled in the step, cache hits excluded)
+//	     + DecodePerSeq × (sequences decoding in the step)
+//
+// where base is PrefillBase if the step admits anything, else DecodeBase.
+// With all four durations zero the engine runs as fast as the CPU allows.
+//
+// Output text is drawn from a list of common English words, each one
+// cl100k_base token, from a seed (the request's seed, else a hash of the
+// prompt), so it is deterministic and its token count is exact. Prompts are
+// counted with cl100k_base; chat messages get a ChatML template
+// (<|im_start|>role\ncontent<|im_end|>\n each, and <|im_start|>assistant\n).
+// Without ignore_eos a sequence ends by itself ("stop") at a length drawn
+// from the seed between MinEOS and MaxEOS tokens, with a full stop.
+//
+// Request fields honoured: model, messages (string content or text parts),
+// prompt (string, strings, token ids, arrays of token ids), max_tokens
+// (completions default 16), max_completion_tokens, n, stop,
+// include_stop_str_in_output, stream, stream_options (as in vLLM, present
+// means include_usage unless it is false), seed, ignore_eos, min_tokens.
+// Others (temperature, logprobs, tools, echo...) are accepted and ignored:
+// logprobs are always null and there are no tool calls.
+//
+// A streaming request gets one Sink.Chunks call per step with a chunk for
+// each of its sequences that produced text, made by the scheduler goroutine;
+// a Sink error or a done context aborts the request within one step.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// Config sets the simulated model and GPU. New fills zero sizes with the
+// defaults; zero durations mean "takes no time", so start from DefaultConfig.
+type Config struct {
+	Model       string   // base model name (default "sim")
+	ServedNames []string // more names for the base model
+
+	MaxModelLen         int // context length, prompt + completion (default 8192)
+	MaxNumSeqs          int // sequences in the running batch (default 256)
+	MaxNumBatchedTokens int // prefill tokens admitted per step; one sequence always fits (default 8192)
+	BlockSize           int // tokens per KV-cache block (default 16)
+	NumBlocks           int // KV-cache blocks (default 32768: 256 sequences of 2048 tokens)
+	MaxN                int // largest n (default 16)
+	MinEOS, MaxEOS      int // natural answer length range, in tokens (default 20..200)
+
+	PrefillBase     time.Duration // fixed cost of a step that prefills (default 15ms)
+	PrefillPerToken time.Duration // per prompt token not found in the prefix cache (default 20µs)
+	DecodeBase      time.Duration // fixed cost of a decode-only step (default 9ms)
+	DecodePerSeq    time.Duration // per sequence decoding in the step (default 20µs)
+
+	MaxLoras        int           // LoRA adapter slots (default 4)
+	AdapterLoadTime time.Duration // time LoadAdapter takes (default 50ms)
+}
+
+// DefaultConfig is a small model on one GPU: about 15-20 ms to the first
+// token of a short prompt and 9-10 ms per output token at low batch sizes.
+func DefaultConfig() Config {
+	return Config{
+		Model:               "sim",
+		MaxModelLen:         8192,
+		MaxNumSeqs:          256,
+		MaxNumBatchedTokens: 8192,
+		BlockSize:           16,
+		NumBlocks:           256 * 2048 / 16,
+		MaxN:                16,
+		MinEOS:              20,
+		MaxEOS:              200,
+		PrefillBase:         15 * time.Millisecond,
+		PrefillPerToken:     20 * time.Microsecond,
+		DecodeBase:          9 * time.Millisecond,
+		DecodePerSeq:        20 * time.Microsecond,
+		MaxLoras:            4,
+		AdapterLoadTime:     50 * time.Millisecond,
+	}
+}
+
+// Metrics are cumulative counters, named after vLLM's Prometheus metrics.
+type Metrics struct {
+	PromptTokens       uint64            // vllm:prompt_tokens_total
+	GenerationTokens   uint64            // vllm:generation_tokens_total
+	PrefixCacheQueries uint64            // vllm:prefix_cache_queries_total (tokens)
+	PrefixCacheHits    uint64            // vllm:prefix_cache_hits_total (tokens)
+	Preemptions        uint64            // vllm:num_preemptions_total
+	RequestSuccess     map[string]uint64 // vllm:request_success_total by finished_reason: stop, length, abort (per sequence)
+	Steps              uint64            // engine steps run
+}
+
+// Engine is the sim engine. It implements engine.Engine and engine.Adapters.
+type Engine struct {
+	cfg   Config
+	names map[string]bool // base model names
+
+	mu       sync.Mutex
+	incoming []*seq // submitted, not yet taken by the scheduler
+	spare    []*seq // the scheduler's: incoming's next backing array
+	adapters map[string]*adapter
+	closed   bool
+
+	wake chan struct{} // capacity 1: there is something for the scheduler
+	quit chan struct{}
+	exit chan struct{} // closed when the scheduler is gone
+
+	nRunning, nWaiting atomic.Int64
+	abortsPending      atomic.Int64
+	kvUsage            atomic.Uint64 // float64 bits
+	nextID             atomic.Uint64
+
+	mPrompt, mGen, mQueries, mHits, mPreempt, mSteps atomic.Uint64
+	mStop, mLength, mAbort                           atomic.Uint64
+
+	// owned by the scheduler goroutine
+	waiting []*seq
+	wHead   int
+	running []*seq
+	kv      *kvCache
+	touched []*request
+	step    uint64
+	lastEnd time.Time
+	timer   *time.Timer
+}
+
+type adapter struct {
+	path  string
+	ready bool
+}
+
+var (
+	_ engine.Engine   = (*Engine)(nil)
+	_ engine.Adapters = (*Engine)(nil)
+)
+
+// New checks cfg, fills its zero sizes with defaults and starts the scheduler.
+func New(cfg Config) (*Engine, error) {
+	d := DefaultConfig()
+	if cfg.Model == "" {
+		cfg.Model = d.Model
+	}
+	for _, f := range []struct {
+		v   *int
+		def int
+	}{
+		{&cfg.MaxModelLen, d.MaxModelLen}, {&cfg.MaxNumSeqs, d.MaxNumSeqs},
+		{&cfg.MaxNumBatchedTokens, d.MaxNumBatchedTokens}, {&cfg.BlockSize, d.BlockSize},
+		{&cfg.NumBlocks, d.NumBlocks}, {&cfg.MaxN, d.MaxN}, {&cfg.MinEOS, d.MinEOS},
+		{&cfg.MaxEOS, max(d.MaxEOS, cfg.MinEOS)}, {&cfg.MaxLoras, d.MaxLoras},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+		if *f.v < 0 {
+			return nil, fmt.Errorf("sim: negative size in config")
+		}
+	}
+	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 {
+		return nil, fmt.Errorf("sim: negative duration in config")
+	}
+	if cfg.MaxEOS < cfg.MinEOS {
+		return nil, fmt.Errorf("sim: MaxEOS %d < MinEOS %d", cfg.MaxEOS, cfg.MinEOS)
+	}
+	if cfg.NumBlocks*cfg.BlockSize < cfg.MaxModelLen+1 {
+		return nil, fmt.Errorf("sim: a KV cache of %d blocks of %d tokens cannot hold one sequence of MaxModelLen %d",
+			cfg.NumBlocks, cfg.BlockSize, cfg.MaxModelLen)
+	}
+	e := &Engine{
+		cfg:      cfg,
+		names:    map[string]bool{cfg.Model: true},
+		adapters: map[string]*adapter{},
+		wake:     make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		exit:     make(chan struct{}),
+		kv:       newKVCache(cfg.NumBlocks),
+		timer:    time.NewTimer(time.Hour),
+	}
+	e.timer.Stop()
+	for _, n := range cfg.ServedNames {
+		if n != "" {
+			e.names[n] = true
+		}
+	}
+	e.nextID.Store(uint64(time.Now().UnixNano()))
+	codec() // load the vocabulary now rather than in the first request
+	go e.run()
+	return e, nil
+}
+
+// Config returns the configuration in use, defaults filled in.
+func (e *Engine) Config() Config { return e.cfg }
+
+func (e *Engine) Name() string { return "sim" }
+
+// Models lists the base model, its other names and the loaded adapters.
+func (e *Engine) Models() []string {
+	out := []string{e.cfg.Model}
+	for _, n := range e.cfg.ServedNames {
+		if n != "" && n != e.cfg.Model {
+			out = append(out, n)
+		}
+	}
+	return append(out, e.adapterNames()...)
+}
+
+func (e *Engine) adapterNames() []string {
+	e.mu.Lock()
+	names := make([]string, 0, len(e.adapters))
+	for n, a := range e.adapters {
+		if a.ready {
+			names = append(names, n)
+		}
+	}
+	e.mu.Unlock()
+	slices.Sort(names)
+	return names
+}
+
+func (e *Engine) Stats() engine.Stats {
+	return engine.Stats{
+		Running:      int(max(e.nRunning.Load(), 0)),
+		Waiting:      int(max(e.nWaiting.Load(), 0)),
+		KVCacheUsage: math.Float64frombits(e.kvUsage.Load()),
+		Adapters:     e.adapterNames(),
+		MaxLoras:     e.cfg.MaxLoras,
+	}
+}
+
+// Metrics returns the cumulative counters.
+func (e *Engine) Metrics() Metrics {
+	return Metrics{
+		PromptTokens:       e.mPrompt.Load(),
+		GenerationTokens:   e.mGen.Load(),
+		PrefixCacheQueries: e.mQueries.Load(),
+		PrefixCacheHits:    e.mHits.Load(),
+		Preemptions:        e.mPreempt.Load(),
+		Steps:              e.mSteps.Load(),
+		RequestSuccess: map[string]uint64{
+			"stop":   e.mStop.Load(),
+			"length": e.mLength.Load(),
+			"abort":  e.mAbort.Load(),
+		},
+	}
+}
+
+func (e *Engine) errClosed() *schemas.Error {
+	return schemas.Unavailable(schemas.CodeShuttingDown, 1, "the sim engine is shut down")
+}
+
+// Health is nil until Close.
+func (e *Engine) Health(ctx context.Context) error {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "the sim engine is shut down")
+	}
+	return nil
+}
+
+// Close stops the scheduler; requests still queued or running fail with a 503.
+func (e *Engine) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		<-e.exit
+		return nil
+	}
+	e.closed = true
+	e.mu.Unlock()
+	close(e.quit)
+	<-e.exit
+	return nil
+}
+
+// resolve maps the requested model to an adapter name ("" for the base model).
+func (e *Engine) resolve(model string) (string, error) {
+	if model == "" || e.names[model] {
+		return "", nil
+	}
+	e.mu.Lock()
+	a := e.adapters[model]
+	e.mu.Unlock()
+	if a == nil || !a.ready {
+		return "", schemas.ModelNotFound(model)
+	}
+	return model, nil
+}
+
+// Generate runs one request to its end; see the package comment.
+func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if !req.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
+	}
+	r, err := e.newRequest(ctx, req, sink)
+	if err != nil {
+		return nil, err
+	}
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil, e.errClosed()
+	}
+	e.nWaiting.Add(int64(len(r.seqs)))
+	for i := range r.seqs {
+		e.incoming = append(e.incoming, &r.seqs[i])
+	}
+	e.mu.Unlock()
+	e.signal()
+	stop := context.AfterFunc(ctx, r.abort)
+	<-r.done
+	stop()
+	if r.err != nil {
+		return nil, r.err
+	}
+	return &engine.Result{Usage: r.usage, Response: r.response}, nil
+}
+
+func (e *Engine) signal() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// LoadAdapter loads a LoRA adapter into a free slot, taking AdapterLoadTime.
+// With every slot in use it fails with an error that matches
+// ErrNoAdapterSlot (errors.Is) and is a 409 *schemas.Error (errors.As); the
+// caller unloads an adapter and tries again.
+func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
+	if name == "" {
+		return schemas.BadRequest("lora_name", "an adapter needs a name")
+	}
+	if e.names[name] {
+		return schemas.BadRequest("lora_name", "'%s' is the base model", name)
+	}
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return e.errClosed()
+	case e.adapters[name] != nil:
+		e.mu.Unlock()
+		return schemas.BadRequest("lora_name", "The lora adapter '%s' has already been loaded.", name)
+	case len(e.adapters) >= e.cfg.MaxLoras:
+		e.mu.Unlock()
+		return &slotsFullError{max: e.cfg.MaxLoras}
+	}
+	a := &adapter{path: path}
+	e.adapters[name] = a
+	e.mu.Unlock()
+
+	if err := sleepCtx(ctx, e.cfg.AdapterLoadTime); err != nil {
+		e.mu.Lock()
+		delete(e.adapters, name)
+		e.mu.Unlock()
+		return err
+	}
+	e.mu.Lock()
+	a.ready = true
+	e.mu.Unlock()
+	return nil
+}
+
+// UnloadAdapter frees an adapter's slot. Requests already running on it finish.
+func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if a := e.adapters[name]; a == nil || !a.ready {
+		return schemas.NewError(http.StatusNotFound, schemas.TypeNotFound, "", "lora_name",
+			fmt.Sprintf("The lora adapter '%s' cannot be found.", name))
+	}
+	delete(e.adapters, name)
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ErrNoAdapterSlot is matched by LoadAdapter's error when all slots are used.
+var ErrNoAdapterSlot = errors.New("sim: all LoRA adapter slots are in use")
+
+// CodeAdapterSlotsFull is the code of the 409 for a load with no free slot.
+const CodeAdapterSlotsFull = "adapter_slots_full"
+
+type slotsFullError struct{ max int }
+
+func (e *slotsFullError) Error() string {
+	return fmt.Sprintf("sim: all %d LoRA adapter slots are in use", e.max)
+}
+
+func (e *slotsFullError) Is(target error) bool { return target == ErrNoAdapterSlot }
+
+func (e *slotsFullError) As(target any) bool {
+	if p, ok := target.(**schemas.Error); ok {
+		*p = schemas.NewError(http.StatusConflict, schemas.TypeInvalidRequest, CodeAdapterSlotsFull, "",
+			fmt.Sprintf("all %d LoRA adapter slots are in use; unload one first", e.max))
+		return true
+	}
+	return false
+}
