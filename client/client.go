@@ -8,7 +8,6 @@
 package client
 
 import (
-	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -91,7 +90,7 @@ func (c *Client) Close() error {
 	err := c.sub.Unsubscribe()
 	c.mu.Lock()
 	streams := c.streams
-	c.streams = map[string]*Stream{}
+	c.streams = nil // Start checks for nil: no stream can begin after Close
 	c.mu.Unlock()
 	for _, s := range streams {
 		s.fail(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the client is shutting down"))
@@ -148,8 +147,9 @@ func (r *Request) Header() nats.Header {
 	return h
 }
 
-// ErrClosed is returned by Start after Close.
-var ErrClosed = errors.New("tokenbus client closed")
+// ErrClosed is returned by Start after Close. It is a *schemas.Error (503,
+// shutting_down) so that callers map it like every other bus error.
+var ErrClosed error = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the tokenbus client is closed")
 
 // Start publishes r and returns its reply stream. The caller must Close the
 // stream (which cancels the request if it has not finished).
