@@ -1,0 +1,289 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// exchange is one completion request from publish to its end. It holds all
+// the stream writer needs: the writer runs after the handler returned, when
+// Fiber has recycled the fiber.Ctx, and must never touch it.
+type exchange struct {
+	g      *Gateway
+	id     string
+	route  string // route pattern, for metrics
+	model  string
+	label  string // model as a metric label
+	tenant string
+	start  time.Time
+
+	st     *client.Stream
+	ctx    context.Context // ends on client gone, shutdown cut or deadline (see Cause)
+	cancel context.CancelCauseFunc
+	stopDL context.CancelFunc
+	w      *watcher
+
+	writeFailed bool // the stream writer could not write: the client is gone
+}
+
+// completions handles POST .../chat/completions and .../completions.
+func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler {
+	return func(c *fiber.Ctx) error {
+		start := time.Now()
+		if !isJSON(c.Get(fiber.HeaderContentType)) {
+			return errUnsupportedMediaType
+		}
+		pathModel := ""
+		if torchServe {
+			pathModel = pathParam(c, "model")
+		}
+		body := c.Body()
+		req, perr := parseRequest(kind, body, pathModel)
+		if perr != nil {
+			return perr
+		}
+		known := g.cat.Known(req.Model)
+		label := "unknown"
+		if known {
+			label = req.Model
+		}
+		c.Locals(localModel, req.Model)
+		c.Locals(localLabel, label)
+
+		var tenant string
+		if g.cfg.Authorize != nil {
+			t, err := g.cfg.Authorize(c, req.Model)
+			if err != nil {
+				return err
+			}
+			tenant = strings.Clone(t)
+		}
+		if !known {
+			return schemas.ModelNotFound(req.Model)
+		}
+
+		id, _ := c.Locals(localID).(string)
+		deadline := start.Add(g.cfg.RequestTimeout)
+		x := &exchange{g: g, id: id, route: c.Route().Path, model: req.Model, label: label,
+			tenant: tenant, start: start}
+		var reqCtx context.Context
+		reqCtx, x.cancel = context.WithCancelCause(g.base)
+		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
+			schemas.Timeout("the request did not finish within %s", g.cfg.RequestTimeout))
+
+		st, err := g.cl.Start(&client.Request{
+			ID:       id,
+			Kind:     kind,
+			Model:    req.Model,
+			Body:     req.payload(body),
+			Deadline: deadline,
+			Priority: req.Priority,
+			Tenant:   tenant,
+			Trace:    traceParent(c.Get("traceparent")),
+		})
+		if err != nil {
+			x.stopDL()
+			x.cancel(nil)
+			return err
+		}
+		g.inflight.add()
+		x.st = st
+		x.w = startWatcher(c.Context().Conn(), g.cfg.ProbeInterval, x.cancel)
+
+		if !req.Stream {
+			finished := false
+			defer func() { x.end(finished) }()
+			var out []byte
+			out, err = x.unary()
+			if err != nil {
+				return err
+			}
+			finished = true
+			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+			return c.Status(fiber.StatusOK).Send(out)
+		}
+
+		// Commit to a 200 stream only once the first chunk is there, so that
+		// errors before any token keep their real status.
+		first, err := st.Next(x.ctx)
+		if err != nil {
+			x.end(false)
+			return x.fail(err)
+		}
+		firstAt := time.Now()
+		x.w.touch(firstAt)
+
+		c.Locals(localStreaming, true)
+		c.Set(fiber.HeaderContentType, "text/event-stream")
+		c.Set(fiber.HeaderCacheControl, "no-cache")
+		c.Set(fiber.HeaderConnection, "keep-alive")
+		c.Set("X-Accel-Buffering", "no")
+		c.Status(fiber.StatusOK)
+		g.m.activeStreams.Inc()
+		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) { x.writeStream(w, first, firstAt) })
+		return nil
+	}
+}
+
+// unary waits for the done frame of a stream:false request and returns its
+// payload, the whole OpenAI response object.
+func (x *exchange) unary() ([]byte, error) {
+	for {
+		f, err := x.st.Next(x.ctx)
+		if err != nil {
+			return nil, x.fail(err)
+		}
+		x.w.touch(time.Now())
+		if f.Type == schemas.FrameDone {
+			x.usage(f.Payload)
+			return f.Payload, nil
+		}
+		// A chunk has no place in a stream:false reply; the done frame has it all.
+	}
+}
+
+// writeStream is the SSE body writer. It runs in its own goroutine after the
+// handler returned: it uses only x, recovers its panics (nothing else would),
+// and ends when the stream is done, fails, the client goes or the gateway
+// cuts it on shutdown.
+func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Time) {
+	g := x.g
+	finished, outcome := false, "done"
+	defer func() {
+		if r := recover(); r != nil {
+			outcome = "panic"
+			g.log.Error("stream writer panic", "id", x.id, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+		}
+		g.m.activeStreams.Dec()
+		d := time.Since(x.start)
+		g.m.duration.WithLabelValues(x.route, x.label).Observe(d.Seconds())
+		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome)
+		x.end(finished)
+	}()
+
+	if f.Type == schemas.FrameChunk {
+		g.m.ttft.WithLabelValues(x.label).Observe(firstAt.Sub(x.start).Seconds())
+	}
+	itl := g.m.itl.WithLabelValues(x.label)
+	last := firstAt
+	for {
+		switch f.Type {
+		case schemas.FrameChunk:
+			n, err := writeChunkFrame(w, f.Payload)
+			g.m.chunks.Add(float64(n))
+			if err == nil && !x.st.Buffered() {
+				err = w.Flush() // once per burst
+			}
+			if err != nil {
+				x.writeFailed, outcome = true, "client_gone"
+				return
+			}
+		case schemas.FrameDone:
+			finished = true
+			x.usage(f.Payload)
+			if err := writeDone(w); err == nil {
+				_ = w.Flush()
+			}
+			return
+		}
+
+		var err error
+		f, err = x.st.Next(x.ctx)
+		now := time.Now()
+		x.w.touch(now)
+		if err != nil {
+			e := x.fail(err)
+			if e == errClientGone {
+				outcome = "client_gone"
+				return
+			}
+			outcome = "error"
+			if e.Body.Code != nil {
+				outcome = *e.Body.Code
+			}
+			if writeErrorEvent(w, e) == nil {
+				_ = w.Flush()
+			}
+			return
+		}
+		if f.Type == schemas.FrameChunk {
+			itl.Observe(now.Sub(last).Seconds())
+			last = now
+		}
+	}
+}
+
+// fail maps an error of Stream.Next. When the request's own context ended,
+// its cause says why: errClientGone, the shutdown cut or the deadline.
+func (x *exchange) fail(err error) *schemas.Error {
+	var e *schemas.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if x.ctx.Err() != nil {
+		return schemas.AsError(context.Cause(x.ctx))
+	}
+	return schemas.AsError(err)
+}
+
+// end releases everything; finished says the request got its done frame.
+// Closing an unfinished stream cancels it at its worker or in the queues.
+func (x *exchange) end(finished bool) {
+	x.w.stop()
+	if !finished && (x.writeFailed || x.w.gone.Load()) {
+		x.g.m.disconnects.Inc()
+	}
+	x.st.Close()
+	x.stopDL()
+	x.cancel(nil)
+	x.g.inflight.done()
+}
+
+// usage hands the done payload's usage to OnUsage.
+func (x *exchange) usage(done []byte) {
+	if x.g.cfg.OnUsage == nil {
+		return
+	}
+	var info schemas.DoneInfo
+	_ = json.Unmarshal(done, &info)
+	var u schemas.Usage
+	if info.Usage != nil {
+		u = *info.Usage
+	}
+	x.g.cfg.OnUsage(x.tenant, x.model, u)
+}
+
+// pathParam is a route parameter, unescaped and copied out of fasthttp's buffers.
+func pathParam(c *fiber.Ctx, name string) string {
+	v := c.Params(name)
+	if u, err := url.PathUnescape(v); err == nil {
+		v = u
+	}
+	return strings.Clone(v) // PathUnescape returns v itself when there is nothing to unescape
+}
+
+// traceParent passes a W3C traceparent on if it is well formed.
+func traceParent(v string) string {
+	if len(v) != 55 {
+		return ""
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c == '-') {
+			return ""
+		}
+	}
+	return strings.Clone(v)
+}

@@ -1,0 +1,70 @@
+// Package gateway is tokenbus's HTTP front: an OpenAI-compatible API on Fiber
+// that publishes each request on NATS (through package client) and turns the
+// reply stream into Server-Sent Events or a single JSON response.
+//
+// # Routes
+//
+//	POST /v1/chat/completions                              kind chat
+//	POST /v1/completions                                   kind completion
+//	GET  /v1/models, /v1/models/{id}                       id may contain '/'
+//	     /predictions/{model}/{version}/v1/...             the same three, TorchServe's form
+//	GET  /health                                           200 {"status":"ok"} while the process runs
+//	GET  /ready                                            200 when NATS is connected and a worker is up, else 503
+//	GET  /metrics                                          Prometheus text
+//
+// Every error, including unknown routes (404), wrong methods (405), bodies over
+// the limit (413) and a wrong Content-Type (415), is OpenAI's nested
+// {"error":{"message","type","param","code"}} with its HTTP status and, for
+// 429/503, Retry-After.
+//
+// # Decisions
+//
+// Body pass-through. The gateway parses only what it needs (model, stream,
+// stream_options, n, priority, and that messages or prompt are there) and
+// publishes the client's body byte for byte, so unknown and engine-specific
+// fields reach the engine untouched. Chunks from workers are written as
+// "data: <line>\n\n" without being decoded.
+//
+// TorchServe form. In /predictions/{model}/{version}/v1/... the path's model is
+// a default: a "model" in the body wins. When the body has none, the gateway
+// inserts "model":"<path model>" right after the body's opening brace (the one
+// edit it ever makes to a body), so every engine downstream, including ones
+// that forward the body to vLLM as is, sees a complete OpenAI request. The
+// version segment is accepted and ignored. The models routes under this
+// prefix list every servable model, like /v1/models.
+//
+// Errors before the first token keep their real status. A stream's response
+// is committed only once the first chunk arrived; until then no worker, a full
+// queue, an unknown model or an engine's 400 come back as that status, not as
+// an in-band error after a 200. An error after the first byte is sent as
+// data: {"error":{...}} and data: [DONE].
+//
+// Vanished clients. fasthttp has no per-request cancel signal and a write
+// error only shows up when there is something to write, so while a request is
+// silent (queued, long prefill, stream:false) a watcher probes the client's
+// socket every ProbeInterval: on Linux and macOS a non-blocking MSG_PEEK
+// recv, which reads nothing and so can never eat a pipelined request; else a
+// 1 ms read deadline and a one-byte Read. End of file or a socket error means
+// the client hung up: the request's context is cancelled and its Stream
+// closed, which tells the worker (or every dispatcher's queue) to drop it. A
+// client that half-closes its sending side after the request looks gone too;
+// HTTP clients do not do that. No SSE comments or keep-alive events are sent
+// during silence: openai-go before v3.43 breaks on them.
+//
+// Shutdown. Shutdown closes the listener, lets open requests finish until its
+// context ends, then cuts the rest: every request's context derives from one
+// gateway-wide context, so writers blocked on a silent worker end at once with
+// a 503 shutting_down error event and [DONE], and their workers are told to
+// cancel.
+//
+// Hooks. Config.Authorize is called after the body is parsed and before the
+// request is published; Config.OnUsage once for every request that finished
+// with a done frame (stream or not), with the usage at the top level of the
+// done payload (zero if it had none). Requests that failed or were cancelled
+// do not call OnUsage.
+//
+// Metrics are labelled by route pattern and by model only when the catalog
+// knows the model (else "unknown"), so label cardinality stays bounded. Stream
+// metrics (time to first token, inter-token latency, duration, chunks) are
+// recorded in the stream writer, after the handler has returned.
+package gateway

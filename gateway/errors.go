@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// errClientGone is the cause of a request context cancelled because the
+// client hung up; 499 is for logs and metrics only (nobody reads it).
+var errClientGone = schemas.NewError(499, schemas.TypeInvalidRequest, "client_closed_request", "",
+	"the client closed the connection")
+
+// errorHandler is Fiber's ErrorHandler: every error a handler returns, and
+// the ones fasthttp raises before a handler runs (body too large, read
+// timeout, malformed request), leave as OpenAI's nested error body.
+func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
+	e := g.toAPIError(c, err)
+	if c.Locals(localID) == nil {
+		// Raised by fasthttp before any handler ran (body too large, read
+		// timeout, malformed HTTP): observe did not see this request.
+		id := requestID(c.Get(fiber.HeaderXRequestID))
+		c.Set(fiber.HeaderXRequestID, id)
+		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
+		g.logRequest(id, routeUnmatched, "", e.Status, 0, c.Method(), err.Error())
+	}
+	return writeError(c, e)
+}
+
+// toAPIError maps Fiber's own errors; everything else goes through
+// schemas.AsError, the one place bus and Go errors become OpenAI errors.
+func (g *Gateway) toAPIError(c *fiber.Ctx, err error) *schemas.Error {
+	var fe *fiber.Error
+	if !errors.As(err, &fe) {
+		return schemas.AsError(err)
+	}
+	switch fe.Code {
+	case http.StatusNotFound:
+		return schemas.NewError(http.StatusNotFound, schemas.TypeInvalidRequest, "unknown_url", "",
+			fmt.Sprintf("Unknown request URL: %s %s. Please check the URL for typos.", c.Method(), c.OriginalURL()))
+	case http.StatusMethodNotAllowed:
+		return schemas.NewError(http.StatusMethodNotAllowed, schemas.TypeInvalidRequest, "method_not_allowed", "",
+			fmt.Sprintf("Method %s is not allowed for %s.", c.Method(), c.Path()))
+	case http.StatusRequestEntityTooLarge:
+		return schemas.NewError(http.StatusRequestEntityTooLarge, schemas.TypeInvalidRequest, "request_too_large", "",
+			fmt.Sprintf("The request body is larger than the limit of %d bytes.", g.cfg.BodyLimit))
+	case http.StatusRequestTimeout:
+		return schemas.NewError(http.StatusRequestTimeout, schemas.TypeTimeout, "timeout", "",
+			"The request was not received in time.")
+	}
+	typ := schemas.TypeInvalidRequest
+	if fe.Code >= 500 {
+		typ = schemas.TypeServer
+	}
+	return schemas.NewError(fe.Code, typ, "", "", fe.Message)
+}
+
+// writeError writes e as the whole response.
+func writeError(c *fiber.Ctx, e *schemas.Error) error {
+	if e.RetryAfter > 0 {
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(e.RetryAfter))
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(e.Status).Send(e.JSON())
+}

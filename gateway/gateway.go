@@ -1,0 +1,245 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Catalog tells the gateway which models exist and whether anything serves.
+type Catalog interface {
+	// Known reports whether model is registered or served by a live worker.
+	Known(model string) bool
+	// Models lists the servable models, for /v1/models.
+	Models() []schemas.Model
+	// WorkersUp counts live workers, for /ready.
+	WorkersUp() int
+}
+
+// Config tunes a Gateway. Zero values take the defaults shown.
+type Config struct {
+	BodyLimit       int           // bytes; past it 413. Default 8 MiB
+	RequestTimeout  time.Duration // whole-request deadline, also sent on the bus. Default 10m
+	ProbeInterval   time.Duration // how often a silent request checks its client is still there. Default 1s
+	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
+	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
+	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
+	Version         string
+
+	// Authorize, if set, is called for every completion request after its
+	// body is parsed and before it is published; model is the resolved
+	// model. An error rejects the request (a *schemas.Error keeps its status,
+	// e.g. 401, 403 or 429 with RetryAfter). The tenant travels on the bus
+	// and is passed to OnUsage.
+	Authorize func(c *fiber.Ctx, model string) (tenant string, err error)
+	// OnUsage, if set, is called once per request that finished with a done
+	// frame, with the usage from the done payload's top level. It may be
+	// called from a stream writer goroutine and must not block for long.
+	OnUsage func(tenant, model string, u schemas.Usage)
+}
+
+func (c *Config) defaults() {
+	if c.BodyLimit <= 0 {
+		c.BodyLimit = 8 << 20
+	}
+	if c.RequestTimeout <= 0 {
+		c.RequestTimeout = 10 * time.Minute
+	}
+	if c.ProbeInterval <= 0 {
+		c.ProbeInterval = time.Second
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = time.Minute
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+}
+
+// Gateway is the HTTP server. Make one with New.
+type Gateway struct {
+	cfg Config
+	cl  *client.Client
+	cat Catalog
+	nc  *nats.Conn
+	log *slog.Logger
+	app *fiber.App
+	m   *metrics
+
+	// base is the parent of every request's context; Shutdown cancels it
+	// (cause errShuttingDown) to cut whatever is still open at its deadline.
+	base    context.Context
+	cutBase context.CancelCauseFunc
+
+	draining atomic.Bool
+	inflight tracker // handlers and stream writers still running
+}
+
+var errShuttingDown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the gateway is shutting down")
+
+// New builds a gateway. reg may be nil (a fresh registry is used), nc may be
+// nil (then /ready always says 503), log may be nil.
+func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometheus.Registry, log *slog.Logger) *Gateway {
+	cfg.defaults()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg)}
+	g.base, g.cutBase = context.WithCancelCause(context.Background())
+	g.app = fiber.New(fiber.Config{
+		DisableStartupMessage: true,
+		BodyLimit:             cfg.BodyLimit,
+		ReadTimeout:           cfg.ReadTimeout,
+		IdleTimeout:           cfg.IdleTimeout,
+		// No WriteTimeout: streams last as long as generation does.
+		ErrorHandler: g.errorHandler,
+		AppName:      "tokenbus-gateway",
+	})
+	g.routes(reg)
+	return g
+}
+
+// App is the Fiber application, for tests and for mounting extra routes.
+func (g *Gateway) App() *fiber.App { return g.app }
+
+func (g *Gateway) routes(reg *prometheus.Registry) {
+	app := g.app
+	app.Use(g.observe)
+	app.Use(recover.New()) // a handler's panic becomes a 500, not a dead process
+	for _, p := range []struct {
+		prefix     string
+		torchServe bool
+	}{{"/v1", false}, {"/predictions/:model/:version/v1", true}} {
+		app.Post(p.prefix+"/chat/completions", g.completions(schemas.KindChat, p.torchServe))
+		app.Post(p.prefix+"/completions", g.completions(schemas.KindCompletion, p.torchServe))
+		app.Get(p.prefix+"/models", g.listModels)
+		app.Get(p.prefix+"/models/*", g.getModel)
+	}
+	app.Get("/health", g.health)
+	app.Get("/ready", g.ready)
+	app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+}
+
+// Serve serves HTTP on ln until Shutdown; it returns nil after Shutdown.
+func (g *Gateway) Serve(ln net.Listener) error {
+	if g.draining.Load() {
+		return ln.Close()
+	}
+	err := g.app.Listener(ln)
+	if g.draining.Load() {
+		return nil
+	}
+	return err
+}
+
+// cutGrace bounds how long Shutdown waits, after cutting, for writers to
+// notice and for their connections to close.
+const cutGrace = 2 * time.Second
+
+// Shutdown stops accepting connections, lets open requests finish until ctx
+// ends (or ShutdownTimeout, if ctx has no deadline), then cuts the rest with a
+// 503 shutting_down and cancels their work on the bus. It returns once every
+// handler and stream writer has ended (bounded), with ctx's error if requests
+// had to be cut.
+func (g *Gateway) Shutdown(ctx context.Context) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.cfg.ShutdownTimeout)
+		defer cancel()
+	}
+	g.draining.Store(true)
+	// fasthttp keeps its "stopping" flag only while ShutdownWithContext runs,
+	// and that flag is what closes keep-alive connections after their
+	// response; so it runs on its own context, past ctx, until the cut
+	// requests have ended.
+	fctx, fcancel := context.WithCancel(context.Background())
+	defer fcancel()
+	errc := make(chan error, 1)
+	go func() { errc <- g.app.ShutdownWithContext(fctx) }()
+	select {
+	case err := <-errc:
+		g.cutBase(errShuttingDown)
+		return errors.Join(err, g.inflight.wait(ctx))
+	case <-ctx.Done():
+	}
+	g.log.Warn("shutdown grace over: cutting open requests", "open", g.inflight.count())
+	g.cutBase(errShuttingDown)
+	wctx, wcancel := context.WithTimeout(context.Background(), cutGrace)
+	defer wcancel()
+	_ = g.inflight.wait(wctx)
+	select {
+	case <-errc:
+	case <-wctx.Done():
+		fcancel()
+		<-errc
+	}
+	return ctx.Err()
+}
+
+// tracker counts running handlers and writers; wait returns when none is left.
+type tracker struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{}
+}
+
+func (t *tracker) add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+func (t *tracker) done() {
+	t.mu.Lock()
+	t.n--
+	if t.n == 0 && t.zero != nil {
+		close(t.zero)
+		t.zero = nil
+	}
+	t.mu.Unlock()
+}
+
+func (t *tracker) count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+func (t *tracker) wait(ctx context.Context) error {
+	t.mu.Lock()
+	if t.n == 0 {
+		t.mu.Unlock()
+		return nil
+	}
+	if t.zero == nil {
+		t.zero = make(chan struct{})
+	}
+	z := t.zero
+	t.mu.Unlock()
+	select {
+	case <-z:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,74 @@
+package gateway
+
+import (
+	"context"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+)
+
+// Keys of fiber.Ctx locals the handlers leave for observe.
+const (
+	localID        = "tb.id"        // string: the request id
+	localModel     = "tb.model"     // string: the model the request named
+	localLabel     = "tb.label"     // string: the model as a metric label
+	localStreaming = "tb.streaming" // bool: the stream writer records duration and logs
+)
+
+const routeUnmatched = "unmatched"
+
+// observe runs first for every request: it settles the request id, turns a
+// handler's error into its response, then counts and logs the request.
+func (g *Gateway) observe(c *fiber.Ctx) error {
+	start := time.Now()
+	id := requestID(c.Get(fiber.HeaderXRequestID))
+	c.Locals(localID, id)
+	c.Set(fiber.HeaderXRequestID, id)
+
+	if err := c.Next(); err != nil {
+		if werr := g.errorHandler(c, err); werr != nil {
+			return werr
+		}
+	}
+
+	route := c.Route().Path
+	if route == "/" { // only this middleware matched
+		route = routeUnmatched
+	}
+	label, _ := c.Locals(localLabel).(string)
+	status := c.Response().StatusCode()
+	g.m.requests.WithLabelValues(route, label, strconv.Itoa(status)).Inc()
+	if streaming, _ := c.Locals(localStreaming).(bool); streaming {
+		return nil
+	}
+	d := time.Since(start)
+	g.m.duration.WithLabelValues(route, label).Observe(d.Seconds())
+	model, _ := c.Locals(localModel).(string)
+	g.logRequest(id, route, model, status, d, c.Method(), "")
+	return nil
+}
+
+// logRequest logs one finished request: health checks and scrapes at Debug,
+// server errors at Warn, the rest at Info.
+func (g *Gateway) logRequest(id, route, model string, status int, d time.Duration, method, outcome string) {
+	level := slog.LevelInfo
+	switch {
+	case status >= 500:
+		level = slog.LevelWarn
+	case route == "/health" || route == "/ready" || route == "/metrics":
+		level = slog.LevelDebug
+	}
+	if !g.log.Enabled(context.Background(), level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("id", id), slog.String("method", method), slog.String("route", route),
+		slog.String("model", model), slog.Int("status", status), slog.Duration("duration", d),
+	}
+	if outcome != "" {
+		attrs = append(attrs, slog.String("outcome", outcome))
+	}
+	g.log.LogAttrs(context.Background(), level, "request", attrs...)
+}

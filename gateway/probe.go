@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// watcher notices a client that hung up while its request is silent. fasthttp
+// gives handlers no cancel signal and a write error needs something to write,
+// so every interval without a frame the watcher probes the connection; when
+// the peer has gone it cancels the request's context with errClientGone.
+//
+// It runs from just after the request is published until the handler (stream
+// false, or an error before the first chunk) or the stream writer ends, and
+// stop waits for it: after that fasthttp may read the connection again.
+type watcher struct {
+	conn     net.Conn
+	interval time.Duration
+	cancel   context.CancelCauseFunc
+
+	last  atomic.Int64 // unix nanoseconds of the last frame
+	gone  atomic.Bool
+	stopc chan struct{}
+	donec chan struct{}
+	once  sync.Once
+}
+
+func startWatcher(conn net.Conn, interval time.Duration, cancel context.CancelCauseFunc) *watcher {
+	w := &watcher{conn: conn, interval: interval, cancel: cancel,
+		stopc: make(chan struct{}), donec: make(chan struct{})}
+	w.last.Store(time.Now().UnixNano())
+	if conn == nil {
+		close(w.donec)
+		return w
+	}
+	go w.run()
+	return w
+}
+
+func (w *watcher) run() {
+	defer close(w.donec)
+	t := time.NewTicker(w.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stopc:
+			return
+		case now := <-t.C:
+			if now.UnixNano()-w.last.Load() < int64(w.interval) {
+				continue
+			}
+			if peerGone(w.conn) {
+				w.gone.Store(true)
+				w.cancel(errClientGone)
+				return
+			}
+		}
+	}
+}
+
+// touch records that a frame arrived at t: no probe is needed for a while.
+func (w *watcher) touch(t time.Time) { w.last.Store(t.UnixNano()) }
+
+// stop ends the watcher and waits until it no longer uses the connection.
+func (w *watcher) stop() {
+	w.once.Do(func() { close(w.stopc) })
+	<-w.donec
+}
+
+// peerGone reports whether the other end of conn has closed it or the
+// connection is broken. It consumes no data where it can peek.
+func peerGone(conn net.Conn) bool {
+	if sc, ok := conn.(syscall.Conn); ok {
+		if gone, ok := peekGone(sc); ok {
+			return gone
+		}
+	}
+	return readProbeGone(conn)
+}
+
+// readProbeGone is the portable probe: a one-byte Read with a 1 ms deadline.
+// A timeout means the client is there and quiet; end of file or any other
+// error means it is gone. A byte read (a pipelined request) is lost, which
+// is why peekGone is preferred.
+func readProbeGone(conn net.Conn) bool {
+	if err := conn.SetReadDeadline(time.Now().Add(time.Millisecond)); err != nil {
+		return true // closed
+	}
+	var buf [1]byte
+	n, err := conn.Read(buf[:])
+	_ = conn.SetReadDeadline(time.Time{})
+	if n > 0 || err == nil {
+		return false
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return false
+	}
+	return true
+}
