@@ -192,10 +192,10 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 			}
 		case schemas.FrameDone:
 			finished = true
-			x.usage(f.Payload)
 			if err := writeDone(w); err == nil {
 				_ = w.Flush()
 			}
+			x.usage(f.Payload)
 			return
 		}
 
@@ -251,11 +251,17 @@ func (x *exchange) end(finished bool) {
 	x.g.inflight.done()
 }
 
-// usage hands the done payload's usage to OnUsage.
+// usage hands the done payload's usage to OnUsage. A panicking hook is
+// logged; it must not break the response.
 func (x *exchange) usage(done []byte) {
 	if x.g.cfg.OnUsage == nil {
 		return
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			x.g.log.Error("OnUsage panicked", "id", x.id, "panic", fmt.Sprint(r))
+		}
+	}()
 	var info schemas.DoneInfo
 	_ = json.Unmarshal(done, &info)
 	var u schemas.Usage

@@ -89,7 +89,7 @@ type workerFunc func(h *harness, m *nats.Msg)
 // harness is one test's world: an embedded NATS server, a fake worker, and a
 // gateway serving on a real 127.0.0.1 listener.
 type harness struct {
-	t    *testing.T
+	t    testing.TB
 	ns   *server.Server
 	nc   *nats.Conn // the gateway's
 	wc   *nats.Conn // the fake worker's
@@ -115,7 +115,7 @@ type harnessOptions struct {
 	noWorker bool       // nobody subscribes to requests: NATS answers no responders
 }
 
-func newHarness(t *testing.T, o harnessOptions) *harness {
+func newHarness(t testing.TB, o harnessOptions) *harness {
 	t.Helper()
 	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
 	if err != nil {
@@ -338,6 +338,35 @@ func (h *harness) post(t *testing.T, path, contentType, body string, hdr map[str
 		req.Header.Set(k, v)
 	}
 	return h.do(t, req)
+}
+
+// result is a response to postAsync.
+type result struct {
+	status int
+	retry  string
+	body   string
+}
+
+// postAsync sends a JSON POST from another goroutine; the channel gets the
+// response (status 0 on a transport error, which is reported).
+func (h *harness) postAsync(t *testing.T, path, body string) <-chan result {
+	out := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() { out <- r }()
+		resp, err := h.http.Post(h.base+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Errorf("POST %s: %v", path, err)
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Errorf("POST %s: reading body: %v", path, err)
+		}
+		r = result{resp.StatusCode, resp.Header.Get("Retry-After"), string(b)}
+	}()
+	return out
 }
 
 func (h *harness) get(t *testing.T, path string) (*http.Response, string) {

@@ -483,6 +483,25 @@ func TestShutdown(t *testing.T) {
 			t.Fatal("still accepting after Shutdown")
 		}
 	})
+	t.Run("queued request is cut with 503", func(t *testing.T) {
+		h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
+			h.reply(m, schemas.FrameQueued, 0, `{"position":1,"timeout_ms":60000}`)
+		}})
+		got := h.postAsync(t, "/v1/chat/completions", chatBody)
+		id := h.nextRequest(t).Header.Get(schemas.HdrRequestID)
+		start := time.Now()
+		_ = h.shutdown(100 * time.Millisecond)
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Fatalf("Shutdown took %s", d)
+		}
+		r := <-got
+		if r.status != 503 || r.retry != "1" || openAIError(t, r.body)["code"] != schemas.CodeShuttingDown {
+			t.Fatalf("%+v", r)
+		}
+		if c := h.nextCancel(t); c.Subject != schemas.QueueCancel || string(c.Data) != id {
+			t.Fatalf("cancel %q %q", c.Subject, c.Data)
+		}
+	})
 	t.Run("finish within grace", func(t *testing.T) {
 		release := make(chan struct{})
 		h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
@@ -494,11 +513,7 @@ func TestShutdown(t *testing.T) {
 				h.reply(m, schemas.FrameDone, 4, doneChat)
 			}()
 		}})
-		got := make(chan string, 1)
-		go func() {
-			_, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
-			got <- body
-		}()
+		got := h.postAsync(t, "/v1/chat/completions", chatBody)
 		h.nextRequest(t)
 		waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 1 })
 		shut := make(chan error, 1)
@@ -508,7 +523,7 @@ func TestShutdown(t *testing.T) {
 		if err := <-shut; err != nil {
 			t.Fatalf("Shutdown: %v", err)
 		}
-		if body := <-got; body != "data: "+chatRole+"\n\ndata: "+chatHello+"\n\ndata: [DONE]\n\n" {
+		if body := (<-got).body; body != "data: "+chatRole+"\n\ndata: "+chatHello+"\n\ndata: [DONE]\n\n" {
 			t.Fatalf("body %q", body)
 		}
 	})
