@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"mime"
 	"net/http"
 	"reflect"
 	"strings"
@@ -36,11 +35,27 @@ type wireRequest struct {
 	StreamOptions *struct {
 		IncludeUsage *bool `json:"include_usage"`
 	} `json:"stream_options"`
-	N        *int            `json:"n"`
-	Priority *int            `json:"priority"`
-	Messages json.RawMessage `json:"messages"`
-	Prompt   json.RawMessage `json:"prompt"`
+	N        *int  `json:"n"`
+	Priority *int  `json:"priority"`
+	Messages shape `json:"messages"`
+	Prompt   shape `json:"prompt"`
 }
+
+// shape records the JSON type of a value without keeping a copy of it (the
+// messages or prompt of a request can be megabytes).
+type shape struct {
+	kind  byte // first byte of the value; 0: absent
+	empty bool // an empty array
+}
+
+func (s *shape) UnmarshalJSON(b []byte) error {
+	s.kind = b[0]
+	s.empty = isEmptyArray(b)
+	return nil
+}
+
+// absent reports a missing or null value.
+func (s shape) absent() bool { return s.kind == 0 || s.kind == 'n' }
 
 // parseRequest validates body for kind. pathModel is the TorchServe path's
 // model ("" on /v1 routes): the default when the body names none.
@@ -64,7 +79,7 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 	case m == nil || string(m) == "null":
 		return nil, schemas.BadRequest("model", "You must provide a model parameter.")
 	case m[0] != '"':
-		return nil, schemas.BadRequest("model", "Invalid type for 'model': expected a string, but got %s instead.", jsonKind(m))
+		return nil, schemas.BadRequest("model", "Invalid type for 'model': expected a string, but got %s instead.", jsonKind(m[0]))
 	default:
 		if err := json.Unmarshal(m, &r.Model); err != nil {
 			return nil, jsonError(err)
@@ -77,20 +92,20 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 	switch kind {
 	case schemas.KindChat:
 		switch m := w.Messages; {
-		case m == nil || string(m) == "null":
+		case m.absent():
 			return nil, schemas.BadRequest("messages", "Missing required parameter: 'messages'.")
-		case m[0] != '[':
-			return nil, schemas.BadRequest("messages", "Invalid type for 'messages': expected an array of objects, but got %s instead.", jsonKind(m))
-		case isEmptyArray(m):
+		case m.kind != '[':
+			return nil, schemas.BadRequest("messages", "Invalid type for 'messages': expected an array of objects, but got %s instead.", jsonKind(m.kind))
+		case m.empty:
 			return nil, schemas.BadRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.")
 		}
 	case schemas.KindCompletion:
 		switch p := w.Prompt; {
-		case p == nil || string(p) == "null":
+		case p.absent():
 			return nil, schemas.BadRequest("prompt", "Missing required parameter: 'prompt'.")
-		case p[0] != '"' && p[0] != '[':
-			return nil, schemas.BadRequest("prompt", "Invalid type for 'prompt': expected a string or an array, but got %s instead.", jsonKind(p))
-		case isEmptyArray(p):
+		case p.kind != '"' && p.kind != '[':
+			return nil, schemas.BadRequest("prompt", "Invalid type for 'prompt': expected a string or an array, but got %s instead.", jsonKind(p.kind))
+		case p.empty:
 			return nil, schemas.BadRequest("prompt", "Invalid 'prompt': empty array. Expected at least one prompt.")
 		}
 	}
@@ -133,13 +148,13 @@ func (r *apiRequest) payload(body []byte) []byte {
 	return append(out, rest...)
 }
 
-func isEmptyArray(raw json.RawMessage) bool {
+func isEmptyArray(raw []byte) bool {
 	return len(raw) >= 2 && raw[0] == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
 }
 
-// jsonKind names the JSON type of a raw value, for error messages.
-func jsonKind(raw json.RawMessage) string {
-	switch raw[0] {
+// jsonKind names the JSON type of a value by its first byte, for error messages.
+func jsonKind(first byte) string {
+	switch first {
 	case '"':
 		return "a string"
 	case '{':
@@ -205,10 +220,11 @@ func articled(v string) string {
 	return "a " + v
 }
 
-// isJSON reports whether a Content-Type is application/json, parameters allowed.
+// isJSON reports whether a Content-Type is application/json, parameters
+// allowed (and not judged, like vLLM).
 func isJSON(ct string) bool {
-	mt, _, err := mime.ParseMediaType(ct)
-	return err == nil && mt == "application/json"
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }
 
 var errUnsupportedMediaType = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,

@@ -172,3 +172,32 @@ func BenchmarkStreamEndToEnd(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunks), "ns/chunk")
 }
+
+func TestIsJSON(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"application/json": true, "Application/JSON": true, "application/json; charset=utf-8": true,
+		"application/json;": true, " application/json ": true,
+		"": false, "text/plain": false, "application/jsonl": false, "application/x-www-form-urlencoded": false,
+	} {
+		if isJSON(ct) != want {
+			t.Errorf("isJSON(%q) = %v", ct, !want)
+		}
+	}
+}
+
+// BenchmarkParseRequest: what the gateway spends reading a chat body of about
+// 64 KiB (it decodes only a few fields and keeps no copy of the messages).
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(`{"model":"llama-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":64,"messages":[` +
+		strings.Repeat(`{"role":"user","content":"`+strings.Repeat("lorem ipsum ", 40)+`"},`, 128) +
+		`{"role":"user","content":"hi"}]}`)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for i := 0; i < b.N; i++ {
+		r, err := parseRequest(schemas.KindChat, body, "")
+		if err != nil || !r.Stream {
+			b.Fatal(err)
+		}
+		_ = r.payload(body)
+	}
+}
