@@ -62,6 +62,8 @@ type Dispatcher struct {
 	table  *Table
 	m      *metrics
 
+	ready chan struct{} // closed once Run has subscribed
+
 	mu     sync.Mutex
 	queues map[string]*modelQueue
 	byID   map[string]*queued
@@ -76,11 +78,14 @@ func New(cfg Config, nc *nats.Conn, models Models, reg prometheus.Registerer, lo
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		table: NewTable(), m: newMetrics(reg), queues: map[string]*modelQueue{}, byID: map[string]*queued{}}
+		table: NewTable(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{}}
 }
 
 // ID is the dispatcher's id.
 func (d *Dispatcher) ID() string { return d.cfg.ID }
+
+// Ready is closed once the dispatcher takes requests.
+func (d *Dispatcher) Ready() <-chan struct{} { return d.ready }
 
 // Table is the dispatcher's live worker table.
 func (d *Dispatcher) Table() *Table { return d.table }
@@ -122,6 +127,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.nc.Flush(); err != nil {
 		return err
 	}
+	close(d.ready)
 	d.log.Info("dispatcher up")
 	t := time.NewTicker(d.cfg.SweepEvery)
 	defer t.Stop()

@@ -422,7 +422,7 @@ func TestRequestIDAndUnknownFields(t *testing.T) {
 	d := startDev(t)
 	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","max_tokens":3,"my_field":{"x":1},"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "my-req-42")
 	if s.Status != 200 || s.Header.Get("X-Request-Id") != "my-req-42" {
-		t.Fatalf("status %d, X-Request-Id %q", s.Status, s.Header.Get("X-Request-Id"))
+		t.Fatalf("status %d, X-Request-Id %q: %s", s.Status, s.Header.Get("X-Request-Id"), s.Body)
 	}
 	s = post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","max_tokens":3,"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "bad id with spaces")
 	if got := s.Header.Get("X-Request-Id"); got == "" || strings.Contains(got, " ") {

@@ -143,7 +143,7 @@ func TestDistributed(t *testing.T) {
 	results := make(chan sse, 6)
 	for i := range 6 {
 		go func() {
-			results <- post(t, base, "/v1/chat/completions", fmt.Sprintf(`{"model":"llama-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":200,"ignore_eos":true,"messages":[{"role":"user","content":"long %d"}]}`, i))
+			results <- post(t, base, "/v1/chat/completions", fmt.Sprintf(`{"model":"llama-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":600,"ignore_eos":true,"messages":[{"role":"user","content":"long %d"}]}`, i))
 		}()
 	}
 	testenv.WaitFor(t, 10*time.Second, func() error {
@@ -159,7 +159,7 @@ func TestDistributed(t *testing.T) {
 	}
 	for range 6 {
 		toks := checkStream(t, <-results, true, 1, true)
-		if toks[0] != 200 {
+		if toks[0] != 600 {
 			t.Errorf("a stream on the draining worker was cut: %d tokens", toks[0])
 		}
 	}

@@ -87,15 +87,21 @@ func startDev(t *testing.T, args ...string) *dev {
 		return took
 	}
 	t.Cleanup(func() { d.stop() })
-	waitReady(t, d.URL)
+	if strings.Contains(strings.Join(args, " "), "--sim-workers 0") {
+		waitPath(t, d.URL, "/health") // never ready: no worker
+	} else {
+		waitReady(t, d.URL)
+	}
 	return d
 }
 
-func waitReady(t *testing.T, base string) {
+func waitReady(t *testing.T, base string) { t.Helper(); waitPath(t, base, "/ready") }
+
+func waitPath(t *testing.T, base, path string) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(base + "/ready")
+		resp, err := http.Get(base + path)
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
@@ -104,7 +110,7 @@ func waitReady(t *testing.T, base string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("%s/ready never answered 200", base)
+	t.Fatalf("%s%s never answered 200", base, path)
 }
 
 type testWriter struct{ t *testing.T }

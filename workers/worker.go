@@ -55,6 +55,7 @@ type Worker struct {
 	draining atomic.Bool
 	hbSeq    atomic.Uint64
 	wake     chan struct{} // asks the heartbeat loop for an early beat
+	ready    chan struct{} // closed once Run has subscribed
 
 	mu       sync.Mutex
 	inflight map[string]*call // by request id
@@ -71,11 +72,14 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
-		inflight: map[string]*call{}, wake: make(chan struct{}, 1)}, nil
+		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{})}, nil
 }
 
 // ID is the worker's id.
 func (w *Worker) ID() string { return w.cfg.ID }
+
+// Ready is closed once the worker takes requests.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
 // Running is the number of requests admitted and not finished.
 func (w *Worker) Running() int { return int(w.running.Load()) }
@@ -119,6 +123,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.nc.Flush(); err != nil {
 		return err
 	}
+	close(w.ready)
 	w.log.Info("worker up", "engine", w.eng.Name(), "models", w.eng.Models(), "max_concurrency", w.cfg.MaxConcurrency)
 
 	stop := make(chan struct{})

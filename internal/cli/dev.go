@@ -117,6 +117,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}()
 
+	if err := waitReady(ctx, d.Ready()); err != nil {
+		return err
+	}
 	for i := range *simWorkers {
 		eng, err := eopts.newEngine(eopts.model)
 		if err != nil {
@@ -138,6 +141,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				log.Error("worker stopped", "err", err)
 			}
 		}()
+		if err := waitReady(ctx, w.Ready()); err != nil {
+			return err
+		}
 	}
 
 	addr, stopGateway, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, cache: cache, reg: reg, log: log.With("component", "gateway")})
@@ -165,4 +171,16 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	wg.Wait()
 	sw.Wait()
 	return nil
+}
+
+// waitReady waits for a component to have subscribed to its subjects.
+func waitReady(ctx context.Context, ready <-chan struct{}) error {
+	select {
+	case <-ready:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("a component did not start within 10s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
