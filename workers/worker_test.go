@@ -1,0 +1,300 @@
+package workers
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// gateEngine is a test engine whose requests block until released, so tests
+// control exactly when a request finishes. The bus around it is real.
+type gateEngine struct {
+	release  chan struct{}
+	silent   time.Duration // wait this long before the first chunk
+	started  atomic.Int64
+	canceled atomic.Int64
+}
+
+func (e *gateEngine) Name() string     { return "gate" }
+func (e *gateEngine) Models() []string { return []string{"m"} }
+func (e *gateEngine) Stats() engine.Stats {
+	return engine.Stats{}
+}
+func (e *gateEngine) Health(context.Context) error { return nil }
+func (e *gateEngine) Close() error                 { return nil }
+func (e *gateEngine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	e.started.Add(1)
+	if e.silent > 0 {
+		select {
+		case <-time.After(e.silent):
+		case <-ctx.Done():
+			e.canceled.Add(1)
+			return nil, ctx.Err()
+		}
+	}
+	if err := sink.Chunks([]byte(`{"n":1}`)); err != nil {
+		return nil, err
+	}
+	select {
+	case <-e.release:
+	case <-ctx.Done():
+		e.canceled.Add(1)
+		return nil, ctx.Err()
+	}
+	return &engine.Result{Usage: schemas.Usage{CompletionTokens: 1}}, nil
+}
+
+func startWorker(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config) (*Worker, context.CancelFunc, chan error) {
+	t.Helper()
+	w, err := New(cfg, nc, eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	<-w.Ready()
+	t.Cleanup(func() { cancel(); <-done })
+	return w, cancel, done
+}
+
+// frames collects the reply stream of one request.
+type frames struct {
+	mu  sync.Mutex
+	got []schemas.Frame
+}
+
+func (f *frames) types() []schemas.FrameType {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []schemas.FrameType
+	for _, x := range f.got {
+		out = append(out, x.Type)
+	}
+	return out
+}
+
+func (f *frames) last() schemas.Frame {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.got) == 0 {
+		return schemas.Frame{}
+	}
+	return f.got[len(f.got)-1]
+}
+
+func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string) *frames {
+	t.Helper()
+	f := &frames{}
+	inbox := nats.NewInbox()
+	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
+		fr, err := schemas.ParseFrame(m.Data)
+		if err != nil {
+			t.Errorf("bad frame %q", m.Data)
+			return
+		}
+		fr.Payload = append([]byte(nil), fr.Payload...)
+		f.mu.Lock()
+		f.got = append(f.got, fr)
+		f.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	h := nats.Header{}
+	h.Set(schemas.HdrRequestID, id)
+	h.Set(schemas.HdrKind, "chat")
+	h.Set(schemas.HdrModel, "m")
+	for k, v := range hdr {
+		h.Set(k, v)
+	}
+	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func wantTypes(f *frames, want ...schemas.FrameType) func() error {
+	return func() error {
+		got := f.types()
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			return fmt.Errorf("frames %v, want %v", got, want)
+		}
+		return nil
+	}
+}
+
+func TestStreamAndDoneNotice(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	startWorker(t, nc, eng, Config{ID: "w1"})
+	notices := make(chan schemas.DoneNotice, 1)
+	nc.Subscribe(schemas.DoneSubject("w1"), func(m *nats.Msg) {
+		var n schemas.DoneNotice
+		json.Unmarshal(m.Data, &n)
+		notices <- n
+	})
+	f := send(t, nc, schemas.WorkSubject("w1"), "r1", nil)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameChunk))
+	close(eng.release)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameChunk, schemas.FrameDone))
+	for i, fr := range f.got {
+		if fr.Seq != uint64(i+1) {
+			t.Fatalf("frame %d has seq %d", i, fr.Seq)
+		}
+	}
+	var acc schemas.Accepted
+	json.Unmarshal(f.got[0].Payload, &acc)
+	if acc.Worker != "w1" || acc.Cancel != schemas.CancelSubject("w1") || acc.RequestID != "r1" {
+		t.Fatalf("accepted %+v", acc)
+	}
+	select {
+	case n := <-notices:
+		if n.RequestID != "r1" || n.Running != 0 {
+			t.Fatalf("notice %+v", n)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no done notice")
+	}
+}
+
+func TestCapBouncesOrRefuses(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	defer close(eng.release)
+	startWorker(t, nc, eng, Config{ID: "w1", MaxConcurrency: 1})
+	first := send(t, nc, schemas.WorkSubject("w1"), "r1", nil)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(first, schemas.FrameAccepted, schemas.FrameChunk))
+
+	// With a bounce subject, the request goes back to its dispatcher untouched.
+	bounced := make(chan *nats.Msg, 1)
+	nc.Subscribe("bounce.here", func(m *nats.Msg) { bounced <- m })
+	nc.Flush()
+	second := send(t, nc, schemas.WorkSubject("w1"), "r2", map[string]string{schemas.HdrBounce: "bounce.here"})
+	select {
+	case m := <-bounced:
+		if m.Header.Get(schemas.HdrRequestID) != "r2" || string(m.Data) != `{}` || m.Reply == "" {
+			t.Fatalf("bounced message %+v", m)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not bounced")
+	}
+	if len(second.types()) != 0 {
+		t.Fatalf("a bounced request must not answer the client: %v", second.types())
+	}
+	// Without one, the client gets a 503.
+	third := send(t, nc, schemas.WorkSubject("w1"), "r3", nil)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(third, schemas.FrameError))
+	if e := schemas.ParseErrorPayload(third.last().Payload); e.Status != 503 || *e.Body.Code != schemas.CodeWorkerBusy {
+		t.Fatalf("error %+v", e)
+	}
+}
+
+func TestCancelAndKeepalive(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{}), silent: 10 * time.Second}
+	w, _, _ := startWorker(t, nc, eng, Config{ID: "w1", KeepaliveInterval: 100 * time.Millisecond})
+	f := send(t, nc, schemas.WorkSubject("w1"), "r1", nil)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameKeepalive, schemas.FrameKeepalive))
+	if err := nc.Publish(schemas.CancelSubject("w1"), []byte("r1")); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Second, func() error {
+		if eng.canceled.Load() != 1 || w.Running() != 0 {
+			return fmt.Errorf("canceled %d running %d", eng.canceled.Load(), w.Running())
+		}
+		return nil
+	})
+	if ty := f.last().Type; ty.Terminal() {
+		t.Fatalf("a cancelled request needs no terminal frame, got %s", ty)
+	}
+}
+
+func TestBadHeadersAndDeadline(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	close(eng.release)
+	startWorker(t, nc, eng, Config{ID: "w1"})
+	tests := []struct {
+		name   string
+		id     string
+		hdr    map[string]string
+		status int
+	}{
+		{"bad id", "has space", nil, 400},
+		{"bad kind", "r2", map[string]string{schemas.HdrKind: "image"}, 400},
+		{"deadline passed", "r3", map[string]string{schemas.HdrDeadline: schemas.FormatDeadline(time.Now().Add(-time.Second))}, 504},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := send(t, nc, schemas.WorkSubject("w1"), tt.id, tt.hdr)
+			testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameError))
+			if e := schemas.ParseErrorPayload(f.last().Payload); e.Status != tt.status {
+				t.Fatalf("status %d, want %d", e.Status, tt.status)
+			}
+		})
+	}
+	if eng.started.Load() != 0 {
+		t.Fatal("a bad request reached the engine")
+	}
+}
+
+func TestDrainFinishesInflight(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	_, cancel, done := startWorker(t, nc, eng, Config{ID: "w1", DrainTimeout: 5 * time.Second})
+	beats := make(chan schemas.Heartbeat, 16)
+	nc.Subscribe(schemas.HeartbeatSubject("w1"), func(m *nats.Msg) {
+		var hb schemas.Heartbeat
+		json.Unmarshal(m.Data, &hb)
+		beats <- hb
+	})
+	nc.Flush()
+	f := send(t, nc, schemas.WorkSubject("w1"), "r1", nil)
+	testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameChunk))
+	cancel() // SIGTERM
+	// Draining is announced at once, and the request keeps running.
+	deadline := time.After(2 * time.Second)
+	for draining := false; !draining; {
+		select {
+		case hb := <-beats:
+			draining = hb.Draining && hb.Running == 1
+		case <-deadline:
+			t.Fatal("no draining heartbeat")
+		}
+	}
+	select {
+	case <-done:
+		t.Fatal("worker exited with a request in flight")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(eng.release)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+		done <- nil
+	case <-time.After(3 * time.Second):
+		t.Fatal("worker did not exit after its last request")
+	}
+	if f.last().Type != schemas.FrameDone {
+		t.Fatalf("in-flight request ended with %v", f.types())
+	}
+}
