@@ -217,6 +217,10 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 		d.reply(m.Reply, err)
 		return
 	}
+	if m.Header.Get(schemas.HdrModel) == "" {
+		// The worker (and a bounce) cannot read the model from the subject.
+		m.Header.Set(schemas.HdrModel, r.model)
+	}
 	d.route(r, "")
 }
 

@@ -1,0 +1,247 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+type knownModels map[string]bool
+
+func (k knownModels) Known(m string) bool { return k[m] }
+
+// fakeWorker is a heartbeat and a work subscription on a real NATS server.
+type fakeWorker struct {
+	id  string
+	nc  *nats.Conn
+	mu  sync.Mutex
+	got []*nats.Msg
+}
+
+func newFakeWorker(t *testing.T, nc *nats.Conn, id string, max int) *fakeWorker {
+	w := &fakeWorker{id: id, nc: nc}
+	if _, err := nc.Subscribe(schemas.WorkSubject(id), func(m *nats.Msg) {
+		w.mu.Lock()
+		w.got = append(w.got, m)
+		w.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	w.beat(t, 0, max)
+	return w
+}
+
+func (w *fakeWorker) beat(t *testing.T, running, max int) {
+	b, _ := json.Marshal(schemas.Heartbeat{Worker: w.id, Models: []string{"m"}, MaxConcurrency: max, Running: running, Healthy: true, IntervalMS: 1000})
+	if err := w.nc.Publish(schemas.HeartbeatSubject(w.id), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (w *fakeWorker) count() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.got)
+}
+
+func (w *fakeWorker) done(t *testing.T, running int) {
+	b, _ := json.Marshal(schemas.DoneNotice{Worker: w.id, RequestID: "x", Running: running})
+	w.nc.Publish(schemas.DoneSubject(w.id), b)
+}
+
+type replies struct {
+	mu     sync.Mutex
+	frames []schemas.Frame
+}
+
+func (r *replies) last() (schemas.Frame, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.frames) == 0 {
+		return schemas.Frame{}, 0
+	}
+	return r.frames[len(r.frames)-1], len(r.frames)
+}
+
+func sendRequest(t *testing.T, nc *nats.Conn, model, id string) *replies {
+	r := &replies{}
+	inbox := nats.NewInbox()
+	nc.Subscribe(inbox, func(m *nats.Msg) {
+		f, _ := schemas.ParseFrame(m.Data)
+		f.Payload = append([]byte(nil), f.Payload...)
+		r.mu.Lock()
+		r.frames = append(r.frames, f)
+		r.mu.Unlock()
+	})
+	h := nats.Header{}
+	h.Set(schemas.HdrRequestID, id)
+	h.Set(schemas.HdrKind, "chat")
+	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject(model), Reply: inbox, Header: h, Data: []byte(`{"model":"` + model + `"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func startDispatcher(t *testing.T, nc *nats.Conn, cfg Config) *Dispatcher {
+	d := New(cfg, nc, knownModels{"m": true, "known-idle": true}, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { d.Run(ctx); close(done) }()
+	<-d.Ready()
+	t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
+func wantCount(w *fakeWorker, n int) func() error {
+	return func() error {
+		if c := w.count(); c != n {
+			return fmt.Errorf("worker %s got %d requests, want %d", w.id, c, n)
+		}
+		return nil
+	}
+}
+
+func wantError(r *replies, status int, code string) func() error {
+	return func() error {
+		f, _ := r.last()
+		if f.Type != schemas.FrameError {
+			return fmt.Errorf("last frame %q", f.Type)
+		}
+		e := schemas.ParseErrorPayload(f.Payload)
+		if e.Status != status || code != "" && (e.Body.Code == nil || *e.Body.Code != code) {
+			return fmt.Errorf("error %+v", e)
+		}
+		return nil
+	}
+}
+
+func TestRouteQueueDrain(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{QueueSize: 2, QueueTimeout: 500 * time.Millisecond})
+	a := newFakeWorker(t, nc, "a", 1)
+	b := newFakeWorker(t, nc, "b", 1)
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if d.Table().Serving("m") != 2 {
+			return fmt.Errorf("workers not seen")
+		}
+		return nil
+	})
+	sendRequest(t, nc, "m", "r1")
+	sendRequest(t, nc, "m", "r2")
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if a.count() != 1 || b.count() != 1 {
+			return fmt.Errorf("a %d b %d: least-loaded should spread one each", a.count(), b.count())
+		}
+		return nil
+	})
+	// The forwarded message keeps the client's reply subject and names where to bounce.
+	a.mu.Lock()
+	fwd := a.got[0]
+	a.mu.Unlock()
+	if fwd.Header.Get(schemas.HdrBounce) != schemas.BounceSubject(d.ID()) || fwd.Reply == "" {
+		t.Fatalf("forwarded headers %v reply %q", fwd.Header, fwd.Reply)
+	}
+	// Both full: the next two queue, the one after is refused.
+	q1 := sendRequest(t, nc, "m", "r3")
+	q2 := sendRequest(t, nc, "m", "r4")
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if f, _ := q2.last(); f.Type != schemas.FrameQueued {
+			return fmt.Errorf("r4 not queued")
+		}
+		return nil
+	})
+	full := sendRequest(t, nc, "m", "r5")
+	testenv.WaitFor(t, 2*time.Second, wantError(full, 503, schemas.CodeQueueFull))
+	// A queued request cancelled by its client is dropped...
+	nc.Publish(schemas.QueueCancel, []byte("r3"))
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.byID["r3"] != nil {
+			return fmt.Errorf("r3 still queued")
+		}
+		return nil
+	})
+	// ...so when a frees a slot, r4 goes there.
+	a.done(t, 0)
+	testenv.WaitFor(t, 2*time.Second, wantCount(a, 2))
+	a.mu.Lock()
+	got := a.got[1].Header.Get(schemas.HdrRequestID)
+	a.mu.Unlock()
+	if got != "r4" {
+		t.Fatalf("drained %s, want r4 (r3 was cancelled)", got)
+	}
+	if _, n := q1.last(); n != 1 {
+		t.Fatalf("cancelled r3 got %d frames", n)
+	}
+	// A request that waits past the queue timeout gets a 503.
+	late := sendRequest(t, nc, "m", "r6")
+	testenv.WaitFor(t, 3*time.Second, wantError(late, 503, ""))
+}
+
+func TestUnknownAndIdleModels(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	startDispatcher(t, nc, Config{})
+	tests := []struct {
+		model  string
+		status int
+		code   string
+	}{
+		{"never-heard-of", 404, "model_not_found"},
+		{"known-idle", 503, schemas.CodeNoWorker},
+	}
+	for _, tt := range tests {
+		r := sendRequest(t, nc, tt.model, "r-"+tt.model)
+		testenv.WaitFor(t, 2*time.Second, wantError(r, tt.status, tt.code))
+	}
+}
+
+func TestBounceGoesElsewhere(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{})
+	a := newFakeWorker(t, nc, "a", 4)
+	b := newFakeWorker(t, nc, "b", 4)
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if d.Table().Serving("m") != 2 {
+			return fmt.Errorf("workers not seen")
+		}
+		return nil
+	})
+	sendRequest(t, nc, "m", "r1")
+	var first, other *fakeWorker
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		switch {
+		case a.count() == 1:
+			first, other = a, b
+		case b.count() == 1:
+			first, other = b, a
+		default:
+			return fmt.Errorf("not routed")
+		}
+		return nil
+	})
+	// The chosen worker is full after all: it bounces the request back.
+	first.mu.Lock()
+	m := first.got[0]
+	first.mu.Unlock()
+	nc.PublishMsg(&nats.Msg{Subject: m.Header.Get(schemas.HdrBounce), Reply: m.Reply, Header: m.Header, Data: m.Data})
+	testenv.WaitFor(t, 2*time.Second, wantCount(other, 1))
+	other.mu.Lock()
+	attempt := other.got[0].Header.Get(schemas.HdrAttempt)
+	other.mu.Unlock()
+	if attempt != "1" {
+		t.Fatalf("attempt header %q", attempt)
+	}
+}
