@@ -48,10 +48,20 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	defer e.inflight.Add(-1)
 
 	rctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
 	abort := e.abortCtx()
 	stopAbort := context.AfterFunc(abort, func() { cancel(context.Cause(abort)) })
-	defer stopAbort()
+	var resp *http.Response
+	drained := false // a finished stream's connection is given back in the background
+	defer func() {
+		if drained {
+			return
+		}
+		if resp != nil {
+			resp.Body.Close() // unread: this closes the connection, so the server aborts
+		}
+		stopAbort()
+		cancel(nil)
+	}()
 
 	hreq, err := e.newRequest(rctx, http.MethodPost, path, req.Body)
 	if err != nil {
@@ -66,17 +76,16 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 
 	// A streaming server sends its headers at once, a non-stream one only
 	// with the whole completion: the wait for them differs.
-	wait, why := e.cfg.ResponseTimeout, errSlow(e.cfg.ResponseTimeout)
+	wait, why := e.cfg.ResponseTimeout, errSlow
 	if topLevelTrue(req.Body, "stream") {
-		wait, why = e.cfg.StallTimeout, errStalled(e.cfg.StallTimeout)
+		wait, why = e.cfg.StallTimeout, errStalled
 	}
-	timer := time.AfterFunc(wait, func() { cancel(why) })
-	resp, err := e.client.Do(hreq)
+	timer := time.AfterFunc(wait, func() { cancel(why(wait)) })
+	resp, err = e.client.Do(hreq)
 	if err != nil {
 		timer.Stop()
 		return nil, e.failure(ctx, rctx, err, false)
 	}
-	defer resp.Body.Close()
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		timer.Stop()
@@ -90,7 +99,22 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		timer.Stop()
-		return e.stream(ctx, rctx, cancel, resp.Body, sink)
+		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink)
+		if err == nil {
+			// Read the body to its end, so the connection goes back to the
+			// pool, without making the caller wait for it; a server that
+			// holds the connection open after [DONE] gets a second.
+			drained = true
+			go func() {
+				t := time.AfterFunc(time.Second, func() { cancel(nil) })
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				t.Stop()
+				resp.Body.Close()
+				stopAbort()
+				cancel(nil)
+			}()
+		}
+		return res, err
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes+1))
 	timer.Stop()
@@ -125,15 +149,12 @@ func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFun
 	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes}
 	err := s.run(br, sink)
 	*bp = s.batch[:0]
+	var gone *sinkError
 	switch {
 	case err == errDone:
-		// Read on to the end of the body, so the connection goes back to
-		// the pool; a server that holds it open gets a moment, not StallTimeout.
-		timer.Reset(2 * time.Second)
-		_, _ = io.Copy(io.Discard, io.LimitReader(br, 64<<10))
 		return &engine.Result{Usage: s.usage()}, nil
-	case errors.As(err, new(*sinkError)):
-		return nil, err.(*sinkError).err // the request is gone: the deferred cancel closes the connection
+	case errors.As(err, &gone):
+		return nil, gone.err // the request is gone: closing the unfinished body closes the connection
 	case errors.As(err, new(*schemas.Error)):
 		return nil, err
 	default:

@@ -101,7 +101,7 @@ func (e *Engine) modelsLoop() {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.HealthTimeout)
 		stop := context.AfterFunc(e.abortCtx(), cancel)
-		if err := e.hooks.RefreshModels(ctx); err != nil {
+		if err := e.hooks.RefreshModels(ctx, e); err != nil {
 			e.log.Warn("model list not refreshed", "err", err)
 		}
 		stop()
@@ -145,7 +145,7 @@ func (e *Engine) FetchModels(ctx context.Context) ([]Model, error) {
 
 // refreshAll is the default RefreshModels: every id served (unless a
 // static list is configured).
-func (e *Engine) refreshAll(ctx context.Context) error {
+func (e *Engine) refreshAll(ctx context.Context, _ *Engine) error {
 	if len(e.cfg.Models) > 0 {
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -46,6 +47,7 @@ func fastConfig(url string) Config {
 		ModelsInterval: 50 * time.Millisecond,
 		StallTimeout:   5 * time.Second,
 		UnhealthyAbort: -1,
+		Logger:         slog.New(slog.DiscardHandler),
 	}
 }
 

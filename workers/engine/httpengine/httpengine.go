@@ -93,7 +93,9 @@ type Config struct {
 	RestartBackoff    time.Duration // first restart delay, doubled up to MaxRestartBackoff; default 1s
 	MaxRestartBackoff time.Duration // default 1m
 
-	Logger *slog.Logger // default: discard
+	// Logger gets the engine's events and the child's output, a record per
+	// line (attrs engine, pid, stream). Default: slog.Default().
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() {
@@ -126,7 +128,7 @@ func (c *Config) defaults() {
 		c.MaxLineBytes = 16 << 20
 	}
 	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
+		c.Logger = slog.Default()
 	}
 }
 
@@ -134,8 +136,9 @@ func (c *Config) defaults() {
 type Hooks struct {
 	// RefreshModels replaces the model refresh (by default GET /v1/models and
 	// every id served). It runs every ModelsInterval, when the server turns
-	// healthy and after RefreshSoon.
-	RefreshModels func(ctx context.Context) error
+	// healthy and after RefreshSoon, from a goroutine New starts: it gets the
+	// engine, as New may not have returned yet.
+	RefreshModels func(ctx context.Context, e *Engine) error
 }
 
 // Engine is an OpenAI-compatible HTTP server as an engine.Engine.

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -119,12 +120,15 @@ func (p *process) once(stop <-chan struct{}) (how string, healthy, stopped bool)
 	setProcAttr(cmd)
 	cmd.WaitDelay = 5 * time.Second // a grandchild holding our pipes open must not block Wait
 	out, errOut := &lineLog{stream: "stdout"}, &lineLog{stream: "stderr"}
+	out.log.Store(p.log)
+	errOut.log.Store(p.log)
 	cmd.Stdout, cmd.Stderr = out, errOut
 	if err := cmd.Start(); err != nil {
 		return "could not start: " + err.Error(), false, false
 	}
 	log := p.log.With("pid", cmd.Process.Pid)
-	out.log, errOut.log = log, log
+	out.log.Store(log) // the copying goroutines have started: lines before this go to p.log
+	errOut.log.Store(log)
 	p.mu.Lock()
 	p.pid, p.why, p.healthy = cmd.Process.Pid, "", false
 	p.mu.Unlock()
@@ -185,7 +189,7 @@ func describeExit(err error) string {
 
 // lineLog logs each line written to it.
 type lineLog struct {
-	log    *slog.Logger
+	log    atomic.Pointer[slog.Logger]
 	stream string
 	buf    []byte
 }
@@ -211,7 +215,7 @@ func (l *lineLog) Write(p []byte) (int, error) {
 func (l *lineLog) emit() {
 	line := strings.TrimRight(string(l.buf), "\r")
 	l.buf = l.buf[:0]
-	if line != "" && l.log != nil {
-		l.log.Info(line, "stream", l.stream)
+	if line != "" {
+		l.log.Load().Info(line, "stream", l.stream)
 	}
 }

@@ -139,7 +139,7 @@ func (m *loras) ensure(ctx context.Context, name, path string, use bool) (*adapt
 			if op.load && op.err != nil {
 				return nil, op.err
 			}
-			continue // loaded (or unloaded) meanwhile: look again
+			continue // loaded (or unloaded) meanwhile: look again (and mark the use)
 		}
 		if path == "" {
 			path = m.paths[name]
@@ -151,25 +151,28 @@ func (m *loras) ensure(ctx context.Context, name, path string, use bool) (*adapt
 		op := m.begin(name, true)
 		victims := m.victims()
 		m.mu.Unlock()
-
-		for _, v := range victims {
-			m.evict(v)
-		}
-		err := m.e.loadUpstream(name, path)
-
-		m.mu.Lock()
-		var a *adapter
-		if err == nil {
-			m.paths[name] = path
-			a = &adapter{}
-			m.loaded[name] = a
-			m.touch(a, use)
-		}
-		m.end(name, op, err)
-		m.mu.Unlock()
-		m.e.core.RefreshSoon()
-		return a, err
+		// The load runs apart from its first caller: the others waiting for
+		// it must not fail because that one gave up.
+		go m.load(name, path, op, victims)
 	}
+}
+
+// load unloads the victims, then loads name, and ends op.
+func (m *loras) load(name, path string, op *loraOp, victims []string) {
+	for _, v := range victims {
+		m.evict(v)
+	}
+	err := m.e.loadUpstream(name, path)
+	m.mu.Lock()
+	if err == nil {
+		m.paths[name] = path
+		a := &adapter{}
+		m.loaded[name] = a
+		m.touch(a, false)
+	}
+	m.end(name, op, err)
+	m.mu.Unlock()
+	m.e.core.RefreshSoon()
 }
 
 func wait(ctx context.Context, op *loraOp) error {

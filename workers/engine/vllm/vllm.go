@@ -115,6 +115,9 @@ func (e *Engine) URL() string { return e.core.URL() }
 // PID is the child process's id (0 when attached by URL or not running).
 func (e *Engine) PID() int { return e.core.PID() }
 
+// Restarts is how many times the child process was started again.
+func (e *Engine) Restarts() int { return e.core.Restarts() }
+
 // Generate loads the adapter req.Model names if it is known but not loaded,
 // then passes the request through (httpengine.Engine.Generate).
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
@@ -178,9 +181,9 @@ func (e *Engine) maxLoras() int {
 
 // refreshModels is the model refresh hook: base models to the core, adapters
 // to the adapter table.
-func (e *Engine) refreshModels(ctx context.Context) error {
+func (e *Engine) refreshModels(ctx context.Context, core *httpengine.Engine) error {
 	v := e.loras.version()
-	ms, err := e.core.FetchModels(ctx)
+	ms, err := core.FetchModels(ctx)
 	if err != nil {
 		return err
 	}
@@ -196,7 +199,7 @@ func (e *Engine) refreshModels(ctx context.Context) error {
 	if len(e.cfg.Models) > 0 {
 		base = e.cfg.Models
 	}
-	e.core.SetModels(base)
+	core.SetModels(base)
 	e.loras.sync(adapters, v)
 	return nil
 }
