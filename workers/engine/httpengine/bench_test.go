@@ -2,6 +2,7 @@ package httpengine
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -102,11 +103,16 @@ func TestConnectionReuse(t *testing.T) {
 	}
 	time.Sleep(50 * time.Millisecond) // the first model refresh
 	before := conns.Load()
-	for range 20 {
-		if _, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{}); err != nil {
-			t.Fatal(err)
+	for i := range 40 {
+		// As the worker does: the request's context ends when Generate returns.
+		ctx, cancel := context.WithCancel(t.Context())
+		body := `{"model":"base","stream":true}`
+		if i%2 == 1 {
+			body = `{"model":"base"}`
 		}
-		if _, err := e.Generate(t.Context(), chat(`{"model":"base"}`), &recSink{}); err != nil {
+		_, err := e.Generate(ctx, chat(body), &recSink{})
+		cancel()
+		if err != nil {
 			t.Fatal(err)
 		}
 	}

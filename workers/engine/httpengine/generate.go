@@ -8,8 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -47,11 +47,16 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	e.inflight.Add(1)
 	defer e.inflight.Add(-1)
 
-	rctx, cancel := context.WithCancelCause(ctx)
+	// The upstream request ends with ctx, with an abort of every request
+	// (Close, a long bad health spell), or with a timer below; it is not a
+	// child of ctx so that a finished stream's connection can be given back
+	// after Generate returned and the caller cancelled ctx.
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopCaller := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	abort := e.abortCtx()
 	stopAbort := context.AfterFunc(abort, func() { cancel(context.Cause(abort)) })
 	var resp *http.Response
-	drained := false // a finished stream's connection is given back in the background
+	drained := false
 	defer func() {
 		if drained {
 			return
@@ -59,6 +64,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		if resp != nil {
 			resp.Body.Close() // unread: this closes the connection, so the server aborts
 		}
+		stopCaller()
 		stopAbort()
 		cancel(nil)
 	}()
@@ -105,6 +111,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 			// pool, without making the caller wait for it; a server that
 			// holds the connection open after [DONE] gets a second.
 			drained = true
+			stopCaller()
 			go func() {
 				t := time.AfterFunc(time.Second, func() { cancel(nil) })
 				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -373,8 +380,8 @@ func (a *activityReader) Read(p []byte) (int, error) {
 }
 
 func isEventStream(ct string) bool {
-	mt, _, _ := mime.ParseMediaType(ct)
-	return mt == "text/event-stream"
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
 func engineError(format string, args ...any) *schemas.Error {

@@ -535,3 +535,28 @@ func TestBadConfig(t *testing.T) {
 		}
 	}
 }
+
+// A server that never was healthy has been unhealthy since the engine
+// started, not forever: requests get UnhealthyAbort from then.
+func TestUnhealthyAbortFromStart(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.HealthPath = "/nope"
+	cfg.UnhealthyAbort = 2 * time.Second
+	e := newEngine(t, cfg)
+	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
+	errc := make(chan error, 1)
+	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
+	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	select {
+	case err := <-errc:
+		t.Fatalf("aborted at once: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	select {
+	case err := <-errc:
+		asError(t, err, 503, schemas.CodeEngineUnhealthy)
+	case <-time.After(10 * time.Second):
+		t.Fatal("never aborted")
+	}
+}

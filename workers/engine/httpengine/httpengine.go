@@ -7,8 +7,9 @@
 // text/event-stream answer is read line by line; the JSON after each "data: "
 // goes to the Sink as is, and every data line already in the read buffer goes
 // in the same Chunks call ('\n'-separated), without ever waiting for more. The
-// stream ends at "data: [DONE]"; an end of stream before it is an error. Any
-// other 2xx answer is the non-stream response, returned whole as
+// stream ends at "data: [DONE]" (the rest of the body is read in the
+// background, so the connection is reused); an end of stream before it is an
+// error. Any other 2xx answer is the non-stream response, returned whole as
 // Result.Response.
 //
 // Usage: the last chunk with a "usage" object fills Result.Usage. A stream
@@ -17,14 +18,15 @@
 // data chunk without usage counts as one completion token, prompt tokens 0.
 //
 // Errors, all *schemas.Error: a non-2xx answer keeps its status and becomes
-// OpenAI's nested error (from vLLM's flat or nested shape, FastAPI's
-// "detail" or plain text); a "data: {"error":...}" line mid-stream ends the
-// request with that error (status from its code, else 502); a connection
-// that cannot be made or breaks before the answer is a 503 engine_unhealthy;
-// one that breaks mid-stream, a stream silent for StallTimeout or a
-// non-stream answer slower than ResponseTimeout is a 502 engine_error. A
-// cancelled ctx cancels the upstream request, which closes its connection, so
-// the server aborts the generation.
+// OpenAI's nested error (from vLLM's flat or nested shape, TGI's, FastAPI's
+// "detail" or plain text); a data line whose first key is "error" (vLLM,
+// SGLang, OpenAI and TGI send the error object alone) ends the request with
+// that error (status from its code, else 502); a connection that cannot be
+// made or breaks before the answer is a 503 engine_unhealthy; one that breaks
+// mid-stream, a stream silent for StallTimeout or a non-stream answer slower
+// than ResponseTimeout is a 502 engine_error. A cancelled ctx cancels the
+// upstream request, which closes its connection, so the server aborts the
+// generation.
 //
 // Health is polled in the background (Health never does I/O). When it has
 // failed for UnhealthyAbort, requests in flight are ended with a 503, so a
@@ -199,7 +201,7 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		e.hooks.RefreshModels = e.refreshAll
 	}
 	e.abort, e.abortFn = context.WithCancelCause(context.Background())
-	e.health.Store(&healthState{err: schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s: not checked yet", name, base)})
+	e.health.Store(&healthState{err: schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s: not checked yet", name, base), since: time.Now()})
 	static := slices.Clone(cfg.Models)
 	e.models.Store(&static)
 	if cfg.Command != "" {

@@ -54,10 +54,10 @@ func newLoras(e *Engine, known map[string]string) *loras {
 
 // LoadAdapter loads adapter name from path (or its known path when path is
 // ""), evicting the least recently used adapter if the engine is at
-// MaxLoras. An adapter already loaded, or one vLLM says is, is a success;
-// concurrent calls for one adapter make one upstream load. The load itself
-// is not cancelled with ctx (others may wait for it); it is bounded by
-// AdapterLoadTimeout.
+// MaxLoras, and counts as a use of it. An adapter already loaded (whatever
+// its path), or one vLLM says is, is a success; concurrent calls for one
+// adapter make one upstream load. The load runs on when ctx ends (others
+// may wait for it); it is bounded by AdapterLoadTimeout.
 func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	if name == "" {
 		return schemas.BadRequest("name", "an adapter needs a name")
@@ -66,8 +66,9 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	return err
 }
 
-// UnloadAdapter unloads adapter name. One vLLM does not have is a success.
-// Its path stays known, so a later request can load it again.
+// UnloadAdapter unloads adapter name, even with requests running on it (an
+// operator's order). One vLLM does not have is a success. Its path stays
+// known, so a later request can load it again.
 func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
 	if name == "" {
 		return schemas.BadRequest("name", "an adapter needs a name")
