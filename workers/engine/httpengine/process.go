@@ -14,8 +14,8 @@ import (
 	"time"
 )
 
-// process supervises the server as a child: Command run by /bin/sh -c in its
-// own process group, with Env added to the worker's environment and each
+// process supervises the server as a child: Command run by /bin/sh -c (with
+// exec in front if it is a simple command) in its own process group, with Env added to the worker's environment and each
 // line of its output logged (message = the line, attrs engine, pid, stream).
 //
 // A child that exits is restarted after RestartBackoff, doubled after each
@@ -115,7 +115,7 @@ func (p *process) run(stop <-chan struct{}) {
 // or stop closes (stopped).
 func (p *process) once(stop <-chan struct{}) (how string, healthy, stopped bool) {
 	cfg := &p.e.cfg
-	cmd := exec.Command("/bin/sh", "-c", cfg.Command)
+	cmd := exec.Command("/bin/sh", "-c", shellLine(cfg.Command))
 	cmd.Env = append(os.Environ(), cfg.Env...)
 	setProcAttr(cmd)
 	cmd.WaitDelay = 5 * time.Second // a grandchild holding our pipes open must not block Wait
@@ -158,6 +158,18 @@ func (p *process) once(stop <-chan struct{}) (how string, healthy, stopped bool)
 			}
 		}
 	}
+}
+
+// shellLine prefixes a simple command with exec, so the server replaces the
+// shell: its pid is the child's, and the parent-death signal reaches it.
+// Lists, pipes, subshells and leading assignments run as written.
+func shellLine(cmd string) string {
+	cmd = strings.TrimSpace(cmd)
+	first, _, _ := strings.Cut(cmd, " ")
+	if strings.ContainsAny(cmd, ";&|()\n") || strings.Contains(first, "=") || first == "exec" {
+		return cmd
+	}
+	return "exec " + cmd
 }
 
 // terminate stops the child's group: SIGTERM, SIGKILL after StopGrace.
