@@ -1,0 +1,458 @@
+package httpengine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+const (
+	readerSize = 64 << 10  // SSE read buffer; longer lines are put together
+	maxBatch   = 256 << 10 // flush a batch this big even if more lines are ready (bus messages are ~1 MB at most)
+)
+
+var (
+	readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readerSize) }}
+	batchPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+)
+
+func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
+
+// Generate passes req to the server and its answer to sink (see the package
+// doc).
+func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	if e.closed() {
+		return nil, errClosed
+	}
+	var path string
+	switch req.Kind {
+	case schemas.KindChat:
+		path = "/v1/chat/completions"
+	case schemas.KindCompletion:
+		path = "/v1/completions"
+	default:
+		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
+	}
+	e.inflight.Add(1)
+	defer e.inflight.Add(-1)
+
+	// The upstream request ends with ctx, with an abort of every request
+	// (Close, a long bad health spell), or with a timer below; it is not a
+	// child of ctx so that a finished stream's connection can be given back
+	// after Generate returned and the caller cancelled ctx.
+	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stopCaller := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	abort := e.abortCtx()
+	stopAbort := context.AfterFunc(abort, func() { cancel(context.Cause(abort)) })
+	var resp *http.Response
+	drained := false
+	defer func() {
+		if drained {
+			return
+		}
+		if resp != nil {
+			resp.Body.Close() // unread: this closes the connection, so the server aborts
+		}
+		stopCaller()
+		stopAbort()
+		cancel(nil)
+	}()
+
+	hreq, err := e.newRequest(rctx, http.MethodPost, path, req.Body)
+	if err != nil {
+		return nil, schemas.Internal("building the engine request: %v", err)
+	}
+	if req.ID != "" {
+		hreq.Header.Set("X-Request-Id", req.ID)
+	}
+	if req.TraceParent != "" {
+		hreq.Header.Set("Traceparent", req.TraceParent)
+	}
+
+	// A streaming server sends its headers at once, a non-stream one only
+	// with the whole completion: the wait for them differs.
+	wait, why := e.cfg.ResponseTimeout, errSlow
+	if topLevelTrue(req.Body, "stream") {
+		wait, why = e.cfg.StallTimeout, errStalled
+	}
+	timer := time.AfterFunc(wait, func() { cancel(why(wait)) })
+	resp, err = e.client.Do(hreq)
+	if err != nil {
+		timer.Stop()
+		return nil, e.failure(ctx, rctx, err, false)
+	}
+
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		timer.Stop()
+		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if err != nil && len(body) == 0 {
+			return nil, e.failure(ctx, rctx, err, false)
+		}
+		ue := UpstreamError(resp.StatusCode, body)
+		ue.RetryAfter = retryAfter(resp.Header)
+		return nil, ue
+	}
+	if isEventStream(resp.Header.Get("Content-Type")) {
+		timer.Stop()
+		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink)
+		if err == nil {
+			// Read the body to its end, so the connection goes back to the
+			// pool, without making the caller wait for it; a server that
+			// holds the connection open after [DONE] gets a second.
+			drained = true
+			stopCaller()
+			go func() {
+				t := time.AfterFunc(time.Second, func() { cancel(nil) })
+				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+				t.Stop()
+				resp.Body.Close()
+				stopAbort()
+				cancel(nil)
+			}()
+		}
+		return res, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes+1))
+	timer.Stop()
+	if err != nil {
+		return nil, e.failure(ctx, rctx, err, true)
+	}
+	if int64(len(body)) > e.cfg.MaxResponseBytes {
+		return nil, engineError("the engine's response is larger than %d bytes", e.cfg.MaxResponseBytes)
+	}
+	res := &engine.Result{Response: body}
+	if u := usageOf(body); u != nil {
+		res.Usage = *u
+	}
+	return res, nil
+}
+
+// stream reads an SSE answer; see the package doc.
+func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink) (*engine.Result, error) {
+	stall := e.cfg.StallTimeout
+	timer := time.AfterFunc(stall, func() { cancel(errStalled(stall)) })
+	defer timer.Stop()
+	br := readerPool.Get().(*bufio.Reader)
+	br.Reset(&activityReader{r: body, t: timer, d: stall})
+	defer func() { br.Reset(nil); readerPool.Put(br) }()
+	bp := batchPool.Get().(*[]byte)
+	defer func() {
+		if cap(*bp) <= 1<<20 {
+			batchPool.Put(bp)
+		}
+	}()
+
+	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes}
+	err := s.run(br, sink)
+	*bp = s.batch[:0]
+	var gone *sinkError
+	switch {
+	case err == errDone:
+		return &engine.Result{Usage: s.usage()}, nil
+	case errors.As(err, &gone):
+		return nil, gone.err // the request is gone: closing the unfinished body closes the connection
+	case errors.As(err, new(*schemas.Error)):
+		return nil, err
+	default:
+		return nil, e.failure(ctx, rctx, err, true)
+	}
+}
+
+var errDone = errors.New("[DONE]")
+
+// sinkError is an error from Sink.Chunks, kept apart from read errors.
+type sinkError struct{ err error }
+
+func (e *sinkError) Error() string { return e.err.Error() }
+
+// sseState is one stream's reading state.
+type sseState struct {
+	batch   []byte // data lines not yet handed to the sink, '\n'-separated
+	lines   int    // how many
+	long    []byte // a line longer than the reader's buffer, put together
+	maxLine int
+	last    []byte // copy of the last chunk with a usage object
+	counted int    // data chunks without usage, the fallback completion count
+}
+
+// run reads lines until [DONE] (errDone), a read error, a mid-stream error
+// object (*schemas.Error) or a sink error (*sinkError). Lines read before
+// any of these reach the sink first.
+func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
+	for {
+		line, rerr := s.readLine(br)
+		if data, ok := dataOf(line, rerr); ok {
+			if bytes.Equal(data, done) {
+				return s.flush(sink, errDone)
+			}
+			if errorFirst(data) && isErrorChunk(data) {
+				return s.flush(sink, UpstreamError(0, data))
+			}
+			if hasUsage(data) {
+				s.last = append(s.last[:0], data...)
+			} else {
+				s.counted++
+			}
+			if s.lines > 0 {
+				s.batch = append(s.batch, '\n')
+			}
+			s.batch = append(s.batch, data...)
+			s.lines++
+		}
+		if rerr != nil {
+			if rerr == io.EOF {
+				rerr = io.ErrUnexpectedEOF // no [DONE]: a truncated stream must not look complete
+			}
+			return s.flush(sink, rerr)
+		}
+		if s.lines > 0 && (len(s.batch) >= maxBatch || !lineReady(br)) {
+			if err := s.flush(sink, nil); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// flush hands the batch to the sink, then returns then (or the sink's error).
+func (s *sseState) flush(sink engine.Sink, then error) error {
+	if s.lines > 0 {
+		err := sink.Chunks(s.batch)
+		s.batch, s.lines = s.batch[:0], 0
+		if err != nil {
+			return &sinkError{err}
+		}
+	}
+	return then
+}
+
+func (s *sseState) usage() schemas.Usage {
+	if s.last != nil {
+		if u := usageOf(s.last); u != nil {
+			return *u
+		}
+	}
+	return schemas.Usage{CompletionTokens: s.counted, TotalTokens: s.counted}
+}
+
+// readLine reads one line, '\n' included; a partial line comes with the
+// read error.
+func (s *sseState) readLine(br *bufio.Reader) ([]byte, error) {
+	line, err := br.ReadSlice('\n')
+	if err != bufio.ErrBufferFull {
+		return line, err
+	}
+	s.long = append(s.long[:0], line...)
+	for {
+		line, err = br.ReadSlice('\n')
+		s.long = append(s.long, line...)
+		if len(s.long) > s.maxLine {
+			return nil, engineError("an SSE line from the engine is longer than %d bytes", s.maxLine)
+		}
+		if err != bufio.ErrBufferFull {
+			return s.long, err
+		}
+	}
+}
+
+var (
+	dataPrefix = []byte("data:")
+	done       = []byte("[DONE]")
+)
+
+// dataOf returns the payload of a complete "data:" line. Blank lines,
+// comments and other fields (event:, id:, retry:) are skipped.
+func dataOf(line []byte, err error) ([]byte, bool) {
+	if err != nil || !bytes.HasPrefix(line, dataPrefix) {
+		return nil, false
+	}
+	d := line[len(dataPrefix):]
+	d = bytes.TrimSuffix(d, []byte{'\n'})
+	d = bytes.TrimSuffix(d, []byte{'\r'})
+	if len(d) > 0 && d[0] == ' ' {
+		d = d[1:]
+	}
+	return d, len(d) > 0
+}
+
+// lineReady reports whether a whole line is already in br's buffer, so
+// reading it will not wait for the network.
+func lineReady(br *bufio.Reader) bool {
+	n := br.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := br.Peek(n)
+	return bytes.IndexByte(b, '\n') >= 0
+}
+
+// errorFirst is the cheap test, before any JSON decoding, for a mid-stream
+// error object: servers send it alone, {"error": {...}} (vLLM, SGLang,
+// OpenAI) or {"error": "...", ...} (TGI), so its first key is "error".
+func errorFirst(d []byte) bool {
+	d = bytes.TrimLeft(d, " \t")
+	if len(d) == 0 || d[0] != '{' {
+		return false
+	}
+	return bytes.HasPrefix(bytes.TrimLeft(d[1:], " \t\r\n"), []byte(`"error"`))
+}
+
+// hasUsage is the cheap test for a chunk with a usage object ("usage", ':',
+// '{'). The pattern starts after the quote, so bytes.Index skips ahead on
+// the rarer 'u', not on '"'.
+func hasUsage(d []byte) bool {
+	for {
+		i := quoted(d, []byte(`usage"`))
+		if i < 0 {
+			return false
+		}
+		d = d[i+len(`usage"`):]
+		r := bytes.TrimLeft(d, " \t")
+		if len(r) > 0 && r[0] == ':' {
+			r = bytes.TrimLeft(r[1:], " \t")
+			if len(r) > 0 && r[0] == '{' {
+				return true
+			}
+		}
+	}
+}
+
+// quoted finds pat preceded by '"' in d.
+func quoted(d, pat []byte) int {
+	off := 0
+	for {
+		i := bytes.Index(d[off:], pat)
+		if i < 0 {
+			return -1
+		}
+		if off+i > 0 && d[off+i-1] == '"' {
+			return off + i
+		}
+		off += i + 1
+	}
+}
+
+// isErrorChunk tells an error object from a chunk with "error": null.
+func isErrorChunk(d []byte) bool {
+	var v struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(d, &v) != nil {
+		return false
+	}
+	return len(v.Error) > 0 && !bytes.Equal(v.Error, []byte("null"))
+}
+
+// usageOf decodes only the usage field of a chunk or response.
+func usageOf(b []byte) *schemas.Usage {
+	var v struct {
+		Usage *schemas.Usage `json:"usage"`
+	}
+	if json.Unmarshal(b, &v) != nil {
+		return nil
+	}
+	return v.Usage
+}
+
+// activityReader restarts the stall timer whenever bytes arrive.
+type activityReader struct {
+	r io.Reader
+	t *time.Timer
+	d time.Duration
+}
+
+func (a *activityReader) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	if n > 0 {
+		a.t.Reset(a.d)
+	}
+	return n, err
+}
+
+func isEventStream(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+func engineError(format string, args ...any) *schemas.Error {
+	return schemas.NewError(http.StatusBadGateway, schemas.TypeServer, schemas.CodeEngineError, "", fmt.Sprintf(format, args...))
+}
+
+func errStalled(d time.Duration) *schemas.Error {
+	return engineError("the engine sent nothing for %s", d)
+}
+
+func errSlow(d time.Duration) *schemas.Error {
+	return engineError("the engine did not answer within %s", d)
+}
+
+// failure turns a transport or read error into what Generate returns: the
+// caller's own context error, the cause we cancelled with (stall, abort,
+// close), else a 503 before the answer started or a 502 after.
+func (e *Engine) failure(ctx, rctx context.Context, err error, started bool) error {
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	if rctx.Err() != nil {
+		if se := (*schemas.Error)(nil); errors.As(context.Cause(rctx), &se) {
+			return se
+		}
+	}
+	if started {
+		return engineError("the connection to the engine broke: %v", err)
+	}
+	return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s is unreachable: %v", e.name, e.base, err)
+}
+
+// topLevelTrue reports whether the JSON object b has key set to true at its
+// top level. It only scans: no allocation, nested objects and strings skipped.
+func topLevelTrue(b []byte, key string) bool {
+	depth := 0
+	expectKey := false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '{':
+			depth++
+			expectKey = depth == 1
+		case '[':
+			depth++
+		case '}', ']':
+			depth--
+		case ',':
+			expectKey = depth == 1
+		case '"':
+			j := i + 1
+			for j < len(b) && b[j] != '"' {
+				if b[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(b) {
+				return false
+			}
+			if depth == 1 && expectKey {
+				expectKey = false
+				if string(b[i+1:j]) == key {
+					k := j + 1
+					for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r' || b[k] == ':') {
+						k++
+					}
+					return bytes.HasPrefix(b[k:], []byte("true"))
+				}
+			}
+			i = j
+		}
+	}
+	return false
+}

@@ -1,0 +1,562 @@
+package httpengine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// The body reaches the server byte for byte (unknown fields, number
+// spelling, key order), with the request id, trace context and API key; the
+// chunks reach the sink exactly as the server wrote them.
+func TestStreamPassThrough(t *testing.T) {
+	f, srv := startFake(t)
+	f.APIKey = "sk-test"
+	cfg := fastConfig(srv.URL + "/v1/") // an OpenAI base URL works too
+	cfg.APIKey = "sk-test"
+	e := newEngine(t, cfg)
+
+	body := `{"model":"base","messages":[{"role":"user","content":"hi \"there\" \u00e9"}],` +
+		`"stream":true,"temperature":0.7000,"my_unknown":{"a":[1,2,{"b":null}]},"x_fake":{"chunks":5}}`
+	req := chat(body)
+	req.TraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	var sink recSink
+	res, err := e.Generate(t.Context(), req, &sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(f.Body(req.ID)); got != body {
+		t.Errorf("server got body\n%s\nwant\n%s", got, body)
+	}
+	h := f.Header(req.ID)
+	for k, want := range map[string]string{"X-Request-Id": req.ID, "Traceparent": req.TraceParent,
+		"Authorization": "Bearer sk-test", "Content-Type": "application/json"} {
+		if h.Get(k) != want {
+			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
+		}
+	}
+	if got, want := sink.lines(), f.Sent(req.ID); !slices.Equal(got, want) {
+		t.Errorf("sink got\n%q\nserver sent\n%q", got, want)
+	}
+	// No usage asked for: the chunk count stands in for completion tokens.
+	if res.Usage != (schemas.Usage{CompletionTokens: 5, TotalTokens: 5}) || res.Response != nil {
+		t.Errorf("result %+v", res)
+	}
+}
+
+func TestStreamUsage(t *testing.T) {
+	_, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	real := schemas.Usage{PromptTokens: 7, CompletionTokens: 4, TotalTokens: 11, PromptTokensDetails: &schemas.TokenDetails{CachedTokens: 2}}
+	for _, tc := range []struct {
+		name    string
+		options string
+		want    schemas.Usage
+	}{
+		{"include_usage", `"stream_options":{"include_usage":true},`, real},
+		{"empty stream_options (vLLM: usage on)", `"stream_options":{},`, real},
+		{"no usage asked: chunk count", ``, schemas.Usage{CompletionTokens: 4, TotalTokens: 4}},
+		{"usage off", `"stream_options":{"include_usage":false},`, schemas.Usage{CompletionTokens: 4, TotalTokens: 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true,`+tc.options+`"x_fake":{"chunks":4}}`), &recSink{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := jsonOf(res.Usage), jsonOf(tc.want); got != want {
+				t.Errorf("usage %+v, want %+v", res.Usage, tc.want)
+			}
+		})
+	}
+}
+
+func jsonOf(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+func TestNonStream(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	for _, kind := range []schemas.Kind{schemas.KindChat, schemas.KindCompletion} {
+		t.Run(string(kind), func(t *testing.T) {
+			req := chat(`{"model":"base","stream":false,"x_fake":{"chunks":9}}`)
+			req.Kind = kind
+			var sink recSink
+			res, err := e.Generate(t.Context(), req, &sink)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sink.ncalls() != 0 {
+				t.Errorf("%d Chunks calls for a non-stream request", sink.ncalls())
+			}
+			want := map[schemas.Kind]string{schemas.KindChat: `"object":"chat.completion"`, schemas.KindCompletion: `"object":"text_completion"`}[kind]
+			if !strings.Contains(string(res.Response), want) || !strings.Contains(string(res.Response), `"x_extra":{"kept":true}`) {
+				t.Errorf("response %s", res.Response)
+			}
+			if res.Usage != (schemas.Usage{PromptTokens: 5, CompletionTokens: 9, TotalTokens: 14}) {
+				t.Errorf("usage %+v", res.Usage)
+			}
+			if string(f.Body(req.ID)) != string(req.Body) {
+				t.Errorf("body changed")
+			}
+		})
+	}
+}
+
+// Every line already buffered goes in one Chunks call; lines that arrive
+// apart go apart.
+func TestBatching(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+
+	var burst recSink
+	req := chat(`{"model":"base","stream":true,"stream_options":{"include_usage":true},"x_fake":{"mode":"burst","chunks":20}}`)
+	if _, err := e.Generate(t.Context(), req, &burst); err != nil {
+		t.Fatal(err)
+	}
+	if burst.ncalls() != 1 || !slices.Equal(burst.lines(), f.Sent(req.ID)) || len(burst.lines()) != 21 {
+		t.Errorf("burst of 21 chunks came in %d calls: %q", burst.ncalls(), burst.calls)
+	}
+
+	var paced recSink
+	req = chat(`{"model":"base","stream":true,"x_fake":{"chunks":4,"delay_ms":30}}`)
+	if _, err := e.Generate(t.Context(), req, &paced); err != nil {
+		t.Fatal(err)
+	}
+	if paced.ncalls() != 4 {
+		t.Errorf("4 paced chunks came in %d calls: %q", paced.ncalls(), paced.calls)
+	}
+}
+
+// Complete lines are handed over even when a partial line is buffered
+// behind them: the reader must not wait for the rest first.
+func TestNeverHoldsBack(t *testing.T) {
+	pr, pw := io.Pipe()
+	got := make(chan []string, 10)
+	sink := sinkFunc(func(b []byte) error { got <- strings.Split(string(b), "\n"); return nil })
+	done := make(chan error, 1)
+	go func() {
+		s := sseState{maxLine: 1 << 20}
+		done <- s.run(bufio.NewReaderSize(pr, 4096), sink)
+	}()
+	go pw.Write([]byte("data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: {\"c\""))
+	select {
+	case lines := <-got:
+		if !slices.Equal(lines, []string{`{"a":1}`, `{"b":2}`}) {
+			t.Fatalf("first call %q", lines)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("complete lines held back while a partial one was buffered")
+	}
+	go pw.Write([]byte(":3}\n\ndata: [DONE]\n\n"))
+	if lines := <-got; !slices.Equal(lines, []string{`{"c":3}`}) {
+		t.Fatalf("second call %q", lines)
+	}
+	if err := <-done; err != errDone {
+		t.Fatalf("run ended with %v", err)
+	}
+}
+
+type sinkFunc func([]byte) error
+
+func (f sinkFunc) Chunks(b []byte) error { return f(b) }
+
+// SSE details: CRLF, no space after "data:", comments and other fields
+// skipped, lines longer than the read buffer put together, a line over the
+// limit refused.
+func TestSSELines(t *testing.T) {
+	long := `{"x":"` + strings.Repeat("y", 200_000) + `"}`
+	for _, tc := range []struct {
+		name, in string
+		want     []string
+		err      string
+	}{
+		{"crlf", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"a":1}`}, ""},
+		{"no space", "data:{\"a\":1}\n\ndata:[DONE]\n\n", []string{`{"a":1}`}, ""},
+		{"others skipped", ": ping\nevent: x\nid: 3\nretry: 10\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"a":1}`}, ""},
+		{"long line", "data: " + long + "\n\ndata: [DONE]\n\n", []string{long}, ""},
+		{"too long", "data: " + long + strings.Repeat("z", 1<<20) + "\n\n", nil, "longer than"},
+		{"no [DONE]", "data: {\"a\":1}\n\n", []string{`{"a":1}`}, "unexpected EOF"},
+		{"cut line", "data: {\"a\":1}\n\ndata: {\"b\"", []string{`{"a":1}`}, "unexpected EOF"},
+		{"finish_reason error is no error", "data: {\"choices\":[{\"finish_reason\":\"error\"}]}\n\ndata: [DONE]\n\n",
+			[]string{`{"choices":[{"finish_reason":"error"}]}`}, ""},
+		{"error null is no error", "data: {\"error\":null,\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"error":null,"a":1}`}, ""},
+		{"error object", "data: {\"a\":1}\n\ndata: {\"error\":{\"message\":\"m\",\"code\":429}}\n\n", []string{`{"a":1}`}, "429 rate_limit_error: m"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sink recSink
+			s := sseState{maxLine: 1 << 20}
+			err := s.run(bufio.NewReaderSize(strings.NewReader(tc.in), 64<<10), &sink)
+			if !slices.Equal(sink.lines(), tc.want) {
+				t.Errorf("lines %.80q, want %.80q", sink.lines(), tc.want)
+			}
+			switch {
+			case tc.err == "" && err != errDone:
+				t.Errorf("ended with %v", err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+				t.Errorf("ended with %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestUpstreamErrorShapes(t *testing.T) {
+	str := func(s string) *string { return &s }
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		want   schemas.Error
+	}{
+		{"vLLM flat (before 0.10.1)", 400, `{"object":"error","message":"max_tokens too big","type":"BadRequestError","param":null,"code":400}`,
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "max_tokens too big", Type: "invalid_request_error"}}},
+		{"vLLM nested, int code", 422, `{"error":{"message":"bad temperature","type":"BadRequestError","param":"temperature","code":422}}`,
+			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: "bad temperature", Type: "invalid_request_error", Param: str("temperature")}}},
+		{"OpenAI nested, string code", 404, `{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"invalid_request_error","param":"model","code":"model_not_found"}}`,
+			schemas.Error{Status: 404, Body: schemas.ErrorBody{Message: "The model `x` does not exist.", Type: "invalid_request_error", Param: str("model"), Code: str("model_not_found")}}},
+		{"401", 401, `{"error":{"message":"Unauthorized","type":"AuthenticationError","code":401}}`,
+			schemas.Error{Status: 401, Body: schemas.ErrorBody{Message: "Unauthorized", Type: "authentication_error"}}},
+		{"503 overloaded", 503, `{"object":"error","message":"engine dead","type":"ServiceUnavailableError","code":503}`,
+			schemas.Error{Status: 503, Body: schemas.ErrorBody{Message: "engine dead", Type: "overloaded_error"}}},
+		{"500", 500, `{"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}`,
+			schemas.Error{Status: 500, Body: schemas.ErrorBody{Message: "boom", Type: "server_error"}}},
+		{"TGI", 422, `{"error":"Input validation error: inputs too long","error_type":"validation"}`,
+			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: "Input validation error: inputs too long", Type: "invalid_request_error"}}},
+		{"FastAPI detail", 404, `{"detail":"Not Found"}`,
+			schemas.Error{Status: 404, Body: schemas.ErrorBody{Message: "Not Found", Type: "invalid_request_error"}}},
+		{"FastAPI validation", 422, `{"detail":[{"loc":["body","model"],"msg":"field required"}]}`,
+			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: `[{"loc":["body","model"],"msg":"field required"}]`, Type: "invalid_request_error"}}},
+		{"plain text", 502, "Bad Gateway\n",
+			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "Bad Gateway", Type: "server_error", Code: str("engine_error")}}},
+		{"empty", 500, "",
+			schemas.Error{Status: 500, Body: schemas.ErrorBody{Message: "the engine answered 500 Internal Server Error", Type: "server_error"}}},
+		{"mid-stream, vLLM's code", 0, `{"error": {"object": "error", "message": "too long", "type": "BadRequestError", "param": null, "code": 400}}`,
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "too long", Type: "invalid_request_error"}}},
+		{"mid-stream, no code", 0, `{"error":{"message":"oops"}}`,
+			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "oops", Type: "server_error", Code: str("engine_error")}}},
+		{"odd status", 302, `{"error":{"message":"moved"}}`,
+			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "moved", Type: "server_error", Code: str("engine_error")}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := UpstreamError(tc.status, []byte(tc.body))
+			if string(got.JSON()) != string(tc.want.JSON()) || got.Status != tc.want.Status {
+				t.Errorf("got %d %s\nwant %d %s", got.Status, got.JSON(), tc.want.Status, tc.want.JSON())
+			}
+		})
+	}
+}
+
+// Error answers over HTTP, in both vLLM shapes and for the other failures.
+func TestErrors(t *testing.T) {
+	_, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+		code   string
+		msg    string
+	}{
+		{"flat 400", `{"model":"base","stream":true,"x_fake":{"mode":"error_flat","status":400}}`, 400, "", "flat 400"},
+		{"nested 422", `{"model":"base","x_fake":{"mode":"error_nested","status":422}}`, 422, "", "nested 422"},
+		{"nested 503", `{"model":"base","stream":true,"x_fake":{"mode":"error_nested","status":503}}`, 503, "", "nested 503"},
+		{"unknown model", `{"model":"nope","stream":true}`, 404, "", "does not exist"},
+		{"malformed JSON", `{"model":`, 400, "", "malformed JSON"},
+		{"mid-stream error", `{"model":"base","stream":true,"x_fake":{"mode":"midstream_error"}}`, 500, "", "engine exploded"},
+		{"connection broken mid-stream", `{"model":"base","stream":true,"x_fake":{"mode":"break"}}`, 502, "engine_error", "broke"},
+		{"no [DONE]", `{"model":"base","stream":true,"x_fake":{"mode":"nodone"}}`, 502, "engine_error", "unexpected EOF"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sink recSink
+			req := chat(tc.body)
+			_, err := e.Generate(t.Context(), req, &sink)
+			se := asError(t, err, tc.status, tc.code)
+			if !strings.Contains(se.Body.Message, tc.msg) {
+				t.Errorf("message %q, want %q in it", se.Body.Message, tc.msg)
+			}
+			if strings.Contains(tc.name, "mid-stream") && len(sink.lines()) != 3 {
+				t.Errorf("the chunks before the failure did not reach the sink: %q", sink.lines())
+			}
+		})
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	_, srv := startFake(t)
+	url := srv.URL
+	srv.Close()
+	e := newEngine(t, fastConfig(url))
+	_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{})
+	asError(t, err, 503, schemas.CodeEngineUnhealthy)
+	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "healthy with nothing there")
+	asError(t, e.Health(t.Context()), 503, schemas.CodeEngineUnhealthy)
+}
+
+// A cancelled request cancels the upstream request: the server sees its
+// client go, stream or not.
+func TestCancel(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	for _, stream := range []bool{true, false} {
+		t.Run(map[bool]string{true: "stream", false: "non-stream"}[stream], func(t *testing.T) {
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			req := chat(`{"model":"base","stream":` + map[bool]string{true: "true", false: "false"}[stream] + `,"x_fake":{"mode":"slow"}}`)
+			sink := &recSink{}
+			errc := make(chan error, 1)
+			go func() { _, err := e.Generate(ctx, req, sink); errc <- err }()
+			if stream {
+				eventually(t, 5*time.Second, func() bool { return sink.ncalls() == 1 }, "first chunk never came")
+			} else {
+				eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+			}
+			cancel()
+			select {
+			case id := <-f.Cancelled:
+				if id != req.ID {
+					t.Errorf("server saw %s go, want %s", id, req.ID)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the server never saw the request cancelled")
+			}
+			if err := <-errc; !errors.Is(err, context.Canceled) {
+				t.Errorf("Generate returned %v", err)
+			}
+		})
+	}
+}
+
+// A sink error (the client is gone) ends the request and the upstream one.
+func TestSinkError(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	gone := errors.New("client gone")
+	sink := &recSink{onCall: func(int) error { return gone }}
+	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
+	if _, err := e.Generate(t.Context(), req, sink); err != gone {
+		t.Fatalf("Generate returned %v", err)
+	}
+	select {
+	case <-f.Cancelled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server never saw the request cancelled")
+	}
+}
+
+func TestStall(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.StallTimeout = 200 * time.Millisecond
+	e := newEngine(t, cfg)
+	start := time.Now()
+	_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`), &recSink{})
+	se := asError(t, err, 502, schemas.CodeEngineError)
+	if !strings.Contains(se.Body.Message, "sent nothing for 200ms") || time.Since(start) > 3*time.Second {
+		t.Errorf("after %s: %v", time.Since(start), se)
+	}
+	<-f.Cancelled
+
+	cfg.ResponseTimeout = 200 * time.Millisecond
+	e = newEngine(t, cfg)
+	_, err = e.Generate(t.Context(), chat(`{"model":"base","x_fake":{"mode":"slow"}}`), &recSink{})
+	se = asError(t, err, 502, schemas.CodeEngineError)
+	if !strings.Contains(se.Body.Message, "did not answer within 200ms") {
+		t.Errorf("%v", se)
+	}
+}
+
+// The engine dies with a request in flight: the request ends at once with a
+// clean error, Health fails, and all is well again when it comes back.
+func TestEngineDeath(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	healthy(t, e)
+
+	sink := &recSink{}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`), sink)
+		errc <- err
+	}()
+	eventually(t, 5*time.Second, func() bool { return sink.ncalls() == 1 }, "first chunk never came")
+	addr := srv.Listener.Addr().String()
+	srv.CloseClientConnections()
+	srv.Close()
+	select {
+	case err := <-errc:
+		asError(t, err, 502, schemas.CodeEngineError)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the request hung after the engine died")
+	}
+	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "still healthy")
+
+	serveAt(t, addr, f)
+	healthy(t, e)
+	if _, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestHealthToggle(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.HealthPath = "/health"
+	e := newEngine(t, cfg)
+	healthy(t, e)
+	f.SetHealthy(false)
+	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "healthy while /health fails")
+	se := asError(t, e.Health(t.Context()), 503, schemas.CodeEngineUnhealthy)
+	if !strings.Contains(se.Body.Message, "503") {
+		t.Errorf("%v", se)
+	}
+	f.SetHealthy(true)
+	healthy(t, e)
+}
+
+// A server that stays unhealthy with requests in flight (a hung engine)
+// gets them ended with a 503.
+func TestUnhealthyAbort(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.HealthPath = "/health"
+	cfg.UnhealthyAbort = 100 * time.Millisecond
+	e := newEngine(t, cfg)
+	healthy(t, e)
+	errc := make(chan error, 1)
+	req := chat(`{"model":"base","x_fake":{"mode":"slow"}}`)
+	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
+	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	f.SetHealthy(false)
+	select {
+	case err := <-errc:
+		asError(t, err, 503, schemas.CodeEngineUnhealthy)
+	case <-time.After(5 * time.Second):
+		t.Fatal("request not aborted")
+	}
+	<-f.Cancelled
+	// Requests after the abort are not affected by it.
+	f.SetHealthy(true)
+	healthy(t, e)
+	if _, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestModels(t *testing.T) {
+	f, srv := startFake(t)
+	f.Base = []string{"m1", "m2"}
+	e := newEngine(t, fastConfig(srv.URL))
+	eventually(t, 5*time.Second, func() bool { return slices.Equal(e.Models(), []string{"m1", "m2"}) }, "models %v", e.Models())
+
+	cfg := fastConfig(srv.URL)
+	cfg.Models = []string{"static"}
+	e = newEngine(t, cfg)
+	healthy(t, e)
+	time.Sleep(100 * time.Millisecond) // a refresh or two
+	if !slices.Equal(e.Models(), []string{"static"}) {
+		t.Errorf("models %v", e.Models())
+	}
+}
+
+func TestClosed(t *testing.T) {
+	_, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	e.Close()
+	_, err := e.Generate(t.Context(), chat(`{"model":"base"}`), &recSink{})
+	asError(t, err, 503, schemas.CodeShuttingDown)
+}
+
+// Close ends requests in flight.
+func TestCloseAborts(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
+	errc := make(chan error, 1)
+	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
+	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	e.Close()
+	asError(t, <-errc, 503, schemas.CodeShuttingDown)
+}
+
+func TestTopLevelTrue(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{`{"stream":true}`, true},
+		{`{ "model" : "m", "stream" : true }`, true},
+		{"{\n\"stream\":\ttrue}", true},
+		{`{"stream":false}`, false},
+		{`{"stream":"true"}`, false},
+		{`{}`, false},
+		{`{"stream_options":{"stream":true}}`, false},
+		{`{"tools":[{"stream":true}],"stream":false}`, false},
+		{`{"messages":[{"content":"\"stream\":true"}]}`, false},
+		{`{"a":"x\\","stream":true}`, true},
+		{`{"a":["{"],"stream":true}`, true},
+		{`{"stream`, false},
+	} {
+		if got := topLevelTrue([]byte(tc.in), "stream"); got != tc.want {
+			t.Errorf("%s: %v", tc.in, got)
+		}
+	}
+}
+
+func TestURLFromCommand(t *testing.T) {
+	for _, tc := range []struct{ cmd, want string }{
+		{"vllm serve m --port 8001", "http://127.0.0.1:8001"},
+		{"vllm serve m --host 0.0.0.0 --port=9000", "http://127.0.0.1:9000"},
+		{"vllm serve m --host 10.0.0.5 --port 9000", "http://10.0.0.5:9000"},
+		{"vllm serve m --host ::1 --port 9000", "http://[::1]:9000"},
+		{"vllm serve m", "http://127.0.0.1:8000"},
+	} {
+		if got := URLFromCommand(tc.cmd, 8000); got != tc.want {
+			t.Errorf("%q: %s, want %s", tc.cmd, got, tc.want)
+		}
+	}
+	if got := URLFromCommand("llama-server -m x", 0); got != "" {
+		t.Errorf("no port, no default: %q", got)
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	for _, u := range []string{"", "127.0.0.1:8000", "ftp://x", "http://"} {
+		if _, err := New("x", Config{URL: u}, Hooks{}); err == nil {
+			t.Errorf("URL %q accepted", u)
+		}
+	}
+}
+
+// A server that never was healthy has been unhealthy since the engine
+// started, not forever: requests get UnhealthyAbort from then.
+func TestUnhealthyAbortFromStart(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.HealthPath = "/nope"
+	cfg.UnhealthyAbort = 2 * time.Second
+	e := newEngine(t, cfg)
+	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
+	errc := make(chan error, 1)
+	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
+	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	select {
+	case err := <-errc:
+		t.Fatalf("aborted at once: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	select {
+	case err := <-errc:
+		asError(t, err, 503, schemas.CodeEngineUnhealthy)
+	case <-time.After(10 * time.Second):
+		t.Fatal("never aborted")
+	}
+}

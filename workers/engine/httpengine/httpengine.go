@@ -1,0 +1,408 @@
+// Package httpengine is the part the vllm and openai engines share: it drives
+// an OpenAI-compatible HTTP server (vLLM, llama.cpp server, SGLang, TGI,
+// another tokenbus) and passes its JSON through untouched.
+//
+// Requests: the client's body is POSTed byte for byte to /v1/chat/completions
+// or /v1/completions (by Request.Kind) with X-Request-Id and traceparent. A
+// text/event-stream answer is read line by line; the JSON after each "data: "
+// goes to the Sink as is, and every data line already in the read buffer goes
+// in the same Chunks call ('\n'-separated), without ever waiting for more. The
+// stream ends at "data: [DONE]" (the rest of the body is read in the
+// background, so the connection is reused); an end of stream before it is an
+// error. Any other 2xx answer is the non-stream response, returned whole as
+// Result.Response.
+//
+// Usage: the last chunk with a "usage" object fills Result.Usage. A stream
+// without one (the client did not ask for stream_options.include_usage, and
+// the body is never changed to ask for it) gets a best-effort count: each
+// data chunk without usage counts as one completion token, prompt tokens 0.
+//
+// Errors, all *schemas.Error: a non-2xx answer keeps its status and becomes
+// OpenAI's nested error (from vLLM's flat or nested shape, TGI's, FastAPI's
+// "detail" or plain text); a data line whose first key is "error" (vLLM,
+// SGLang, OpenAI and TGI send the error object alone) ends the request with
+// that error (status from its code, else 502); a connection that cannot be
+// made or breaks before the answer is a 503 engine_unhealthy; one that breaks
+// mid-stream, a stream silent for StallTimeout or a non-stream answer slower
+// than ResponseTimeout is a 502 engine_error. A cancelled ctx cancels the
+// upstream request, which closes its connection, so the server aborts the
+// generation.
+//
+// Health is polled in the background (Health never does I/O). When it has
+// failed for UnhealthyAbort, requests in flight are ended with a 503, so a
+// hung server cannot hold them.
+//
+// With Command set, the server is a child process (see process.go).
+package httpengine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// Config is what the HTTP engines share. Zero values take the defaults shown.
+type Config struct {
+	// URL is the server's root, e.g. http://127.0.0.1:8000; a trailing /v1 is
+	// dropped, so an OpenAI base URL works too. With Command set and URL empty
+	// it comes from the command's --host and --port.
+	URL    string
+	APIKey string // sent as "Authorization: Bearer" on every request
+
+	// Models are the model names to advertise; empty: ask GET /v1/models.
+	Models         []string
+	ModelsInterval time.Duration // how often /v1/models is read again; default 10s
+
+	HealthPath     string        // GET path polled for health; default "/v1/models" (vllm: "/health")
+	HealthInterval time.Duration // default 1s
+	HealthTimeout  time.Duration // per probe; default 5s
+	// UnhealthyAbort: when health has failed for this long, requests in
+	// flight end with a 503. Default 30s; negative: never.
+	UnhealthyAbort time.Duration
+
+	ConnectTimeout time.Duration // TCP connect; default 5s
+	// StallTimeout aborts a stream whose server sent nothing (not even the
+	// response headers) for this long. Default 60s.
+	StallTimeout time.Duration
+	// ResponseTimeout bounds a non-stream request (the server answers only
+	// when the whole completion is done). Default 30m. The request's own
+	// deadline applies as well.
+	ResponseTimeout     time.Duration
+	MaxIdleConnsPerHost int   // default 1024
+	MaxResponseBytes    int64 // largest non-stream or error body; default 64 MiB
+	MaxLineBytes        int   // longest SSE line; default 16 MiB
+
+	// Command, when set, starts the server as a child process (run by
+	// /bin/sh -c, in its own process group), restarted when it dies and
+	// stopped on Close.
+	Command           string
+	Env               []string      // added to the child's environment, KEY=VALUE
+	StartTimeout      time.Duration // a child not healthy this long after its start is killed and restarted; default 20m
+	StopGrace         time.Duration // SIGTERM, then SIGKILL after this; default 30s
+	RestartBackoff    time.Duration // first restart delay, doubled up to MaxRestartBackoff; default 1s
+	MaxRestartBackoff time.Duration // default 1m
+
+	// Logger gets the engine's events and the child's output, a record per
+	// line (attrs engine, pid, stream). Default: slog.Default().
+	Logger *slog.Logger
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&c.ModelsInterval, 10*time.Second)
+	def(&c.HealthInterval, time.Second)
+	def(&c.HealthTimeout, 5*time.Second)
+	def(&c.UnhealthyAbort, 30*time.Second)
+	def(&c.ConnectTimeout, 5*time.Second)
+	def(&c.StallTimeout, 60*time.Second)
+	def(&c.ResponseTimeout, 30*time.Minute)
+	def(&c.StartTimeout, 20*time.Minute)
+	def(&c.StopGrace, 30*time.Second)
+	def(&c.RestartBackoff, time.Second)
+	def(&c.MaxRestartBackoff, time.Minute)
+	if c.HealthPath == "" {
+		c.HealthPath = "/v1/models"
+	}
+	if c.MaxIdleConnsPerHost <= 0 {
+		c.MaxIdleConnsPerHost = 1024
+	}
+	if c.MaxResponseBytes <= 0 {
+		c.MaxResponseBytes = 64 << 20
+	}
+	if c.MaxLineBytes <= 0 {
+		c.MaxLineBytes = 16 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// Hooks let an engine built on this one change a step.
+type Hooks struct {
+	// RefreshModels replaces the model refresh (by default GET /v1/models and
+	// every id served). It runs every ModelsInterval, when the server turns
+	// healthy and after RefreshSoon, from a goroutine New starts: it gets the
+	// engine, as New may not have returned yet.
+	RefreshModels func(ctx context.Context, e *Engine) error
+}
+
+// Engine is an OpenAI-compatible HTTP server as an engine.Engine.
+type Engine struct {
+	name   string
+	cfg    Config
+	base   string // URL without a trailing slash or /v1
+	log    *slog.Logger
+	client *http.Client
+	hooks  Hooks
+
+	inflight atomic.Int64
+	health   atomic.Pointer[healthState]
+	models   atomic.Pointer[[]string]
+	refresh  chan struct{} // asks the models loop for an early refresh
+
+	abortMu sync.Mutex
+	abort   context.Context // cancelled (with a cause) to end every request in flight
+	abortFn context.CancelCauseFunc
+
+	proc      *process // nil when attached by URL
+	stop      chan struct{}
+	loops     sync.WaitGroup
+	closeOnce sync.Once
+}
+
+var errClosed = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the engine is shut down")
+
+// New starts an engine named name (what Name returns) on cfg: the background
+// health and model loops, and the child process if cfg.Command is set. It
+// does not wait for the server: Health fails until it answers (see
+// WaitReady).
+func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
+	cfg.defaults()
+	if cfg.URL == "" && cfg.Command != "" {
+		cfg.URL = URLFromCommand(cfg.Command, 0)
+	}
+	if cfg.URL == "" {
+		return nil, fmt.Errorf("%s engine: no URL (and no --port in the command)", name)
+	}
+	u, err := url.Parse(cfg.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%s engine: URL %q is not an http(s) URL", name, cfg.URL)
+	}
+	base := strings.TrimRight(cfg.URL, "/")
+	base = strings.TrimSuffix(base, "/v1")
+	e := &Engine{
+		name:    name,
+		cfg:     cfg,
+		base:    base,
+		log:     cfg.Logger.With("engine", name),
+		client:  &http.Client{Transport: newTransport(&cfg)},
+		hooks:   hooks,
+		refresh: make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+	}
+	if e.hooks.RefreshModels == nil {
+		e.hooks.RefreshModels = e.refreshAll
+	}
+	e.abort, e.abortFn = context.WithCancelCause(context.Background())
+	e.health.Store(&healthState{err: schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s: not checked yet", name, base), since: time.Now()})
+	static := slices.Clone(cfg.Models)
+	e.models.Store(&static)
+	if cfg.Command != "" {
+		e.proc = newProcess(e)
+		e.loops.Add(1)
+		go func() { defer e.loops.Done(); e.proc.run(e.stop) }()
+	}
+	e.loops.Add(2)
+	go func() { defer e.loops.Done(); e.healthLoop() }()
+	go func() { defer e.loops.Done(); e.modelsLoop() }()
+	return e, nil
+}
+
+func newTransport(cfg *Config) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:               http.ProxyFromEnvironment, // never for localhost
+		DialContext:         d.DialContext,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
+		IdleConnTimeout:     90 * time.Second,
+		TLSHandshakeTimeout: 10 * time.Second,
+		// SSE must not sit in a gzip reader's buffer.
+		DisableCompression: true,
+		ReadBufferSize:     32 << 10,
+		WriteBufferSize:    32 << 10,
+	}
+}
+
+// Name is the engine's name.
+func (e *Engine) Name() string { return e.name }
+
+// URL is the server's root URL.
+func (e *Engine) URL() string { return e.base }
+
+// Client is the HTTP client the engine uses (one tuned transport).
+func (e *Engine) Client() *http.Client { return e.client }
+
+// Logger is the engine's logger.
+func (e *Engine) Logger() *slog.Logger { return e.log }
+
+// InFlight is the number of requests this engine has running on the server.
+func (e *Engine) InFlight() int { return int(e.inflight.Load()) }
+
+// Models lists the models served, as last read from the server (or the
+// configured list).
+func (e *Engine) Models() []string { return slices.Clone(*e.models.Load()) }
+
+// SetModels replaces the model list (for a RefreshModels hook).
+func (e *Engine) SetModels(m []string) {
+	m = slices.Clone(m)
+	e.models.Store(&m)
+}
+
+// RefreshSoon asks the models loop for a refresh now; it does not wait.
+func (e *Engine) RefreshSoon() {
+	select {
+	case e.refresh <- struct{}{}:
+	default:
+	}
+}
+
+// Stats is the load the engine knows by itself: its own requests in flight.
+func (e *Engine) Stats() engine.Stats { return engine.Stats{Running: e.InFlight()} }
+
+// Health returns the last health probe's verdict (a *schemas.Error 503 when
+// bad). It does no I/O.
+func (e *Engine) Health(context.Context) error { return e.health.Load().err }
+
+// WaitReady blocks until the server is healthy or ctx ends.
+func (e *Engine) WaitReady(ctx context.Context) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if err := e.health.Load().err; err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			err := e.health.Load().err
+			if e.proc != nil {
+				if last := e.proc.lastExit(); last != "" {
+					return fmt.Errorf("%s engine not ready: %v (child process: %s)", e.name, err, last)
+				}
+			}
+			return fmt.Errorf("%s engine not ready: %v", e.name, err)
+		case <-e.stop:
+			return errClosed
+		case <-t.C:
+		}
+	}
+}
+
+// Close ends the requests in flight, stops the loops and the child process.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.abortAll(errClosed)
+		close(e.stop)
+		e.loops.Wait()
+		e.client.CloseIdleConnections()
+	})
+	return nil
+}
+
+func (e *Engine) closed() bool {
+	select {
+	case <-e.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// abortCtx is the context whose cancellation ends every request in flight.
+func (e *Engine) abortCtx() context.Context {
+	e.abortMu.Lock()
+	defer e.abortMu.Unlock()
+	return e.abort
+}
+
+// abortAll ends every request in flight with cause; later ones are not affected.
+func (e *Engine) abortAll(cause error) {
+	e.abortMu.Lock()
+	defer e.abortMu.Unlock()
+	e.abortFn(cause)
+	if !errors.Is(cause, errClosed) {
+		e.abort, e.abortFn = context.WithCancelCause(context.Background())
+	}
+}
+
+// newRequest makes a request to path on the server with the API key set.
+func (e *Engine) newRequest(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
+	var r *http.Request
+	var err error
+	if body != nil {
+		r, err = http.NewRequestWithContext(ctx, method, e.base+path, bytesReader(body))
+	} else {
+		r, err = http.NewRequestWithContext(ctx, method, e.base+path, nil)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if body != nil {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	if e.cfg.APIKey != "" {
+		r.Header.Set("Authorization", "Bearer "+e.cfg.APIKey)
+	}
+	return r, nil
+}
+
+// URLFromCommand derives a server URL from a command line's --host and
+// --port (or --port=N); without --port it uses defaultPort, and with
+// defaultPort 0 it returns "". A wildcard or missing host becomes 127.0.0.1.
+func URLFromCommand(cmd string, defaultPort int) string {
+	host, port := FlagValue(cmd, "--host"), FlagValue(cmd, "--port")
+	if port == "" {
+		if defaultPort == 0 {
+			return ""
+		}
+		port = fmt.Sprint(defaultPort)
+	}
+	switch host {
+	case "", "0.0.0.0", "::", "[::]":
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(strings.Trim(host, "[]"), port)
+}
+
+// FlagValue finds "--name value" or "--name=value" among cmd's
+// whitespace-separated fields ("" if absent).
+func FlagValue(cmd, name string) string {
+	f := strings.Fields(cmd)
+	for i, a := range f {
+		if a == name && i+1 < len(f) {
+			return strings.Trim(f[i+1], `'"`)
+		}
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return strings.Trim(v, `'"`)
+		}
+	}
+	return ""
+}
+
+// Call makes a control request (a JSON body, or none when body is nil) to
+// path and reads the answer, up to MaxResponseBytes. A server that cannot be
+// reached is a 503 engine_unhealthy; ctx's own error comes back as is.
+func (e *Engine) Call(ctx context.Context, method, path string, body []byte) (status int, answer []byte, err error) {
+	req, err := e.newRequest(ctx, method, path, body)
+	if err != nil {
+		return 0, nil, schemas.Internal("building the engine request: %v", err)
+	}
+	resp, err := e.client.Do(req)
+	if err == nil {
+		defer resp.Body.Close()
+		answer, err = io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes))
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return 0, nil, context.Cause(ctx)
+		}
+		return 0, nil, schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s is unreachable: %v", e.name, e.base, err)
+	}
+	return resp.StatusCode, answer, nil
+}

@@ -1,0 +1,27 @@
+// Package openai is the engine for any OpenAI-compatible server (llama.cpp
+// server, SGLang, TGI, another tokenbus): requests and answers pass through
+// untouched (see httpengine). It knows no metrics and no LoRA API: its load
+// is its own requests in flight. Models come from GET /v1/models unless
+// listed in the Config; health is GET /v1/models unless HealthPath says
+// otherwise (e.g. "/health").
+package openai
+
+import (
+	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
+)
+
+// Config is httpengine.Config: URL (required unless Command has --port),
+// APIKey, Models, HealthPath (default "/v1/models"), timeouts, Command...
+type Config = httpengine.Config
+
+// Engine is an OpenAI-compatible server as an engine.Engine.
+type Engine = httpengine.Engine
+
+var _ engine.Engine = (*Engine)(nil)
+
+// New starts the engine named "openai" on cfg. It does not wait for the
+// server (see Engine.WaitReady).
+func New(cfg Config) (*Engine, error) {
+	return httpengine.New("openai", cfg, httpengine.Hooks{})
+}

@@ -1,0 +1,214 @@
+// Package vllm is the engine for a vLLM OpenAI server, attached by URL or
+// started as a child process ("vllm serve ...", with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment). Requests and
+// answers pass through untouched (see httpengine).
+//
+// On top of httpengine it adds what vLLM offers:
+//
+//   - load from /metrics, scraped every MetricsInterval (metrics.go);
+//   - served models from /v1/models, base models and LoRA adapters (entries
+//     with a parent);
+//   - LoRA adapters loaded and unloaded at run time (lora.go): at most MaxLoras
+//     loaded, the least recently used one evicted to make room, one upstream
+//     load for any number of concurrent callers, and adapters with a known
+//     path loaded on demand when a request names them.
+package vllm
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
+)
+
+// Config sets up the engine. Zero values take the defaults shown; the
+// embedded httpengine.Config has the connection, timeouts and child process
+// settings (URL, APIKey, Command, Env, StallTimeout...).
+//
+// Differences from httpengine's defaults: URL defaults to the --host and
+// --port of Command, else http://127.0.0.1:8000; HealthPath to "/health".
+// Models, if set, replaces the base models /v1/models reports (adapters
+// still come from there).
+type Config struct {
+	httpengine.Config
+
+	// MaxLoras is how many adapters the engine keeps loaded. Default: the
+	// --max-loras of Command, else vLLM's max_lora from /metrics, else no
+	// limit.
+	MaxLoras int
+	// KnownAdapters maps adapter names to paths (or Hugging Face ids): a
+	// request for one that is not loaded loads it first. LoadAdapter adds to
+	// it.
+	KnownAdapters      map[string]string
+	MetricsInterval    time.Duration // /metrics scrape period; default 1s
+	AdapterLoadTimeout time.Duration // one upstream load or unload; default 5m
+}
+
+// EnvRuntimeLoRA is what the child process gets in its environment, so that
+// vLLM offers /v1/load_lora_adapter.
+const EnvRuntimeLoRA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
+
+// Engine is a vLLM server as an engine.Engine and engine.Adapters.
+type Engine struct {
+	core    *httpengine.Engine
+	cfg     Config
+	loras   *loras
+	metrics atomic.Pointer[Metrics]
+
+	ctx    context.Context // cancelled by Close
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+}
+
+var (
+	_ engine.Engine   = (*Engine)(nil)
+	_ engine.Adapters = (*Engine)(nil)
+)
+
+// New starts the engine named "vllm" on cfg (and the child process if
+// cfg.Command is set). It does not wait for the server (see WaitReady).
+func New(cfg Config) (*Engine, error) {
+	if cfg.URL == "" {
+		cfg.URL = httpengine.URLFromCommand(cfg.Command, 8000)
+	}
+	if cfg.HealthPath == "" {
+		cfg.HealthPath = "/health"
+	}
+	if cfg.Command != "" {
+		cfg.Env = append([]string{EnvRuntimeLoRA}, cfg.Env...)
+		if cfg.MaxLoras == 0 {
+			cfg.MaxLoras, _ = strconv.Atoi(httpengine.FlagValue(cfg.Command, "--max-loras"))
+		}
+	}
+	if cfg.MetricsInterval <= 0 {
+		cfg.MetricsInterval = time.Second
+	}
+	if cfg.AdapterLoadTimeout <= 0 {
+		cfg.AdapterLoadTimeout = 5 * time.Minute
+	}
+	e := &Engine{cfg: cfg}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.loras = newLoras(e, cfg.KnownAdapters)
+	core, err := httpengine.New("vllm", cfg.Config, httpengine.Hooks{RefreshModels: e.refreshModels})
+	if err != nil {
+		e.cancel()
+		return nil, err
+	}
+	e.core = core
+	e.loops.Add(1)
+	go func() { defer e.loops.Done(); e.metricsLoop() }()
+	return e, nil
+}
+
+// Name is "vllm".
+func (e *Engine) Name() string { return e.core.Name() }
+
+// URL is the server's root URL.
+func (e *Engine) URL() string { return e.core.URL() }
+
+// PID is the child process's id (0 when attached by URL or not running).
+func (e *Engine) PID() int { return e.core.PID() }
+
+// Restarts is how many times the child process was started again.
+func (e *Engine) Restarts() int { return e.core.Restarts() }
+
+// Generate loads the adapter req.Model names if it is known but not loaded,
+// then passes the request through (httpengine.Engine.Generate).
+func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	release, err := e.loras.acquire(ctx, req.Model)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	return e.core.Generate(ctx, req, sink)
+}
+
+// Models lists the base models and the loaded adapters.
+func (e *Engine) Models() []string {
+	ms := e.core.Models()
+	for _, a := range e.loras.names() {
+		if !slices.Contains(ms, a) {
+			ms = append(ms, a)
+		}
+	}
+	return ms
+}
+
+// Stats merges vLLM's /metrics with the engine's own count: Running is the
+// larger of the requests this engine has in flight and vLLM's
+// num_requests_running (other clients may use the server too, and the
+// scrape lags); Waiting and KVCacheUsage are vLLM's. Metrics older than
+// five scrape periods (at least 5s) are ignored.
+func (e *Engine) Stats() engine.Stats {
+	st := engine.Stats{Running: e.core.InFlight(), Adapters: e.loras.names(), MaxLoras: e.maxLoras()}
+	if m := e.freshMetrics(); m != nil {
+		st.Running = max(st.Running, m.Running)
+		st.Waiting = m.Waiting
+		st.KVCacheUsage = m.KVCacheUsage
+	}
+	return st
+}
+
+// Health is the cached verdict of GET /health (no I/O).
+func (e *Engine) Health(ctx context.Context) error { return e.core.Health(ctx) }
+
+// WaitReady blocks until /health answers 200 or ctx ends.
+func (e *Engine) WaitReady(ctx context.Context) error { return e.core.WaitReady(ctx) }
+
+// Close ends requests in flight and adapter loads, and stops the child.
+func (e *Engine) Close() error {
+	e.cancel()
+	e.loops.Wait()
+	return e.core.Close()
+}
+
+// maxLoras is the adapter cap in force (0: none).
+func (e *Engine) maxLoras() int {
+	if e.cfg.MaxLoras > 0 {
+		return e.cfg.MaxLoras
+	}
+	if m := e.metrics.Load(); m != nil {
+		return m.MaxLora
+	}
+	return 0
+}
+
+// refreshModels is the model refresh hook: base models to the core, adapters
+// to the adapter table.
+func (e *Engine) refreshModels(ctx context.Context, core *httpengine.Engine) error {
+	v := e.loras.version()
+	ms, err := core.FetchModels(ctx)
+	if err != nil {
+		return err
+	}
+	var base []string
+	adapters := map[string]string{}
+	for _, m := range ms {
+		if m.Parent != "" {
+			adapters[m.ID] = m.Root
+		} else {
+			base = append(base, m.ID)
+		}
+	}
+	if len(e.cfg.Models) > 0 {
+		base = e.cfg.Models
+	}
+	core.SetModels(base)
+	e.loras.sync(adapters, v)
+	return nil
+}
+
+func sortedKeys[M ~map[K]V, K cmp.Ordered, V any](m M) []K {
+	ks := make([]K, 0, len(m))
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	return ks
+}
