@@ -332,15 +332,16 @@ func TestQueueFills503(t *testing.T) {
 		return nil
 	})
 	go func() { results <- post(t, d.URL, "/v1/chat/completions", body) }() // queued
-	// The third finds the queue full. The second may not be queued yet: retry until 503.
-	var third sse
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		third = post(t, d.URL, "/v1/chat/completions", body)
-		if third.Status != 503 {
-			return fmt.Errorf("status %d", third.Status)
+		if q := metricValue(t, d.URL, `tokenbus_dispatcher_queue_depth{model="llama-8b"}`); q != 1 {
+			return fmt.Errorf("queue depth %v, want 1", q)
 		}
 		return nil
 	})
+	third := post(t, d.URL, "/v1/chat/completions", body) // the queue is full
+	if third.Status != 503 {
+		t.Fatalf("status %d, want 503: %s", third.Status, third.Body)
+	}
 	if e := errorBody(t, third.Body); e.Code == nil || *e.Code != "queue_full" || third.Header.Get("Retry-After") == "" {
 		t.Fatalf("queue full answer: %s (Retry-After %q)", third.Body, third.Header.Get("Retry-After"))
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/workers"
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -28,7 +30,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	redisURL := fs.String("redis-url", "", "use this Redis instead of the embedded store")
 	dataDir := fs.String("data-dir", "", "JetStream storage directory (default: a temporary directory)")
-	simWorkers := fs.Int("sim-workers", 2, "number of workers to run")
+	simWorkers := fs.Int("sim-workers", 2, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
 	fs.IntVar(&wopts.maxConcurrency, "max-concurrency", 256, "per-worker cap on requests in flight")
 	fs.DurationVar(&wopts.drainTimeout, "drain-timeout", time.Second, "on Ctrl-C, how long in-flight requests may run before they are cancelled")
 	eopts.register(fs)
@@ -101,8 +103,31 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	// Engines first: an HTTP engine tells which models it serves.
+	nWorkers := *simWorkers
+	if eopts.kind != "sim" {
+		nWorkers = 1 // one worker fronts the one engine
+	}
+	var engines []engine.Engine
+	defer func() {
+		for _, e := range engines {
+			e.Close()
+		}
+	}()
+	for range nWorkers {
+		eng, err := eopts.newEngine(ctx, log.With("component", "engine"))
+		if err != nil {
+			return err
+		}
+		engines = append(engines, eng)
+	}
+	served := []string{eopts.model}
+	if len(engines) > 0 {
+		served = engines[0].Models()
+	}
+
 	cache := registry.NewCache(store, log)
-	if err := ensureModels(ctx, store, []string{eopts.model}, gwNC); err != nil {
+	if err := ensureModels(ctx, store, served, gwNC); err != nil {
 		return err
 	}
 	_ = cache.Refresh(ctx)
@@ -116,16 +141,10 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			log.Error("dispatcher stopped", "err", err)
 		}
 	}()
-
 	if err := waitReady(ctx, d.Ready()); err != nil {
 		return err
 	}
-	for i := range *simWorkers {
-		eng, err := eopts.newEngine(eopts.model)
-		if err != nil {
-			return err
-		}
-		defer eng.Close()
+	for i, eng := range engines {
 		wNC, err := conn("tokenbus-worker")
 		if err != nil {
 			return err
@@ -152,7 +171,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	natsURL := ns.ClientURL()
 	fmt.Fprintf(stdout, "tokenbus dev %s is up\n", Version)
-	fmt.Fprintf(stdout, "  OpenAI API   http://%s/v1   (model %q, %d %s workers)\n", addr, eopts.model, *simWorkers, eopts.kind)
+	fmt.Fprintf(stdout, "  OpenAI API   http://%s/v1   (models %s; %d workers on %s)\n", addr, strings.Join(served, ", "), nWorkers, eopts.engineDesc())
 	fmt.Fprintf(stdout, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(stdout, "  NATS         %s\n", natsURL)
 	fmt.Fprintf(stdout, "  store        %s\n", url)
@@ -183,4 +202,11 @@ func waitReady(ctx context.Context, ready <-chan struct{}) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+func firstOr(s []string, def string) string {
+	if len(s) > 0 {
+		return s[0]
+	}
+	return def
 }

@@ -47,7 +47,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	eng, err := eopts.newEngine(eopts.model)
+	eng, err := eopts.newEngine(ctx, log)
 	if err != nil {
 		return err
 	}
