@@ -19,7 +19,7 @@
 //
 // # Decisions
 //
-// Body pass-through. The gateway parses only what it needs (model, stream,
+// Body pass-through. The gateway reads only what it needs (model, stream,
 // stream_options, n, priority, and that messages or prompt are there) and
 // publishes the client's body byte for byte, so unknown and engine-specific
 // fields reach the engine untouched. Chunks from workers are written as

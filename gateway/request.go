@@ -26,60 +26,86 @@ type apiRequest struct {
 	modelFromPath bool
 }
 
-// wireRequest is the subset of an OpenAI request body the gateway decodes.
-// Raw fields are checked by hand so that absent, null and wrong types can be
-// told apart; typed pointers let encoding/json name the field of a type error.
-type wireRequest struct {
-	Model         json.RawMessage `json:"model"`
-	Stream        *bool           `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage *bool `json:"include_usage"`
-	} `json:"stream_options"`
-	N        *int  `json:"n"`
-	Priority *int  `json:"priority"`
-	Messages shape `json:"messages"`
-	Prompt   shape `json:"prompt"`
-}
+// The fields the gateway reads, by their exact top-level key.
+const (
+	fModel = iota
+	fStream
+	fStreamOptions
+	fN
+	fPriority
+	fMessages
+	fPrompt
+	numFields
+)
 
-// shape records the JSON type of a value without keeping a copy of it (the
-// messages or prompt of a request can be megabytes).
-type shape struct {
-	kind  byte // first byte of the value; 0: absent
-	empty bool // an empty array
-}
+var fieldNames = [numFields]string{"model", "stream", "stream_options", "n", "priority", "messages", "prompt"}
 
-func (s *shape) UnmarshalJSON(b []byte) error {
-	s.kind = b[0]
-	s.empty = isEmptyArray(b)
-	return nil
+func fieldIndex(key []byte) int {
+	switch string(key) { // no allocation
+	case "model":
+		return fModel
+	case "stream":
+		return fStream
+	case "stream_options":
+		return fStreamOptions
+	case "n":
+		return fN
+	case "priority":
+		return fPriority
+	case "messages":
+		return fMessages
+	case "prompt":
+		return fPrompt
+	}
+	return -1
 }
-
-// absent reports a missing or null value.
-func (s shape) absent() bool { return s.kind == 0 || s.kind == 'n' }
 
 // parseRequest validates body for kind. pathModel is the TorchServe path's
 // model ("" on /v1 routes): the default when the body names none.
+//
+// Keys are matched exactly and the fields the gateway reads must not repeat:
+// encoding/json alone matches keys case-insensitively and keeps the last of
+// duplicates, while the Python engines behind the bus match exactly and may
+// keep the first, so {"model":"a","Model":"b"} would be routed (and, later,
+// authorised) as one model and run as another. The values themselves are
+// decoded with encoding/json; messages and prompt are only checked for their
+// JSON type, never copied.
 func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest, *schemas.Error) {
 	body = bytes.TrimSpace(body)
 	if len(body) == 0 {
 		return nil, schemas.BadRequest("", "The request body is empty; expected a JSON object.")
 	}
+	if !json.Valid(body) {
+		var v struct{}
+		return nil, jsonError(json.Unmarshal(body, &v)) // for the error's position
+	}
 	if body[0] != '{' {
 		return nil, schemas.BadRequest("", "The request body must be a JSON object.")
 	}
-	var w wireRequest
-	if err := json.Unmarshal(body, &w); err != nil {
-		return nil, jsonError(err)
+	var raw [numFields][]byte
+	var dup *schemas.Error
+	eachMember(body, func(key, val []byte) {
+		i := fieldIndex(key)
+		if i < 0 || dup != nil {
+			return
+		}
+		if raw[i] != nil {
+			dup = schemas.BadRequest(fieldNames[i], "Duplicate key '%s' in the request body.", fieldNames[i])
+		}
+		raw[i] = val
+	})
+	if dup != nil {
+		return nil, dup
 	}
-	r := &apiRequest{N: 1, Stream: w.Stream != nil && *w.Stream}
 
-	switch m := w.Model; {
+	r := &apiRequest{N: 1}
+	switch m := raw[fModel]; {
 	case m == nil && pathModel != "":
 		r.Model, r.modelFromPath = pathModel, true
-	case m == nil || string(m) == "null":
+	case m == nil || m[0] == 'n':
 		return nil, schemas.BadRequest("model", "You must provide a model parameter.")
 	case m[0] != '"':
-		return nil, schemas.BadRequest("model", "Invalid type for 'model': expected a string, but got %s instead.", jsonKind(m[0]))
+		return nil, typeError("model", "a string", m)
 	default:
 		if err := json.Unmarshal(m, &r.Model); err != nil {
 			return nil, jsonError(err)
@@ -91,42 +117,140 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 
 	switch kind {
 	case schemas.KindChat:
-		switch m := w.Messages; {
-		case m.absent():
+		switch m := raw[fMessages]; {
+		case m == nil || m[0] == 'n':
 			return nil, schemas.BadRequest("messages", "Missing required parameter: 'messages'.")
-		case m.kind != '[':
-			return nil, schemas.BadRequest("messages", "Invalid type for 'messages': expected an array of objects, but got %s instead.", jsonKind(m.kind))
-		case m.empty:
+		case m[0] != '[':
+			return nil, typeError("messages", "an array of objects", m)
+		case isEmptyArray(m):
 			return nil, schemas.BadRequest("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.")
 		}
 	case schemas.KindCompletion:
-		switch p := w.Prompt; {
-		case p.absent():
+		switch p := raw[fPrompt]; {
+		case p == nil || p[0] == 'n':
 			return nil, schemas.BadRequest("prompt", "Missing required parameter: 'prompt'.")
-		case p.kind != '"' && p.kind != '[':
-			return nil, schemas.BadRequest("prompt", "Invalid type for 'prompt': expected a string or an array, but got %s instead.", jsonKind(p.kind))
-		case p.empty:
+		case p[0] != '"' && p[0] != '[':
+			return nil, typeError("prompt", "a string or an array", p)
+		case isEmptyArray(p):
 			return nil, schemas.BadRequest("prompt", "Invalid 'prompt': empty array. Expected at least one prompt.")
 		}
 	}
 
-	if w.StreamOptions != nil {
+	if v := raw[fStream]; v != nil && v[0] != 'n' {
+		if v[0] != 't' && v[0] != 'f' {
+			return nil, typeError("stream", "a boolean", v)
+		}
+		r.Stream = v[0] == 't'
+	}
+	if v := raw[fStreamOptions]; v != nil && v[0] != 'n' {
+		if v[0] != '{' {
+			return nil, typeError("stream_options", "an object", v)
+		}
+		var so struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(v, &so); err != nil {
+			return nil, jsonErrorIn("stream_options", err)
+		}
 		if !r.Stream {
 			return nil, schemas.BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 		}
 		// vLLM turns usage on for stream_options:{}; OpenAI needs include_usage:true.
-		r.IncludeUsage = w.StreamOptions.IncludeUsage == nil || *w.StreamOptions.IncludeUsage
+		r.IncludeUsage = so.IncludeUsage == nil || *so.IncludeUsage
 	}
-	if w.N != nil {
-		if *w.N < 1 {
-			return nil, schemas.BadRequest("n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %d instead.", *w.N)
+	if v := raw[fN]; v != nil && v[0] != 'n' {
+		if err := json.Unmarshal(v, &r.N); err != nil {
+			return nil, typeError("n", "an integer", v)
 		}
-		r.N = *w.N
+		if r.N < 1 {
+			return nil, schemas.BadRequest("n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %d instead.", r.N)
+		}
 	}
-	if w.Priority != nil {
-		r.Priority = *w.Priority
+	if v := raw[fPriority]; v != nil && v[0] != 'n' {
+		if err := json.Unmarshal(v, &r.Priority); err != nil {
+			return nil, typeError("priority", "an integer", v)
+		}
 	}
 	return r, nil
+}
+
+// eachMember calls fn with the raw key (without quotes, escapes decoded only
+// when there are any) and raw value of every member of the JSON object obj,
+// which must be valid JSON.
+func eachMember(obj []byte, fn func(key, val []byte)) {
+	i := skipSpace(obj, 1)
+	for i < len(obj) && obj[i] == '"' {
+		end := skipString(obj, i)
+		key := obj[i+1 : end-1]
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var k string
+			if json.Unmarshal(obj[i:end], &k) == nil {
+				key = []byte(k)
+			}
+		}
+		i = skipSpace(obj, end)
+		i = skipSpace(obj, i+1) // the ':'
+		vend := skipValue(obj, i)
+		fn(key, obj[i:vend])
+		i = skipSpace(obj, vend)
+		if i < len(obj) && obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index just past the string starting at b[i] == '"'.
+func skipString(b []byte, i int) int {
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1
+		}
+	}
+	return len(b)
+}
+
+// skipValue returns the index just past the value starting at b[i].
+func skipValue(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				i = skipString(b, i)
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1
+				}
+			}
+			i++
+		}
+		return len(b)
+	}
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i
+}
+
+func typeError(param, want string, v []byte) *schemas.Error {
+	return schemas.BadRequest(param, "Invalid type for '%s': expected %s, but got %s instead.", param, want, jsonKind(v[0]))
 }
 
 // payload is the body to publish: a copy of body (fasthttp reuses its
@@ -167,6 +291,20 @@ func jsonKind(first byte) string {
 		return "null"
 	}
 	return "a number"
+}
+
+// jsonErrorIn is jsonError for a value decoded on its own at param.
+func jsonErrorIn(param string, err error) *schemas.Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := param
+		if te.Field != "" {
+			field += "." + te.Field
+		}
+		return schemas.BadRequest(field, "Invalid type for '%s': expected %s, but got %s instead.",
+			field, goKind(te.Type), articled(te.Value))
+	}
+	return jsonError(err)
 }
 
 // jsonError turns an encoding/json error into a 400 that names the parameter
