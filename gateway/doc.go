@@ -23,7 +23,11 @@
 // stream_options, n, priority, and that messages or prompt are there) and
 // publishes the client's body byte for byte, so unknown and engine-specific
 // fields reach the engine untouched. Chunks from workers are written as
-// "data: <line>\n\n" without being decoded.
+// "data: <line>\n\n" without being decoded. The fields it reads are matched
+// by exact key, and a body that repeats one of them is a 400: encoding/json
+// alone folds case and keeps the last duplicate, where the Python engines
+// behind the bus match exactly, so {"model":"a","Model":"b"} could be routed
+// (and later authorised) as one model and run as another.
 //
 // TorchServe form. In /predictions/{model}/{version}/v1/... the path's model is
 // a default: a "model" in the body wins. When the body has none, the gateway

@@ -72,7 +72,7 @@ func TestParseRequest(t *testing.T) {
 
 func TestPayloadInsertsPathModel(t *testing.T) {
 	for body, want := range map[string]string{
-		`{"prompt":"p"}`:         `{"model":"a/b","prompt":"p"}`,
+		`{"prompt":"p"}`:          `{"model":"a/b","prompt":"p"}`,
 		" \n{ \"prompt\":\"p\" }": " \n{\"model\":\"a/b\", \"prompt\":\"p\" }",
 	} {
 		r, err := parseRequest(schemas.KindCompletion, []byte(body), "a/b")
