@@ -119,8 +119,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		// errors before any token keep their real status.
 		first, err := st.Next(x.ctx)
 		if err != nil {
+			e := x.fail(err) // before end, which cancels the context
 			x.end(false)
-			return x.fail(err)
+			return e
 		}
 		firstAt := time.Now()
 		x.w.touch(firstAt)
