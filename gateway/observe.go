@@ -51,14 +51,14 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 }
 
 // logRequest logs one finished request: health checks and scrapes at Debug,
-// server errors at Warn, the rest at Info.
+// other server errors at Warn, the rest at Info.
 func (g *Gateway) logRequest(id, route, model string, status int, d time.Duration, method, outcome string) {
 	level := slog.LevelInfo
 	switch {
+	case route == "/health" || route == "/ready" || route == "/metrics":
+		level = slog.LevelDebug // polled: a 503 from /ready is an answer, not an incident
 	case status >= 500:
 		level = slog.LevelWarn
-	case route == "/health" || route == "/ready" || route == "/metrics":
-		level = slog.LevelDebug
 	}
 	if !g.log.Enabled(context.Background(), level) {
 		return

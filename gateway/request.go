@@ -99,6 +99,7 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 	}
 
 	r := &apiRequest{N: 1}
+	streamOptions := false
 	switch m := raw[fModel]; {
 	case m == nil && pathModel != "":
 		r.Model, r.modelFromPath = pathModel, true
@@ -115,6 +116,38 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 		}
 	}
 
+	if v := raw[fStream]; v != nil && v[0] != 'n' {
+		if v[0] != 't' && v[0] != 'f' {
+			return nil, typeError("stream", "a boolean", v)
+		}
+		r.Stream = v[0] == 't'
+	}
+	if v := raw[fStreamOptions]; v != nil && v[0] != 'n' {
+		if v[0] != '{' {
+			return nil, typeError("stream_options", "an object", v)
+		}
+		var so struct {
+			IncludeUsage *bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(v, &so); err != nil {
+			return nil, jsonErrorIn("stream_options", err)
+		}
+		streamOptions = true
+		// vLLM turns usage on for stream_options:{}; OpenAI needs include_usage:true.
+		r.IncludeUsage = so.IncludeUsage == nil || *so.IncludeUsage
+	}
+	if v := raw[fN]; v != nil && v[0] != 'n' {
+		if err := json.Unmarshal(v, &r.N); err != nil {
+			return nil, typeError("n", "an integer", v)
+		}
+	}
+	if v := raw[fPriority]; v != nil && v[0] != 'n' {
+		if err := json.Unmarshal(v, &r.Priority); err != nil {
+			return nil, typeError("priority", "an integer", v)
+		}
+	}
+
+	// Types are right; now what is missing or out of range.
 	switch kind {
 	case schemas.KindChat:
 		switch m := raw[fMessages]; {
@@ -136,40 +169,11 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 		}
 	}
 
-	if v := raw[fStream]; v != nil && v[0] != 'n' {
-		if v[0] != 't' && v[0] != 'f' {
-			return nil, typeError("stream", "a boolean", v)
-		}
-		r.Stream = v[0] == 't'
+	if streamOptions && !r.Stream {
+		return nil, schemas.BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
 	}
-	if v := raw[fStreamOptions]; v != nil && v[0] != 'n' {
-		if v[0] != '{' {
-			return nil, typeError("stream_options", "an object", v)
-		}
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(v, &so); err != nil {
-			return nil, jsonErrorIn("stream_options", err)
-		}
-		if !r.Stream {
-			return nil, schemas.BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
-		}
-		// vLLM turns usage on for stream_options:{}; OpenAI needs include_usage:true.
-		r.IncludeUsage = so.IncludeUsage == nil || *so.IncludeUsage
-	}
-	if v := raw[fN]; v != nil && v[0] != 'n' {
-		if err := json.Unmarshal(v, &r.N); err != nil {
-			return nil, typeError("n", "an integer", v)
-		}
-		if r.N < 1 {
-			return nil, schemas.BadRequest("n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %d instead.", r.N)
-		}
-	}
-	if v := raw[fPriority]; v != nil && v[0] != 'n' {
-		if err := json.Unmarshal(v, &r.Priority); err != nil {
-			return nil, typeError("priority", "an integer", v)
-		}
+	if r.N < 1 {
+		return nil, schemas.BadRequest("n", "Invalid 'n': integer below minimum value. Expected a value >= 1, but got %d instead.", r.N)
 	}
 	return r, nil
 }

@@ -35,6 +35,7 @@ func TestParseRequest(t *testing.T) {
 		{"duplicate model", schemas.KindChat, `{"model":"a","messages":[{}],"model":"b"}`, "", apiRequest{}, "model"},
 		{"duplicate via escape", schemas.KindChat, `{"model":"a","messages":[{}],"mod\u0065l":"b"}`, "", apiRequest{}, "model"},
 		{"duplicate stream", schemas.KindChat, `{"model":"a","messages":[{}],"stream":false,"stream":true}`, "", apiRequest{}, "stream"},
+		{"type errors come before missing or empty", schemas.KindChat, `{"model":"m","stream":"yes","messages":[]}`, "", apiRequest{}, "stream"},
 		{"number n as float", schemas.KindChat, `{"model":"m","messages":[{}],"n":1.5}`, "", apiRequest{}, "n"},
 		{"include_usage type", schemas.KindChat, `{"model":"m","messages":[{}],"stream":true,"stream_options":{"include_usage":"yes"}}`, "", apiRequest{}, "stream_options.include_usage"},
 		{"stream_options not an object", schemas.KindChat, `{"model":"m","messages":[{}],"stream":true,"stream_options":true}`, "", apiRequest{}, "stream_options"},
