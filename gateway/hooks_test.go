@@ -142,3 +142,40 @@ func TestBusHeaders(t *testing.T) {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
 }
+
+// A request silent for longer than ReadTimeout is not mistaken for a gone
+// client: fasthttp's read deadline from reading the request has expired by
+// then, and the probe must not trip over it.
+func TestSilenceLongerThanReadTimeout(t *testing.T) {
+	h := newHarness(t, harnessOptions{cfg: Config{ReadTimeout: 100 * time.Millisecond},
+		worker: func(h *harness, m *nats.Msg) {
+			h.accept(m)
+			if isStream(m) {
+				h.reply(m, schemas.FrameChunk, 2, chatRole)
+			}
+			time.AfterFunc(400*time.Millisecond, func() { // the silence under test
+				if isStream(m) {
+					h.reply(m, schemas.FrameChunk, 3, chatHello)
+					h.reply(m, schemas.FrameDone, 4, doneChat)
+				} else {
+					h.reply(m, schemas.FrameDone, 2, chatFull)
+				}
+			})
+		}})
+	resp, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
+	if resp.StatusCode != 200 || body != "data: "+chatRole+"\n\ndata: "+chatHello+"\n\ndata: [DONE]\n\n" {
+		t.Fatalf("stream %d %q", resp.StatusCode, body)
+	}
+	resp, body = h.post(t, "/v1/chat/completions", "application/json", unaryBody, nil)
+	if resp.StatusCode != 200 || body != chatFull {
+		t.Fatalf("unary %d %q", resp.StatusCode, body)
+	}
+	if n := h.metric(t, "tokenbus_gateway_client_disconnects_total", nil); n != 0 {
+		t.Fatalf("%v false disconnects", n)
+	}
+	select {
+	case c := <-h.cancels:
+		t.Fatalf("cancel published: %s", c.Data)
+	default:
+	}
+}

@@ -75,6 +75,13 @@ func (w *watcher) stop() {
 // peerGone reports whether the other end of conn has closed it or the
 // connection is broken. It consumes no data where it can peek.
 func peerGone(conn net.Conn) bool {
+	// fasthttp's ReadTimeout deadline from reading the request is still set
+	// and expires during a long request; an expired deadline fails every read,
+	// the peek included. Nothing else reads the connection until the response
+	// is done, and fasthttp sets a new deadline before reading the next request.
+	if err := conn.SetReadDeadline(time.Time{}); err != nil {
+		return true // closed
+	}
 	if sc, ok := conn.(syscall.Conn); ok {
 		if gone, ok := peekGone(sc); ok {
 			return gone

@@ -2,7 +2,11 @@
 
 package gateway
 
-import "syscall"
+import (
+	"errors"
+	"os"
+	"syscall"
+)
 
 // peekGone asks the kernel, without blocking and without consuming anything,
 // whether the connection has data, is at end of file or is broken. ok is
@@ -22,6 +26,8 @@ func peekGone(sc syscall.Conn) (gone, ok bool) {
 		return true // never wait for readiness
 	})
 	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return false, false // cannot tell; let the read probe decide
 	case err != nil: // the connection was closed on our side
 		return true, true
 	case rerr == syscall.EAGAIN || rerr == syscall.EWOULDBLOCK || rerr == syscall.EINTR:
