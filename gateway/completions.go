@@ -49,7 +49,12 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		if torchServe {
 			pathModel = pathParam(c, "model")
 		}
-		body := c.Body()
+		if ce := c.Get(fiber.HeaderContentEncoding); ce != "" && !strings.EqualFold(ce, "identity") {
+			return errContentEncoding
+		}
+		// The raw body: fiber's c.Body() would inflate a compressed one, with
+		// no limit on what it inflates to.
+		body := c.Request().Body()
 		req, perr := parseRequest(kind, body, pathModel)
 		if perr != nil {
 			return perr

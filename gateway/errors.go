@@ -3,8 +3,10 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -24,6 +26,9 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 	if c.Locals(localID) == nil {
 		// Raised by fasthttp before any handler ran (body too large, read
 		// timeout, malformed HTTP): observe did not see this request.
+		if e.Status == http.StatusRequestEntityTooLarge {
+			drainBody(c.Context().Conn(), c.Request().Header.ContentLength())
+		}
 		id := requestID(c.Get(fiber.HeaderXRequestID))
 		c.Set(fiber.HeaderXRequestID, id)
 		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
@@ -58,6 +63,46 @@ func (g *Gateway) toAPIError(c *fiber.Ctx, err error) *schemas.Error {
 		typ = schemas.TypeServer
 	}
 	return schemas.NewError(fe.Code, typ, "", "", fe.Message)
+}
+
+// Bounds of drainBody.
+const (
+	drainMax  = 64 << 20
+	drainTime = 2 * time.Second
+	drainIdle = 100 * time.Millisecond
+)
+
+// drainBody reads and discards the rest of a request body that fasthttp
+// refused (413) without reading, before the response is written. fasthttp
+// closes the connection after it; closing with unread data in the socket
+// makes the kernel send a reset, and a client still sending its body then
+// gets "connection reset" instead of the 413 (and OpenAI SDKs retry
+// connection errors). Bounded in bytes and time; a chunked body (length
+// unknown) is drained until the client pauses.
+func drainBody(conn net.Conn, contentLength int) {
+	if conn == nil {
+		return
+	}
+	limit := int64(contentLength)
+	if limit < 0 || limit > drainMax {
+		limit = drainMax
+	}
+	end := time.Now().Add(drainTime)
+	buf := make([]byte, 32<<10)
+	for limit > 0 {
+		dl := time.Now().Add(drainIdle)
+		if dl.After(end) {
+			dl = end
+		}
+		if conn.SetReadDeadline(dl) != nil {
+			return
+		}
+		n, err := conn.Read(buf)
+		limit -= int64(n)
+		if err != nil {
+			return
+		}
+	}
 }
 
 // writeError writes e as the whole response.

@@ -179,3 +179,25 @@ func TestSilenceLongerThanReadTimeout(t *testing.T) {
 	default:
 	}
 }
+
+// A body far over the limit gets a clean 413, not a connection reset: the
+// client is still sending when fasthttp refuses it.
+func TestBodyFarOverLimit(t *testing.T) {
+	h := newHarness(t, harnessOptions{cfg: Config{BodyLimit: 64 << 10}})
+	for _, size := range []int{100 << 10, 16 << 20} {
+		big := `{"model":"llama-8b","prompt":"` + strings.Repeat("x", size) + `"}`
+		resp, body := h.post(t, "/v1/completions", "application/json", big, nil)
+		if resp.StatusCode != 413 || openAIError(t, body)["code"] != "request_too_large" {
+			t.Fatalf("%d bytes: %d %s", size, resp.StatusCode, body)
+		}
+	}
+	// Compressed bodies are refused, not inflated.
+	resp, body := h.post(t, "/v1/completions", "application/json", promptBody, map[string]string{"Content-Encoding": "gzip"})
+	if resp.StatusCode != 415 {
+		t.Fatalf("gzip: %d %s", resp.StatusCode, body)
+	}
+	// The gateway still serves.
+	if resp, body := h.post(t, "/v1/completions", "application/json", promptBody, nil); resp.StatusCode != 200 {
+		t.Fatalf("after: %d %s", resp.StatusCode, body)
+	}
+}

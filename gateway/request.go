@@ -369,8 +369,12 @@ func isJSON(ct string) bool {
 	return strings.EqualFold(strings.TrimSpace(mt), "application/json")
 }
 
-var errUnsupportedMediaType = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,
-	"unsupported_media_type", "", "Unsupported Content-Type: expected application/json.")
+var (
+	errUnsupportedMediaType = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,
+		"unsupported_media_type", "", "Unsupported Content-Type: expected application/json.")
+	errContentEncoding = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,
+		"unsupported_media_type", "", "Compressed request bodies are not supported: send the JSON body without Content-Encoding.")
+)
 
 // requestID returns the client's X-Request-Id when it is acceptable, else a
 // fresh one.
