@@ -29,6 +29,11 @@
 // behind the bus match exactly, so {"model":"a","Model":"b"} could be routed
 // (and later authorised) as one model and run as another.
 //
+// Bodies are read raw: a Content-Encoding other than identity is a 415 (Fiber
+// would inflate it with no bound). A body over BodyLimit is refused by fasthttp
+// before it is read; the gateway then drains it (bounded: 64 MiB, 2 s) before
+// the connection closes, so the client reads a clean 413 instead of a reset.
+//
 // TorchServe form. In /predictions/{model}/{version}/v1/... the path's model is
 // a default: a "model" in the body wins. When the body has none, the gateway
 // inserts "model":"<path model>" right after the body's opening brace (the one
