@@ -62,7 +62,8 @@ type Dispatcher struct {
 	table  *Table
 	m      *metrics
 
-	ready chan struct{} // closed once Run has subscribed
+	ready   chan struct{} // closed once Run has subscribed
+	started time.Time     // when Run subscribed: the table fills in the first heartbeat interval
 
 	mu     sync.Mutex
 	queues map[string]*modelQueue
@@ -127,6 +128,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.nc.Flush(); err != nil {
 		return err
 	}
+	d.mu.Lock()
+	d.started = time.Now()
+	d.mu.Unlock()
 	close(d.ready)
 	d.log.Info("dispatcher up")
 	t := time.NewTicker(d.cfg.SweepEvery)
@@ -265,20 +269,34 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		d.forward(r.msg, id)
 		return
 	}
-	if serving == 0 && exclude == "" {
+	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) {
 		d.mu.Unlock()
 		d.m.rejected.WithLabelValues("no_worker").Inc()
-		if d.models != nil && d.models.Known(r.model) {
-			d.reply(r.msg.Reply, schemas.Unavailable(schemas.CodeNoWorker, 2,
-				"no worker is serving model `%s` right now", r.model))
-		} else {
-			d.reply(r.msg.Reply, schemas.ModelNotFound(r.model))
-		}
+		d.reply(r.msg.Reply, d.noWorker(r.model))
 		return
 	}
 	d.enqueueLocked(r)
 	d.mu.Unlock()
 }
+
+// noWorker is the answer for a model no live worker serves: 503 if the model
+// is known (registered), else 404.
+func (d *Dispatcher) noWorker(model string) *schemas.Error {
+	if d.models != nil && d.models.Known(model) {
+		return schemas.Unavailable(schemas.CodeNoWorker, 2, "no worker is serving model `%s` right now", model)
+	}
+	return schemas.ModelNotFound(model)
+}
+
+// warmingLocked reports whether the dispatcher started too recently to have
+// heard every worker's heartbeat: a request for a model with no worker then
+// waits in the queue instead of being refused at once.
+func (d *Dispatcher) warmingLocked(now time.Time) bool {
+	return now.Sub(d.started) < warmUp
+}
+
+// warmUp is two heartbeat intervals (workers beat every second by default).
+const warmUp = 2 * time.Second
 
 func (d *Dispatcher) enqueueLocked(r *request) {
 	q := d.queues[r.model]
@@ -387,12 +405,11 @@ func (d *Dispatcher) sweep(now time.Time) {
 				if serving < 0 {
 					serving = d.table.Serving(model)
 				}
-				if serving > 0 {
+				if serving > 0 || d.warmingLocked(now) {
 					i++
 					continue
 				}
-				out = append(out, rej{e.msg.Reply, schemas.Unavailable(schemas.CodeNoWorker, 2,
-					"the workers serving model `%s` went away", model)})
+				out = append(out, rej{e.msg.Reply, d.noWorker(model)})
 			}
 			d.unqueueLocked(e)
 		}

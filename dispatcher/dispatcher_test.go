@@ -203,7 +203,8 @@ func TestUnknownAndIdleModels(t *testing.T) {
 	}
 	for _, tt := range tests {
 		r := sendRequest(t, nc, tt.model, "r-"+tt.model)
-		testenv.WaitFor(t, 2*time.Second, wantError(r, tt.status, tt.code))
+		// A fresh dispatcher waits out its warm-up before refusing.
+		testenv.WaitFor(t, warmUp+2*time.Second, wantError(r, tt.status, tt.code))
 	}
 }
 

@@ -165,6 +165,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 
+	// Serve only once the dispatcher knows every worker (their first heartbeat).
+	for deadline := time.Now().Add(5 * time.Second); d.Table().Len() < len(engines) && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+
 	addr, stopGateway, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, cache: cache, reg: reg, log: log.With("component", "gateway")})
 	if err != nil {
 		return err
