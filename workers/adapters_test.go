@@ -150,7 +150,9 @@ func TestAdapterLoadedOnDemandOnce(t *testing.T) {
 	}
 	testenv.WaitFor(t, 2*time.Second, func() error {
 		if !hbs.seen(func(h schemas.Heartbeat) bool { return slices.Contains(h.Loading, "x") }) ||
-			!hbs.seen(func(h schemas.Heartbeat) bool { return slices.Equal(h.Adapters, []string{"x"}) && slices.Contains(h.Models, "x") }) {
+			!hbs.seen(func(h schemas.Heartbeat) bool {
+				return slices.Equal(h.Adapters, []string{"x"}) && slices.Contains(h.Models, "x")
+			}) {
 			return fmt.Errorf("no early heartbeats for the load: %+v", hbs.all)
 		}
 		return nil
