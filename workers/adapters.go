@@ -14,10 +14,6 @@ import (
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
-// CodeAdapterLoadFailed is the error code of a request whose LoRA adapter
-// could not be loaded.
-const CodeAdapterLoadFailed = "adapter_load_failed"
-
 // AdapterStats counts what the worker's adapter manager did.
 type AdapterStats struct {
 	Loads        uint64 // adapters loaded, on demand or by a control request
@@ -92,13 +88,14 @@ func newAdapterManager(w *Worker) *adapterManager {
 func noRelease() {}
 
 // acquire gets model ready for a request and marks it in use until release
-// is called. Anything that is not an adapter the manager knows of or has a
-// path for passes straight through (base models: the engine decides).
+// is called. A request is for an adapter when the dispatcher says so (base
+// or path set) or the manager knows it; anything else passes straight
+// through (base models: the engine decides).
 func (m *adapterManager) acquire(ctx context.Context, model, base, path string) (release func(), err error) {
 	m.mu.Lock()
 	tracked := m.uses[model] != nil || m.ops[model] != nil
 	m.mu.Unlock()
-	if path == "" && !tracked {
+	if path == "" && base == "" && !tracked {
 		return noRelease, nil
 	}
 	if m.ad == nil {
@@ -131,8 +128,8 @@ func (m *adapterManager) load(ctx context.Context, name, base, path string) erro
 
 // ensure returns adapter name loaded and touched (and in use if use),
 // loading it first if needed; see adapterManager. A nil use with a nil
-// error means the adapter is not loaded and there is no path to load it
-// from: the engine answers the request itself.
+// error means the adapter is not loaded and nothing says where it is: the
+// engine answers the request itself.
 func (m *adapterManager) ensure(ctx context.Context, name, base, path string, use bool) (*adapterUse, error) {
 	for {
 		m.mu.Lock()
@@ -158,6 +155,9 @@ func (m *adapterManager) ensure(ctx context.Context, name, base, path string, us
 		}
 		if path == "" {
 			m.mu.Unlock()
+			if base != "" {
+				return nil, m.loadError(name, "", schemas.BadRequest("", "the registry has no path for it"))
+			}
 			return nil, nil
 		}
 		if base != "" && !slices.Contains(m.w.eng.Models(), base) {
@@ -349,7 +349,7 @@ func (m *adapterManager) loading() []string {
 // code adapter_load_failed and the engine's message.
 func (m *adapterManager) loadError(name, path string, err error) *schemas.Error {
 	var se *schemas.Error
-	if errors.As(err, &se) && se.Body.Code != nil && *se.Body.Code == CodeAdapterLoadFailed {
+	if errors.As(err, &se) && se.Body.Code != nil && *se.Body.Code == schemas.CodeAdapterLoadFailed {
 		return se
 	}
 	cause := schemas.AsError(err)
@@ -360,9 +360,9 @@ func (m *adapterManager) loadError(name, path string, err error) *schemas.Error 
 	msg += fmt.Sprintf(" on worker %s: %s", m.w.cfg.ID, cause.Body.Message)
 	if cause.Status >= 400 && cause.Status < 500 && cause.Status != http.StatusRequestTimeout &&
 		cause.Status != http.StatusTooManyRequests && cause.Status != 499 {
-		return schemas.NewError(http.StatusInternalServerError, schemas.TypeServer, CodeAdapterLoadFailed, "model", msg)
+		return schemas.NewError(http.StatusInternalServerError, schemas.TypeServer, schemas.CodeAdapterLoadFailed, "model", msg)
 	}
-	e := schemas.NewError(http.StatusServiceUnavailable, schemas.TypeOverloaded, CodeAdapterLoadFailed, "model", msg)
+	e := schemas.NewError(http.StatusServiceUnavailable, schemas.TypeOverloaded, schemas.CodeAdapterLoadFailed, "model", msg)
 	e.RetryAfter = 1
 	return e
 }

@@ -296,7 +296,7 @@ func TestAdapterLoadFailure(t *testing.T) {
 	for _, f := range fs {
 		last := ended(t, f)
 		e := schemas.ParseErrorPayload(last.Payload)
-		if last.Type != schemas.FrameError || e.Status != 500 || e.Body.Code == nil || *e.Body.Code != CodeAdapterLoadFailed ||
+		if last.Type != schemas.FrameError || e.Status != 500 || e.Body.Code == nil || *e.Body.Code != schemas.CodeAdapterLoadFailed ||
 			!strings.Contains(e.Body.Message, "`x`") || !strings.Contains(e.Body.Message, "bad:/nowhere") ||
 			!strings.Contains(e.Body.Message, "No adapter found") {
 			t.Fatalf("ended with %s %s", last.Type, last.Payload)
@@ -307,13 +307,21 @@ func TestAdapterLoadFailure(t *testing.T) {
 	}
 	// The worker goes on: the same adapter from a good path loads.
 	wantDone(t, ask(t, nc, "good", "x", "sim://x", 2))
+	// An adapter registered without a path (base set, path empty) is a clear error too.
+	h := map[string]string{schemas.HdrModel: "nopath", schemas.HdrAdapterBase: "b"}
+	f := send(t, nc, schemas.WorkSubject("w1"), "nopath", h)
+	last := ended(t, f)
+	if e := schemas.ParseErrorPayload(last.Payload); last.Type != schemas.FrameError || e.Body.Code == nil ||
+		*e.Body.Code != schemas.CodeAdapterLoadFailed || !strings.Contains(e.Body.Message, "no path") {
+		t.Fatalf("adapter without a path: %s %s", last.Type, last.Payload)
+	}
 
 	// An engine that cannot load adapters at all answers clearly too.
 	ns2 := testenv.NATS(t)
 	nc2 := testenv.Connect(t, ns2)
 	startWorker(t, nc2, &gateEngine{release: make(chan struct{})}, Config{ID: "w1"})
-	last := ended(t, ask(t, nc2, "g", "x", "sim://x", 2))
-	if e := schemas.ParseErrorPayload(last.Payload); last.Type != schemas.FrameError || e.Body.Code == nil || *e.Body.Code != CodeAdapterLoadFailed {
+	last = ended(t, ask(t, nc2, "g", "x", "sim://x", 2))
+	if e := schemas.ParseErrorPayload(last.Payload); last.Type != schemas.FrameError || e.Body.Code == nil || *e.Body.Code != schemas.CodeAdapterLoadFailed {
 		t.Fatalf("gate engine: %s %s", last.Type, last.Payload)
 	}
 }
