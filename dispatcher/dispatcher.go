@@ -53,6 +53,8 @@ type Config struct {
 	QueueTimeout time.Duration // longest wait in a queue; default 60s
 	MaxBounces   int           // workers a request may bounce off before it queues; default 3
 	SweepEvery   time.Duration // expiry scan period; default 250ms
+	// AdapterSpill: see Table.AdapterSpill; default 0.5.
+	AdapterSpill float64
 }
 
 func (c *Config) defaults() {
@@ -70,6 +72,9 @@ func (c *Config) defaults() {
 	}
 	if c.SweepEvery <= 0 {
 		c.SweepEvery = 250 * time.Millisecond
+	}
+	if c.AdapterSpill <= 0 {
+		c.AdapterSpill = 0.5
 	}
 }
 
@@ -105,6 +110,7 @@ func New(cfg Config, nc *nats.Conn, models Models, reg prometheus.Registerer, lo
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
 		table: NewTable(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
+	d.table.AdapterSpill = cfg.AdapterSpill
 	if r, ok := models.(Registry); ok {
 		d.reg = r
 	}
