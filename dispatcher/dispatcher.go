@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -17,13 +18,32 @@ import (
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Models tells whether a model is known at all, which decides between 404
 // (unknown) and 503 (known, but no worker up). The registry implements it.
+//
+// A Models that also implements Registry (registry.Cache does) turns on
+// adapter-aware routing: a request for a registered LoRA adapter goes to a
+// worker of its base model, preferably one that has it loaded (see
+// Table.AcquireAdapter), and carries the adapter's base and path so that the
+// worker can load it.
 type Models interface {
 	Known(model string) bool
+}
+
+// Registry looks up a registered model; registry.Cache implements it. An
+// entry with a Base is a LoRA adapter on that base model, with its weights
+// at Path.
+type Registry interface {
+	Get(name string) (registry.Model, bool)
+}
+
+// adapterRef is a LoRA adapter as a request for it is routed.
+type adapterRef struct {
+	base, path string
 }
 
 // Config tunes a Dispatcher. Zero values take the defaults shown.
@@ -33,6 +53,8 @@ type Config struct {
 	QueueTimeout time.Duration // longest wait in a queue; default 60s
 	MaxBounces   int           // workers a request may bounce off before it queues; default 3
 	SweepEvery   time.Duration // expiry scan period; default 250ms
+	// AdapterSpill: see Table.AdapterSpill; default 0.5.
+	AdapterSpill float64
 }
 
 func (c *Config) defaults() {
@@ -51,6 +73,9 @@ func (c *Config) defaults() {
 	if c.SweepEvery <= 0 {
 		c.SweepEvery = 250 * time.Millisecond
 	}
+	if c.AdapterSpill <= 0 {
+		c.AdapterSpill = 0.5
+	}
 }
 
 // Dispatcher is one dispatcher replica.
@@ -65,10 +90,15 @@ type Dispatcher struct {
 	ready   chan struct{} // closed once Run has subscribed
 	started time.Time     // when Run subscribed: the table fills in the first heartbeat interval
 
+	reg Registry // nil: no adapter-aware routing
+
 	mu     sync.Mutex
 	queues map[string]*modelQueue
 	byID   map[string]*queued
 	seq    uint64
+	// adapterQueues lists, by base model, the adapters that have a queue, so
+	// that a worker of the base freeing a slot drains them too.
+	adapterQueues map[string]map[string]struct{}
 }
 
 // New makes a dispatcher; Run starts it. models may be nil (every model with
@@ -78,8 +108,14 @@ func New(cfg Config, nc *nats.Conn, models Models, reg prometheus.Registerer, lo
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		table: NewTable(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{}}
+	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
+		table: NewTable(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
+		adapterQueues: map[string]map[string]struct{}{}}
+	d.table.AdapterSpill = cfg.AdapterSpill
+	if r, ok := models.(Registry); ok {
+		d.reg = r
+	}
+	return d
 }
 
 // ID is the dispatcher's id.
@@ -190,6 +226,32 @@ type request struct {
 	priority int
 	deadline time.Time
 	attempt  int
+	adapter  *adapterRef // a registered LoRA adapter: its base and path
+}
+
+// resolve looks the requested model up in the registry: a LoRA adapter
+// comes back with its base and path, anything else as nil.
+func (d *Dispatcher) resolve(model string) *adapterRef {
+	if d.reg == nil {
+		return nil
+	}
+	m, ok := d.reg.Get(model)
+	if !ok || !m.IsAdapter() || m.Base == model {
+		return nil
+	}
+	return &adapterRef{base: m.Base, path: m.Path}
+}
+
+// acquire picks a worker for r: adapter-aware for an adapter.
+func (d *Dispatcher) acquire(model string, ad *adapterRef, exclude string) (id string, serving int, ok bool) {
+	if ad == nil {
+		return d.table.Acquire(model, exclude)
+	}
+	id, serving, how, ok := d.table.AcquireAdapter(model, ad.base, exclude, time.Now())
+	if ok {
+		d.m.adapterRouted.WithLabelValues(how.String()).Inc()
+	}
+	return id, serving, ok
 }
 
 func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
@@ -209,6 +271,7 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 	case r.model == "":
 		return nil, schemas.BadRequest("model", "no model named")
 	}
+	r.adapter = d.resolve(r.model)
 	return r, nil
 }
 
@@ -263,16 +326,16 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		d.drain([]string{r.model})
 		return
 	}
-	id, serving, ok := d.table.Acquire(r.model, exclude)
+	id, serving, ok := d.acquire(r.model, r.adapter, exclude)
 	if ok {
 		d.mu.Unlock()
-		d.forward(r.msg, id)
+		d.forward(r.msg, id, r.adapter)
 		return
 	}
 	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) {
 		d.mu.Unlock()
 		d.m.rejected.WithLabelValues("no_worker").Inc()
-		d.reply(r.msg.Reply, d.noWorker(r.model))
+		d.reply(r.msg.Reply, d.noWorker(r.model, r.adapter))
 		return
 	}
 	d.enqueueLocked(r)
@@ -281,7 +344,11 @@ func (d *Dispatcher) route(r *request, exclude string) {
 
 // noWorker is the answer for a model no live worker serves: 503 if the model
 // is known (registered), else 404.
-func (d *Dispatcher) noWorker(model string) *schemas.Error {
+func (d *Dispatcher) noWorker(model string, adapter *adapterRef) *schemas.Error {
+	if adapter != nil {
+		return schemas.Unavailable(schemas.CodeNoWorker, 2,
+			"no worker is serving model `%s`, the base model of adapter `%s`, right now", adapter.base, model)
+	}
 	if d.models != nil && d.models.Known(model) {
 		return schemas.Unavailable(schemas.CodeNoWorker, 2, "no worker is serving model `%s` right now", model)
 	}
@@ -304,6 +371,14 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		q = &modelQueue{}
 		d.queues[r.model] = q
 	}
+	if r.adapter != nil {
+		as := d.adapterQueues[r.adapter.base]
+		if as == nil {
+			as = map[string]struct{}{}
+			d.adapterQueues[r.adapter.base] = as
+		}
+		as[r.model] = struct{}{}
+	}
 	if q.Len() >= d.cfg.QueueSize {
 		d.m.rejected.WithLabelValues("queue_full").Inc()
 		go d.reply(r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
@@ -319,7 +394,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		expires = r.deadline
 	}
 	e := &queued{msg: r.msg, id: r.id, model: r.model, priority: r.priority, seq: d.seq,
-		enqueued: time.Now(), expires: expires}
+		enqueued: time.Now(), expires: expires, adapter: r.adapter}
 	q.push(e)
 	d.byID[r.id] = e
 	d.m.queueDepth.WithLabelValues(r.model).Set(float64(q.Len()))
@@ -336,39 +411,62 @@ func (d *Dispatcher) unqueueLocked(e *queued) {
 	delete(d.byID, e.id)
 }
 
-// drain forwards queued requests of models to workers that have room.
+// drain forwards queued requests of models, and of the adapters whose base
+// is among models, to workers that have room.
 func (d *Dispatcher) drain(models []string) {
 	type fwd struct {
-		msg    *nats.Msg
-		worker string
+		msg     *nats.Msg
+		worker  string
+		adapter *adapterRef
 	}
 	var out []fwd
 	now := time.Now()
 	d.mu.Lock()
+	if len(d.adapterQueues) > 0 {
+		var more []string
+		for _, m := range models {
+			for a := range d.adapterQueues[m] {
+				if !slices.Contains(models, a) && !slices.Contains(more, a) {
+					more = append(more, a)
+				}
+			}
+		}
+		models = append(slices.Clip(models), more...)
+	}
 	for _, model := range models {
 		q := d.queues[model]
 		for q != nil && q.Len() > 0 {
-			id, _, ok := d.table.Acquire(model, "")
+			e := (*q)[0] // the head of the heap: the next to go
+			id, _, ok := d.acquire(model, e.adapter, "")
 			if !ok {
 				break
 			}
-			e := q.pop()
+			q.pop()
 			delete(d.byID, e.id)
-			out = append(out, fwd{e.msg, id})
+			out = append(out, fwd{e.msg, id, e.adapter})
 			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
 			d.m.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 		}
 	}
 	d.mu.Unlock()
 	for _, f := range out {
-		d.forward(f.msg, f.worker)
+		d.forward(f.msg, f.worker, f.adapter)
 	}
 }
 
 // forward sends a request to a worker, keeping the client's reply subject.
-func (d *Dispatcher) forward(m *nats.Msg, worker string) {
+// A request for an adapter carries its base and path; any other request has
+// those headers removed (only the registry may name weights to load).
+func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef) {
 	m.Header.Set(schemas.HdrBounce, schemas.BounceSubject(d.cfg.ID))
 	m.Header.Set(schemas.HdrWorker, worker)
+	if ad != nil {
+		m.Header.Set(schemas.HdrAdapterBase, ad.base)
+		m.Header.Set(schemas.HdrAdapterPath, ad.path)
+	} else {
+		m.Header.Del(schemas.HdrAdapterBase)
+		m.Header.Del(schemas.HdrAdapterPath)
+	}
 	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
 	if err := d.nc.PublishMsg(fwd); err != nil {
 		d.reply(m.Reply, schemas.Unavailable(schemas.CodeNoWorker, 1, "cannot forward the request: %v", err))
@@ -403,18 +501,28 @@ func (d *Dispatcher) sweep(now time.Time) {
 					"no worker for model `%s` became free in time", model)})
 			default:
 				if serving < 0 {
-					serving = d.table.Serving(model)
+					if e.adapter != nil {
+						serving = d.table.ServingAdapter(model, e.adapter.base)
+					} else {
+						serving = d.table.Serving(model)
+					}
 				}
 				if serving > 0 || d.warmingLocked(now) {
 					i++
 					continue
 				}
-				out = append(out, rej{e.msg.Reply, d.noWorker(model)})
+				out = append(out, rej{e.msg.Reply, d.noWorker(model, e.adapter)})
 			}
 			d.unqueueLocked(e)
 		}
 		if q.Len() == 0 {
 			delete(d.queues, model)
+			for base, as := range d.adapterQueues {
+				delete(as, model)
+				if len(as) == 0 {
+					delete(d.adapterQueues, base)
+				}
+			}
 		}
 	}
 	d.mu.Unlock()
@@ -434,6 +542,7 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 	}
 	d.queues = map[string]*modelQueue{}
 	d.byID = map[string]*queued{}
+	d.adapterQueues = map[string]map[string]struct{}{}
 	d.mu.Unlock()
 	for _, r := range replies {
 		d.reply(r, e)

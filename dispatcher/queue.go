@@ -16,7 +16,8 @@ type queued struct {
 	seq      uint64
 	enqueued time.Time
 	expires  time.Time // queue timeout or the request's deadline, whichever is first
-	index    int       // in the heap; -1 once removed
+	adapter  *adapterRef
+	index    int // in the heap; -1 once removed
 }
 
 // modelQueue is a bounded priority queue: lower priority value first, FIFO

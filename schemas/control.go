@@ -18,6 +18,11 @@ type Heartbeat struct {
 	Version        string   `json:"version"`
 	IntervalMS     int      `json:"interval_ms"`
 	Seq            uint64   `json:"seq"`
+
+	// Loading lists the LoRA adapters the worker is loading now (not yet in
+	// Adapters), so that every dispatcher sends the next requests for one to
+	// the worker already loading it rather than start a load elsewhere.
+	Loading []string `json:"loading,omitempty"`
 }
 
 // DoneNotice is published on DoneSubject when a worker finishes a request, so

@@ -101,6 +101,10 @@ const (
 	CodeEngineUnhealthy = "engine_unhealthy"
 )
 
+// CodeAdapterLoadFailed: the worker could not load the LoRA adapter the
+// request names (500 if the engine refused it, 503 if it was unavailable).
+const CodeAdapterLoadFailed = "adapter_load_failed"
+
 // AsError maps any error to an *Error. This is the only place where Go errors
 // become OpenAI error bodies.
 func AsError(err error) *Error {

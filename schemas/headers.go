@@ -18,6 +18,13 @@ const (
 	HdrAttempt   = "Tb-Attempt"    // set by a dispatcher: how many workers have bounced it
 	HdrWorker    = "Tb-Worker"     // set by a dispatcher: the worker it forwarded to
 	HdrTrace     = "traceparent"   // W3C trace context
+
+	// Set by a dispatcher on a request for a LoRA adapter (and stripped from
+	// any other): the adapter's base model and where its weights are, from the
+	// registry, so a worker that does not have it loaded can load it first.
+	// Clients cannot set them: a dispatcher overwrites or removes both.
+	HdrAdapterBase = "Tb-Adapter-Base"
+	HdrAdapterPath = "Tb-Adapter-Path"
 )
 
 // Kind is the OpenAI endpoint a request is for.

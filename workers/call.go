@@ -21,6 +21,8 @@ type call struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
+	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
+
 	mu       sync.Mutex
 	seq      uint64
 	buf      []byte // reused frame buffer: Publish copies it
@@ -39,6 +41,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		Deadline:    schemas.ParseDeadline(h.Get(schemas.HdrDeadline)),
 		TraceParent: h.Get(schemas.HdrTrace),
 	}
+	c.adapterBase, c.adapterPath = h.Get(schemas.HdrAdapterBase), h.Get(schemas.HdrAdapterPath)
 	parent := context.Background()
 	var stop context.CancelFunc = func() {}
 	if !c.req.Deadline.IsZero() {

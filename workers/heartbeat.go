@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/schemas"
-	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 func (w *Worker) beatSoon() {
@@ -43,6 +42,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Worker:         w.cfg.ID,
 		Models:         w.eng.Models(),
 		Adapters:       st.Adapters,
+		Loading:        w.adapters.loading(),
 		MaxLoras:       st.MaxLoras,
 		MaxConcurrency: w.cfg.MaxConcurrency,
 		Running:        w.Running(),
@@ -108,8 +108,7 @@ func (w *Worker) onControl(m *nats.Msg) {
 		w.Drain()
 		reply(nil)
 	case schemas.CtlLoadAdapter, schemas.CtlUnloadAdapter:
-		ad, ok := w.eng.(engine.Adapters)
-		if !ok {
+		if w.adapters.ad == nil {
 			reply(schemas.BadRequest("", "engine %s cannot load adapters", w.eng.Name()))
 			return
 		}
@@ -118,15 +117,17 @@ func (w *Worker) onControl(m *nats.Msg) {
 			reply(schemas.BadRequest("name", "adapter request needs a name"))
 			return
 		}
-		// Loading takes a while: never block the control subscription.
+		// Loading takes a while: never block the control subscription. Both
+		// go through the adapter manager, which coalesces them with the
+		// loads requests cause and makes room by eviction.
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.AdapterLoadTimeout+w.cfg.AdapterUnloadGrace)
 			defer cancel()
 			var err error
 			if op == schemas.CtlLoadAdapter {
-				err = ad.LoadAdapter(ctx, req.Name, req.Path)
+				err = w.adapters.load(ctx, req.Name, req.Base, req.Path)
 			} else {
-				err = ad.UnloadAdapter(ctx, req.Name)
+				err = w.adapters.unload(ctx, req.Name)
 			}
 			reply(err)
 			w.beatSoon()

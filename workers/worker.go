@@ -27,6 +27,12 @@ type Config struct {
 	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
 	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
 	Version           string
+
+	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction) may take; default 5m
+	// AdapterUnloadGrace is how long an unload ordered by a control request
+	// waits for the requests running on the adapter before it unloads it
+	// anyway; default 5s.
+	AdapterUnloadGrace time.Duration
 }
 
 func (c *Config) defaults() {
@@ -42,6 +48,12 @@ func (c *Config) defaults() {
 	if c.DrainTimeout <= 0 {
 		c.DrainTimeout = 30 * time.Second
 	}
+	if c.AdapterLoadTimeout <= 0 {
+		c.AdapterLoadTimeout = 5 * time.Minute
+	}
+	if c.AdapterUnloadGrace <= 0 {
+		c.AdapterUnloadGrace = 5 * time.Second
+	}
 }
 
 // Worker runs one engine behind the bus.
@@ -50,6 +62,8 @@ type Worker struct {
 	nc  *nats.Conn
 	eng engine.Engine
 	log *slog.Logger
+
+	adapters *adapterManager
 
 	running  atomic.Int64
 	draining atomic.Bool
@@ -71,8 +85,10 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
-		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{})}, nil
+	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
+		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{})}
+	w.adapters = newAdapterManager(w)
+	return w, nil
 }
 
 // ID is the worker's id.
@@ -229,7 +245,14 @@ func (w *Worker) serve(c *call) {
 	defer w.wg.Done()
 	defer w.finish(c)
 	c.sendAccepted()
-	res, err := w.eng.Generate(c.ctx, &c.req, c)
+	// A LoRA adapter the engine lacks is loaded first; the stream gets
+	// keepalives meanwhile.
+	release, err := w.adapters.acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
+	var res *engine.Result
+	if err == nil {
+		defer release() // after the last frame
+		res, err = w.eng.Generate(c.ctx, &c.req, c)
+	}
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil && c.ctx.Err() != nil {
 			err = cause

@@ -1,0 +1,169 @@
+package dispatcher
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// lw is a heartbeat of a worker serving base model "b" with LoRA slots.
+type lw struct {
+	id                string
+	running, max      int
+	maxLoras          int
+	adapters, loading []string
+}
+
+func (w lw) beat() schemas.Heartbeat {
+	h := hb(w.id, w.running, w.max, append([]string{"b"}, w.adapters...)...)
+	h.Adapters, h.Loading, h.MaxLoras = w.adapters, w.loading, w.maxLoras
+	return h
+}
+
+func TestAcquireAdapterScoring(t *testing.T) {
+	now := time.Now()
+	none := []string(nil)
+	tests := []struct {
+		name    string
+		workers []lw
+		extra   []schemas.Heartbeat // other workers, as raw heartbeats
+		exclude string
+		want    string
+		how     Placement
+		serving int
+		ok      bool
+	}{
+		{"holder beats an idle worker with a free slot",
+			[]lw{{"a", 3, 10, 4, []string{"x"}, none}, {"c", 0, 10, 4, none, none}}, nil, "", "a", PlacedHolder, 2, true},
+		{"holder much busier: spill to a free slot",
+			[]lw{{"a", 6, 10, 4, []string{"x"}, none}, {"c", 0, 10, 4, none, none}}, nil, "", "c", PlacedFreeSlot, 2, true},
+		{"least-loaded holder among holders",
+			[]lw{{"a", 5, 10, 4, []string{"x"}, none}, {"c", 2, 10, 4, []string{"x"}, none}, {"d", 0, 10, 4, none, none}}, nil, "", "c", PlacedHolder, 3, true},
+		{"a worker loading it is a holder",
+			[]lw{{"a", 2, 10, 4, none, []string{"x"}}, {"c", 0, 10, 4, none, none}}, nil, "", "a", PlacedHolder, 2, true},
+		{"holder never passed over for a worker that must evict",
+			[]lw{{"a", 9, 10, 1, []string{"x"}, none}, {"c", 0, 10, 1, []string{"y"}, none}}, nil, "", "a", PlacedHolder, 2, true},
+		{"full holder: a free slot elsewhere",
+			[]lw{{"a", 10, 10, 4, []string{"x"}, none}, {"c", 7, 10, 4, []string{"y"}, none}}, nil, "", "c", PlacedFreeSlot, 2, true},
+		{"no holder: free slot beats a less-loaded worker with full slots",
+			[]lw{{"a", 1, 10, 1, []string{"y"}, none}, {"c", 5, 10, 2, []string{"y"}, none}}, nil, "", "c", PlacedFreeSlot, 2, true},
+		{"loads in progress take slots",
+			[]lw{{"a", 0, 10, 2, []string{"y"}, []string{"z"}}, {"c", 5, 10, 2, none, none}}, nil, "", "c", PlacedFreeSlot, 2, true},
+		{"every slot full: least-loaded evicts",
+			[]lw{{"a", 3, 10, 1, []string{"y"}, none}, {"c", 1, 10, 1, []string{"z"}, none}}, nil, "", "c", PlacedEvict, 2, true},
+		{"no slot limit counts as free",
+			[]lw{{"a", 1, 10, 0, []string{"y", "z"}, none}}, nil, "", "a", PlacedFreeSlot, 1, true},
+		{"excluded holder: the other worker",
+			[]lw{{"a", 0, 10, 4, []string{"x"}, none}, {"c", 5, 10, 4, none, none}}, nil, "a", "c", PlacedFreeSlot, 2, true},
+		{"everyone full", []lw{{"a", 10, 10, 4, []string{"x"}, none}}, nil, "", "", 0, 1, false},
+		{"base served by nobody", nil, []schemas.Heartbeat{hb("o", 0, 10, "other")}, "", "", 0, 0, false},
+		{"a worker serving the adapter name itself is a holder",
+			[]lw{{"c", 0, 10, 4, none, none}}, []schemas.Heartbeat{hb("s", 3, 10, "x")}, "", "s", PlacedHolder, 2, true},
+		{"draining and unhealthy workers skipped", nil, []schemas.Heartbeat{
+			func() schemas.Heartbeat { h := hb("a", 0, 10, "b"); h.Draining = true; return h }(),
+			func() schemas.Heartbeat { h := hb("c", 0, 10, "b"); h.Healthy = false; return h }()}, "", "", 0, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := NewTable()
+			for _, w := range tt.workers {
+				tb.Observe(w.beat(), now)
+			}
+			for _, h := range tt.extra {
+				tb.Observe(h, now)
+			}
+			id, serving, how, ok := tb.AcquireAdapter("x", "b", tt.exclude, now)
+			if id != tt.want || serving != tt.serving || ok != tt.ok || ok && how != tt.how {
+				t.Fatalf("AcquireAdapter = %q, %d, %v, %v; want %q, %d, %v, %v", id, serving, how, ok, tt.want, tt.serving, tt.how, tt.ok)
+			}
+			if got := tb.Pending("x"); ok && tt.how != PlacedHolder && !slices.Equal(got, []string{tt.want}) {
+				t.Fatalf("pending %v, want [%s]", got, tt.want)
+			}
+			if serving != tb.ServingAdapter("x", "b") {
+				t.Fatalf("ServingAdapter %d, AcquireAdapter's serving %d", tb.ServingAdapter("x", "b"), serving)
+			}
+		})
+	}
+}
+
+// Concurrent first requests for an adapter, before any heartbeat tells of a
+// load, all go to the worker that got the first one: one load, not one per
+// worker.
+func TestAcquireAdapterCoalescesPendingLoads(t *testing.T) {
+	now := time.Now()
+	tb := NewTable()
+	for _, id := range []string{"a", "c", "d"} {
+		tb.Observe(lw{id, 0, 10, 4, nil, nil}.beat(), now)
+	}
+	first, _, how, _ := tb.AcquireAdapter("x", "b", "", now)
+	if how != PlacedFreeSlot {
+		t.Fatalf("first request: %v", how)
+	}
+	for i := range 4 {
+		id, _, how, ok := tb.AcquireAdapter("x", "b", "", now)
+		if !ok || id != first || how != PlacedHolder {
+			t.Fatalf("request %d went to %s (%v), want %s as holder", i+2, id, how, first)
+		}
+	}
+	// A pending load takes a slot: with one slot, another adapter goes elsewhere.
+	tb2 := NewTable()
+	tb2.Observe(lw{"a", 0, 10, 1, nil, nil}.beat(), now)
+	tb2.Observe(lw{"c", 3, 10, 1, nil, nil}.beat(), now)
+	if id, _, how, _ := tb2.AcquireAdapter("x", "b", "", now); id != "a" || how != PlacedFreeSlot {
+		t.Fatalf("x: %s %v", id, how)
+	}
+	if id, _, how, _ := tb2.AcquireAdapter("y", "b", "", now); id != "c" || how != PlacedFreeSlot {
+		t.Fatalf("y: %s %v, want c: a's only slot is taken by the pending load of x", id, how)
+	}
+}
+
+func TestAdapterPendingSettles(t *testing.T) {
+	t0 := time.Now()
+	tests := []struct {
+		name     string
+		beat     lw
+		at       time.Duration
+		pending  bool
+		wantNext string // where the next request for x goes
+	}{
+		// A heartbeat sent before the worker got the request says nothing yet.
+		{"early beat without it keeps the pending load", lw{"a", 1, 10, 4, nil, nil}, 100 * time.Millisecond, true, "a"},
+		{"beat listing it as loading settles it", lw{"a", 1, 10, 4, nil, []string{"x"}}, 100 * time.Millisecond, false, "a"},
+		{"beat listing it as loaded settles it", lw{"a", 1, 10, 4, []string{"x"}, nil}, 100 * time.Millisecond, false, "a"},
+		// A beat a whole interval later without it: the load failed.
+		{"late beat without it drops it", lw{"a", 6, 10, 4, nil, nil}, 1100 * time.Millisecond, false, "c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := NewTable()
+			tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+			tb.Observe(lw{"c", 2, 10, 4, nil, nil}.beat(), t0)
+			if id, _, _, _ := tb.AcquireAdapter("x", "b", "", t0); id != "a" {
+				t.Fatalf("first went to %s", id)
+			}
+			tb.Observe(tt.beat.beat(), t0.Add(tt.at))
+			if got := len(tb.Pending("x")) == 1; got != tt.pending {
+				t.Fatalf("pending %v, want %v", tb.Pending("x"), tt.pending)
+			}
+			if id, _, _, _ := tb.AcquireAdapter("x", "b", "", t0.Add(tt.at)); id != tt.wantNext {
+				t.Fatalf("next went to %s, want %s", id, tt.wantNext)
+			}
+		})
+	}
+	// A worker that goes away takes its pending loads with it.
+	tb := NewTable()
+	tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+	tb.AcquireAdapter("x", "b", "", t0)
+	tb.Remove("a")
+	if p := tb.Pending("x"); len(p) != 0 {
+		t.Fatalf("pending after remove: %v", p)
+	}
+	tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+	tb.AcquireAdapter("x", "b", "", t0)
+	tb.Expire(t0.Add(10 * time.Second))
+	if p := tb.Pending("x"); len(p) != 0 {
+		t.Fatalf("pending after expiry: %v", p)
+	}
+}
