@@ -45,8 +45,8 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) (*[]byte, bool
 		bp = new([]byte)
 	}
 	b := (*bp)[:0]
-	if r.ContentLength > 0 && int64(cap(b)) < r.ContentLength {
-		b = make([]byte, 0, r.ContentLength)
+	if r.ContentLength > 0 && int64(cap(b)) <= r.ContentLength {
+		b = make([]byte, 0, r.ContentLength+512) // room to read the EOF without growing
 	}
 	for {
 		if len(b) == cap(b) {

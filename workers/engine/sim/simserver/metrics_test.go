@@ -18,6 +18,9 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("no %s", name)
 		}
 	}
+	if f := scrape(t, start(t, Config{}, fastSim()).url); f[mGPUCache] != nil || f[mKVCache] == nil {
+		t.Errorf("without GPUCacheMetric: %s present %v, %s present %v", mGPUCache, f[mGPUCache] != nil, mKVCache, f[mKVCache] != nil)
+	}
 	for _, r := range finishReasons {
 		if v := value(fams, mSuccess, append(ml, "finished_reason", r)...); v != 0 {
 			t.Errorf("%s{finished_reason=%q} = %v before any request", mSuccess, r, v)
