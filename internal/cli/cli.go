@@ -32,6 +32,7 @@ func commands() []command {
 		{"gateway", "the OpenAI-compatible HTTP gateway", runGateway},
 		{"dispatcher", "routes requests to workers; run any number", runDispatcher},
 		{"worker", "drives one inference engine", runWorker},
+		{"sim-server", "the sim engine behind vLLM's HTTP API", runSimServer},
 		{"bench", "load generator for any OpenAI-compatible endpoint", bench.Run},
 		{"version", "print the version", runVersion},
 	}

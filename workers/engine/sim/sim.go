@@ -230,6 +230,19 @@ func (e *Engine) Models() []string {
 	return append(out, e.adapterNames()...)
 }
 
+// Adapters maps the loaded adapters to the paths they were loaded from.
+func (e *Engine) Adapters() map[string]string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := make(map[string]string, len(e.adapters))
+	for n, a := range e.adapters {
+		if a.ready {
+			m[n] = a.path
+		}
+	}
+	return m
+}
+
 func (e *Engine) adapterNames() []string {
 	e.mu.Lock()
 	names := make([]string, 0, len(e.adapters))
@@ -314,6 +327,16 @@ func (e *Engine) resolve(model string) (string, error) {
 	return model, nil
 }
 
+// Accepter is an optional interface of a Sink. Generate calls Accepted once
+// the request has passed validation, before it is queued and before any
+// Chunks call, from Generate's goroutine: an HTTP server can send its
+// response headers then, as vLLM does, rather than wait for the first token
+// (a request may queue for long). An error after Accepted (the engine shut
+// down) is a mid-stream error.
+type Accepter interface {
+	Accepted()
+}
+
 // Generate runs one request to its end; see the package comment.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
 	if err := ctx.Err(); err != nil {
@@ -327,6 +350,9 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	r, err := e.newRequest(ctx, req, sink)
 	if err != nil {
 		return nil, err
+	}
+	if a, ok := sink.(Accepter); ok {
+		a.Accepted()
 	}
 	e.mu.Lock()
 	if e.closed {

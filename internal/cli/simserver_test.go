@@ -1,0 +1,185 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestExpandNargs(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"--lora-modules a=/x b=/y --max-loras 3", "--lora-modules a=/x --lora-modules b=/y --max-loras 3"},
+		{"--lora-modules a=/x", "--lora-modules a=/x"},
+		{"--lora-modules=a=/x b", "--lora-modules=a=/x b"},
+		{"--port 1 --lora-modules a=/x -- b=/y", "--port 1 --lora-modules a=/x -- b=/y"},
+		{"--lora-modules", "--lora-modules"},
+	} {
+		if got := strings.Join(expandNargs(strings.Fields(tc.in), "--lora-modules"), " "); got != tc.want {
+			t.Errorf("expandNargs(%s) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+var simServerLine = regexp.MustCompile(`^sim-server listening on (http://\S+)$`)
+
+// startSimServer runs `tokenbus sim-server args...` and returns its URL and a
+// stop function that reports Run's error.
+func startSimServer(t *testing.T, args ...string) (string, func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	errc := make(chan error, 1)
+	go func() {
+		err := Run(ctx, append([]string{"sim-server", "--log-level", "warn"}, args...), pw, io.Discard)
+		pw.CloseWithError(fmt.Errorf("sim-server exited: %v", err))
+		errc <- err
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	m := simServerLine.FindStringSubmatch(strings.TrimSpace(line))
+	if m == nil {
+		cancel()
+		t.Fatalf("sim-server did not start: %q %v %v", line, err, <-errc)
+	}
+	go io.Copy(io.Discard, pr)
+	stopped := false
+	var runErr error
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			select {
+			case runErr = <-errc:
+			case <-time.After(10 * time.Second):
+				runErr = fmt.Errorf("sim-server did not stop within 10s")
+			}
+		}
+		return runErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return m[1], stop
+}
+
+func call(t *testing.T, method, url, body string, headers ...string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, string(b)
+}
+
+func TestSimServer(t *testing.T) {
+	t.Setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "")
+	t.Setenv("VLLM_API_KEY", "")
+	url, stop := startSimServer(t, "--host", "127.0.0.1", "--port", "0",
+		"--model", "/models/llama", "--served-model-name", "m1,m2",
+		"--lora-modules", "a=/adapters/a", `{"name":"b","path":"/adapters/b"}`, "--max-loras", "3", "--max-model-len", "4096",
+		"--api-key", "k", "--allow-runtime-lora", "--legacy-errors", "--gpu-cache-metric",
+		"--sim-decode-base", "1ms", "--sim-prefill-base", "1ms", "--sim-lora-load-time", "0s")
+	auth := []string{"Authorization", "Bearer k"}
+
+	status, body := call(t, "GET", url+"/v1/models", "", auth...)
+	var list struct {
+		Data []struct {
+			ID, Root    string
+			Parent      *string
+			MaxModelLen *int `json:"max_model_len"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &list); status != 200 || err != nil {
+		t.Fatalf("/v1/models: %d %s", status, body)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+	}
+	if !slices.Equal(ids, []string{"m1", "m2", "a", "b"}) || list.Data[0].Root != "/models/llama" || *list.Data[0].MaxModelLen != 4096 ||
+		list.Data[2].Root != "/adapters/a" || *list.Data[2].Parent != "m1" {
+		t.Errorf("/v1/models: %s", body)
+	}
+
+	if status, _ := call(t, "GET", url+"/v1/models", ""); status != 401 {
+		t.Errorf("no key: %d", status)
+	}
+	status, body = call(t, "POST", url+"/v1/completions", `{"model":"m2","prompt":"hi","max_tokens":5000}`, auth...)
+	if status != 400 || !strings.Contains(body, `"object":"error"`) || !strings.Contains(body, "maximum context length is 4096") {
+		t.Errorf("--legacy-errors, --max-model-len: %d %s", status, body)
+	}
+	status, body = call(t, "POST", url+"/v1/chat/completions", `{"model":"a","messages":[{"role":"user","content":"hi"}],"max_tokens":3,"stream":true}`, auth...)
+	if status != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") || !strings.Contains(body, `"model":"a"`) {
+		t.Errorf("stream on adapter a: %d %s", status, body)
+	}
+	if status, body = call(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"c","lora_path":"/c"}`, auth...); status != 200 {
+		t.Errorf("--allow-runtime-lora: %d %s", status, body)
+	}
+	status, body = call(t, "GET", url+"/metrics", "")
+	for _, want := range []string{`vllm:lora_requests_info{max_lora="3"`, `vllm:gpu_cache_usage_perc{engine="0",model_name="m1"}`,
+		`vllm:generation_tokens_total{engine="0",model_name="m1"} 3`} {
+		if status != 200 || !strings.Contains(body, want) {
+			t.Errorf("/metrics has no %s", want)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Errorf("Run: %v", err)
+	}
+}
+
+// TestSimServerRuntimeLoRAEnv: as vLLM, the LoRA routes exist only with
+// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (or the flag).
+func TestSimServerRuntimeLoRAEnv(t *testing.T) {
+	for _, env := range []string{"", "False", "True", "1"} {
+		t.Run("env="+env, func(t *testing.T) {
+			t.Setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", env)
+			url, _ := startSimServer(t, "--listen", "127.0.0.1:0")
+			status, body := call(t, "POST", url+"/v1/load_lora_adapter", `{"lora_name":"c","lora_path":"/c"}`)
+			want := 404
+			if env == "True" || env == "1" {
+				want = 200
+			}
+			if status != want {
+				t.Errorf("load: %d %s, want %d", status, body, want)
+			}
+		})
+	}
+}
+
+func TestSimServerBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--lora-modules", "no-path"},
+		{"--lora-modules", "{bad json"},
+		{"--listen", "nowhere", "--port", "1"},
+		{"--max-loras", "1", "--lora-modules", "a=/a", "b=/b"},
+	} {
+		err := Run(context.Background(), append([]string{"sim-server", "--listen", "127.0.0.1:0", "--log-level", "error"}, args...), io.Discard, io.Discard)
+		if err == nil {
+			t.Errorf("%v: no error", args)
+		}
+	}
+}
