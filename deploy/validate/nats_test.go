@@ -1,0 +1,709 @@
+package validate
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+	"golang.org/x/crypto/bcrypt"
+)
+
+const natsConf = "deploy/nats/nats.conf"
+
+// Passwords for the tests; nats.conf reads them from the environment.
+var testPasswords = map[string]string{
+	"NATS_SYS_PASSWORD":        "sys-secret",
+	"NATS_GATEWAY_PASSWORD":    "gw-secret",
+	"NATS_DISPATCHER_PASSWORD": "disp-secret",
+	"NATS_WORKER_PASSWORD":     "worker-secret",
+	"NATS_OPERATOR_PASSWORD":   "op-secret",
+	"NATS_TENANT_A_PASSWORD":   "tenant-a-secret",
+}
+
+func setEnv(t *testing.T, env map[string]string) {
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+}
+
+// natsOpts parses deploy/nats/nats.conf with nats-server's own parser.
+func natsOpts(t *testing.T) *server.Options {
+	t.Helper()
+	opts, err := server.ProcessConfigFile(repoPath(t, natsConf))
+	if err != nil {
+		t.Fatalf("%s: %v", natsConf, err)
+	}
+	return opts
+}
+
+// startNATS runs the example configuration in-process on a free loopback port.
+func startNATS(t *testing.T) *server.Server {
+	t.Helper()
+	opts := natsOpts(t)
+	opts.Host = "127.0.0.1"
+	opts.Port = -1
+	opts.HTTPHost, opts.HTTPPort = "", 0 // no monitoring listener
+	opts.StoreDir = t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+func TestNATSConfig(t *testing.T) {
+	setEnv(t, testPasswords)
+	opts := natsOpts(t)
+	if opts.SystemAccount != "SYS" {
+		t.Errorf("system_account %q", opts.SystemAccount)
+	}
+	if !opts.JetStream {
+		t.Error("JetStream is off")
+	}
+	if opts.MaxPayload != 8<<20 {
+		t.Errorf("max_payload %d, want 8MB (the gateway's --body-limit)", opts.MaxPayload)
+	}
+	if opts.HTTPPort != 8222 {
+		t.Errorf("monitoring port %d, want 8222 (compose healthcheck)", opts.HTTPPort)
+	}
+	accounts := map[string]*server.Account{}
+	for _, a := range opts.Accounts {
+		accounts[a.Name] = a
+	}
+	for _, name := range []string{"SYS", "TOKENBUS"} {
+		if accounts[name] == nil {
+			t.Errorf("no account %s", name)
+		}
+	}
+	users := map[string]*server.User{}
+	for _, u := range opts.Users {
+		users[u.Username] = u
+	}
+	for _, role := range []string{"gateway", "dispatcher", "worker", "operator", "tenant-a"} {
+		u := users[role]
+		if u == nil || u.Account == nil || u.Account.Name != "TOKENBUS" {
+			t.Errorf("user %s: want one in account TOKENBUS", role)
+		}
+	}
+	for _, u := range opts.Users {
+		// allow_responses would let a tenant pick where a worker publishes.
+		if u.Permissions != nil && u.Permissions.Response != nil {
+			t.Errorf("user %s has allow_responses (see the comment at the top of %s)", u.Username, natsConf)
+		}
+	}
+	if len(opts.Nkeys) != 1 || opts.Nkeys[0].Account == nil || opts.Nkeys[0].Account.Name != "TOKENBUS" {
+		t.Error("want one nkey user (tenant-b), in account TOKENBUS")
+	}
+
+	// Every $VARIABLE the file reads is one the compose nats service sets.
+	conf := string(readFile(t, natsConf))
+	var uncommented strings.Builder
+	for _, line := range strings.Split(conf, "\n") {
+		if i := strings.IndexByte(line, '#'); i >= 0 {
+			line = line[:i]
+		}
+		uncommented.WriteString(line + "\n")
+	}
+	nats := loadCompose(t).Services["nats"]
+	for _, m := range regexp.MustCompile(`\$([A-Z][A-Z0-9_]*)`).FindAllStringSubmatch(uncommented.String(), -1) {
+		if _, ok := nats.Environment[m[1]]; !ok {
+			t.Errorf("%s reads $%s, which the compose nats service does not set", natsConf, m[1])
+		}
+		if _, ok := testPasswords[m[1]]; !ok {
+			t.Errorf("%s reads $%s, which this test does not set", natsConf, m[1])
+		}
+	}
+}
+
+// TestComposeNATSCredentials: with the compose defaults, every tokenbus
+// service logs in as a user of the TOKENBUS account with its password.
+func TestComposeNATSCredentials(t *testing.T) {
+	p := loadCompose(t, "*")
+	nats := p.Services["nats"]
+	for k, v := range nats.Environment {
+		if strings.HasPrefix(k, "NATS_") && v != nil {
+			t.Setenv(k, *v)
+		}
+	}
+	users := map[string]*server.User{}
+	for _, u := range natsOpts(t).Users {
+		users[u.Username] = u
+	}
+	for _, name := range p.ServiceNames() {
+		s := p.Services[name]
+		if !isTokenbus(s) {
+			continue
+		}
+		role := s.Command[0]
+		user := env(s, "TOKENBUS_NATS_USER")
+		u := users[user]
+		switch {
+		case user != role:
+			t.Errorf("%s: NATS user %q, want the %s role's user", name, user, role)
+		case u == nil:
+			t.Errorf("%s: NATS user %q is not in %s", name, user, natsConf)
+		case u.Password != env(s, "TOKENBUS_NATS_PASSWORD"):
+			t.Errorf("%s: TOKENBUS_NATS_PASSWORD differs from the nats service's password for %s", name, user)
+		case u.Account.Name != "TOKENBUS":
+			t.Errorf("%s: user %s is in account %s", name, user, u.Account.Name)
+		}
+	}
+}
+
+// TestNATSBcryptPassword: the documented way to keep plain passwords out of
+// the server: a bcrypt hash, quoted, in the environment variable.
+func TestNATSBcryptPassword(t *testing.T) {
+	setEnv(t, testPasswords)
+	hash, err := bcrypt.GenerateFromPassword([]byte("op-secret"), 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("NATS_OPERATOR_PASSWORD", `"`+string(hash)+`"`)
+	ns := startNATS(t)
+	nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("operator", "op-secret"))
+	if err != nil {
+		t.Fatalf("operator with a bcrypt'd password: %v", err)
+	}
+	nc.Close()
+	if nc, err := nats.Connect(ns.ClientURL(), nats.UserInfo("operator", "wrong")); err == nil {
+		nc.Close()
+		t.Fatal("wrong password accepted")
+	}
+}
+
+// conn is a test connection that records asynchronous errors (permission
+// violations arrive that way).
+type conn struct {
+	*nats.Conn
+	name string
+	mu   sync.Mutex
+	errs []string
+	cond chan struct{}
+}
+
+func connect(t *testing.T, ns *server.Server, name string, opts ...nats.Option) *conn {
+	t.Helper()
+	c := &conn{name: name, cond: make(chan struct{}, 1000)}
+	opts = append(opts, nats.Name(name), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		c.mu.Lock()
+		c.errs = append(c.errs, err.Error())
+		c.mu.Unlock()
+		c.cond <- struct{}{}
+	}))
+	nc, err := nats.Connect(ns.ClientURL(), opts...)
+	if err != nil {
+		t.Fatalf("%s: connect: %v", name, err)
+	}
+	t.Cleanup(nc.Close)
+	c.Conn = nc
+	return c
+}
+
+// violation waits for a permissions violation naming op ("publish" or
+// "subscription") and subject.
+func (c *conn) violation(t *testing.T, op, subject string) {
+	t.Helper()
+	want := strings.ToLower(fmt.Sprintf("permissions violation for %s to %q", op, subject))
+	if strings.HasSuffix(op, " of") { // "publish with reply of"
+		want = strings.ToLower(fmt.Sprintf("permissions violation for %s %q", op, subject))
+	}
+	deadline := time.After(3 * time.Second)
+	for {
+		c.mu.Lock()
+		for i, e := range c.errs {
+			if strings.Contains(strings.ToLower(e), want) {
+				c.errs = slices.Delete(c.errs, i, i+1)
+				c.mu.Unlock()
+				return
+			}
+		}
+		c.mu.Unlock()
+		select {
+		case <-c.cond:
+		case <-deadline:
+			t.Errorf("%s: no %q violation (errors: %q)", c.name, want, c.errs)
+			return
+		}
+	}
+}
+
+func (c *conn) noErrors(t *testing.T) {
+	t.Helper()
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.errs) > 0 {
+		t.Errorf("%s: unexpected errors %q", c.name, c.errs)
+	}
+}
+
+func frame(typ string, seq int, payload string) []byte {
+	return []byte(fmt.Sprintf("%s %d\n%s", typ, seq, payload))
+}
+
+// readFrames reads frames from sub until a done or error frame.
+func readFrames(t *testing.T, sub *nats.Subscription) []string {
+	t.Helper()
+	var got []string
+	for {
+		m, err := sub.NextMsg(3 * time.Second)
+		if err != nil {
+			t.Fatalf("after frames %q: %v", got, err)
+		}
+		head, _, _ := strings.Cut(string(m.Data), "\n")
+		got = append(got, head)
+		if strings.HasPrefix(head, "done ") || strings.HasPrefix(head, "error ") {
+			return got
+		}
+	}
+}
+
+// fakeTokenbus runs a dispatcher and workers over real connections with the
+// dispatcher and worker users: enough of the protocol to carry a request from
+// any client to a worker and its reply stream back (queued from the
+// dispatcher, accepted/chunk/done from the worker, a bounce from a full
+// worker), so that every hop runs under the real permissions.
+type fakeTokenbus struct {
+	w1       *conn
+	mu       sync.Mutex
+	cancels  []string // bodies seen on the worker's cancel subject
+	qcancels []string
+	ctl      int // control requests w1 received
+}
+
+func startFakeTokenbus(t *testing.T, ns *server.Server) *fakeTokenbus {
+	t.Helper()
+	f := &fakeTokenbus{}
+	disp := connect(t, ns, "dispatcher", nats.UserInfo("dispatcher", testPasswords["NATS_DISPATCHER_PASSWORD"]))
+	full := connect(t, ns, "worker-full", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]))
+	w1 := connect(t, ns, "worker-w1", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]))
+	f.w1 = w1
+
+	forward := func(m *nats.Msg, to string) {
+		fwd := nats.NewMsg(to)
+		fwd.Reply = m.Reply
+		fwd.Data = m.Data
+		fwd.Header = m.Header
+		fwd.Header.Set("Tb-Bounce", "tokenbus.v1.bounce.d1")
+		if err := disp.PublishMsg(fwd); err != nil {
+			t.Error(err)
+		}
+	}
+	// Dispatcher: every request goes first to the full worker (which bounces
+	// it back), then to w1. It also says `queued` to the requester first.
+	if _, err := disp.QueueSubscribe("tokenbus.v1.req.>", "tokenbus-dispatchers", func(m *nats.Msg) {
+		_ = disp.Publish(m.Reply, frame("queued", 0, `{"position":1,"dispatcher":"d1","timeout_ms":60000}`))
+		forward(m, "tokenbus.v1.work.full")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := disp.Subscribe("tokenbus.v1.bounce.d1", func(m *nats.Msg) { forward(m, "tokenbus.v1.work.w1") }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := disp.Subscribe("tokenbus.v1.qcancel", func(m *nats.Msg) {
+		f.mu.Lock()
+		f.qcancels = append(f.qcancels, string(m.Data))
+		f.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := disp.Subscribe("tokenbus.v1.hb.*", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	// The full worker hands every request back (with the client's reply subject).
+	if _, err := full.Subscribe("tokenbus.v1.work.full", func(m *nats.Msg) {
+		b := nats.NewMsg(m.Header.Get("Tb-Bounce"))
+		b.Reply, b.Data, b.Header = m.Reply, m.Data, m.Header
+		if err := full.PublishMsg(b); err != nil {
+			t.Error(err)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// w1 streams the reply: accepted, two chunks, a keepalive, done; then a
+	// done notice and a heartbeat of its own.
+	if _, err := w1.Subscribe("tokenbus.v1.work.w1", func(m *nats.Msg) {
+		id := m.Header.Get("Tb-Request-Id")
+		for i, f := range [][]byte{
+			frame("accepted", 1, fmt.Sprintf(`{"request_id":%q,"worker":"w1","cancel":"tokenbus.v1.cancel.w1"}`, id)),
+			frame("chunk", 2, `{"choices":[{"delta":{"content":"Hel"}}]}`),
+			frame("chunk", 3, `{"choices":[{"delta":{"content":"lo"}}]}`),
+			frame("keepalive", 4, ""),
+			frame("done", 5, `{"usage":{"completion_tokens":2}}`),
+		} {
+			if err := w1.Publish(m.Reply, f); err != nil {
+				t.Errorf("frame %d: %v", i, err)
+			}
+		}
+		_ = w1.Publish("tokenbus.v1.done.w1", []byte(fmt.Sprintf(`{"worker":"w1","request_id":%q}`, id)))
+		_ = w1.Publish("tokenbus.v1.hb.w1", []byte(`{"worker":"w1"}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w1.Subscribe("tokenbus.v1.cancel.w1", func(m *nats.Msg) {
+		f.mu.Lock()
+		f.cancels = append(f.cancels, string(m.Data))
+		f.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Control requests (drain, load_adapter) answered through allow_responses.
+	if _, err := w1.Subscribe("tokenbus.v1.ctl.w1.*", func(m *nats.Msg) {
+		f.mu.Lock()
+		f.ctl++
+		f.mu.Unlock()
+		_ = m.Respond([]byte(`{"ok":true}`))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []*conn{disp, full, w1} {
+		c.noErrors(t)
+	}
+	return f
+}
+
+var wantFrames = []string{"queued 0", "accepted 1", "chunk 2", "chunk 3", "keepalive 4", "done 5"}
+
+// request publishes one chat request the way a tokenbus client does: one
+// wildcard subscription on an inbox prefix, a reply subject under it.
+func request(t *testing.T, c *conn, subject, inboxPrefix, id string, hdr nats.Header) []string {
+	t.Helper()
+	prefix := inboxPrefix + "." + nuid.Next()
+	sub, err := c.SubscribeSync(prefix + ".*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	m := nats.NewMsg(subject)
+	m.Reply = prefix + "." + id
+	m.Header = nats.Header{"Tb-Request-Id": {id}, "Tb-Kind": {"chat"}}
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	m.Data = []byte(`{"model":"llama-8b","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if err := c.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	return readFrames(t, sub)
+}
+
+func TestNATSPermissions(t *testing.T) {
+	setEnv(t, testPasswords)
+	ns := startNATS(t)
+	f := startFakeTokenbus(t, ns)
+
+	gw := connect(t, ns, "gateway", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+	tenantA := connect(t, ns, "tenant-a", nats.UserInfo("tenant-a", testPasswords["NATS_TENANT_A_PASSWORD"]),
+		nats.CustomInboxPrefix("_INBOX.tenant-a"))
+	nkeyOpt, err := nats.NkeyOptionFromSeed(repoPath(t, "deploy/nats/tenant-b.nk"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenantB := connect(t, ns, "tenant-b", nkeyOpt, nats.CustomInboxPrefix("_INBOX.tenant-b"))
+
+	t.Run("gateway request and reply stream", func(t *testing.T) {
+		got := request(t, gw, "tokenbus.v1.req.llama-8b", "_INBOX", "gw-1", nil)
+		if !slices.Equal(got, wantFrames) {
+			t.Errorf("frames %q, want %q", got, wantFrames)
+		}
+		gw.noErrors(t)
+	})
+
+	t.Run("tenant-a request and reply stream", func(t *testing.T) {
+		got := request(t, tenantA, "tokenbus.v1.req.llama-8b", "_INBOX.tenant-a", "ta-1", nil)
+		if !slices.Equal(got, wantFrames) {
+			t.Errorf("frames %q, want %q", got, wantFrames)
+		}
+		// A model name with '.' and '/' travels as its model token.
+		got = request(t, tenantA, "tokenbus.v1.req.meta-llama~2fLlama-3~2e1-8B", "_INBOX.tenant-a", "ta-2", nil)
+		if !slices.Equal(got, wantFrames) {
+			t.Errorf("frames %q, want %q", got, wantFrames)
+		}
+		tenantA.noErrors(t)
+	})
+
+	t.Run("tenant-a cancels", func(t *testing.T) {
+		if err := tenantA.Publish("tokenbus.v1.cancel.w1", []byte("ta-1")); err != nil {
+			t.Fatal(err)
+		}
+		if err := tenantA.Publish("tokenbus.v1.qcancel", []byte("ta-2")); err != nil {
+			t.Fatal(err)
+		}
+		tenantA.noErrors(t)
+		waitFor(t, func() bool {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			return slices.Contains(f.cancels, "ta-1") && slices.Contains(f.qcancels, "ta-2")
+		}, "the worker to get the cancel and the dispatcher the qcancel")
+	})
+
+	t.Run("tenant-a may subscribe only to its inbox", func(t *testing.T) {
+		for _, subj := range []string{
+			"tokenbus.v1.work.>", "tokenbus.v1.hb.>", "tokenbus.v1.hb.*", "tokenbus.v1.req.>",
+			"tokenbus.v1.done.*", "tokenbus.v1.cancel.*", "tokenbus.v1.ctl.>", "tokenbus.v1.events.>",
+			"_INBOX.tenant-b.>", "_INBOX.>", "_INBOX.*.>", "_INBOX.*.*", "_INBOX.abcdef.*", "_INBOX", ">", "*.>",
+		} {
+			if _, err := tenantA.SubscribeSync(subj); err != nil {
+				t.Fatal(err)
+			}
+			tenantA.violation(t, "subscription", subj)
+		}
+		// Queue subscriptions are no way around it.
+		if _, err := tenantA.QueueSubscribeSync("tokenbus.v1.req.>", "tokenbus-dispatchers"); err != nil {
+			t.Fatal(err)
+		}
+		tenantA.violation(t, "subscription", "tokenbus.v1.req.>")
+	})
+
+	t.Run("tenant-a may not publish around the dispatchers", func(t *testing.T) {
+		for _, subj := range []string{
+			"tokenbus.v1.work.w1", "tokenbus.v1.hb.w1", "tokenbus.v1.done.w1", "tokenbus.v1.bounce.d1",
+			"tokenbus.v1.ctl.w1.drain", "tokenbus.v1.events.models", "_INBOX.abc.def", "_INBOX.tenant-b.x.y",
+			"_INBOX.tenant-a.x.y", "$JS.API.STREAM.LIST",
+		} {
+			if err := tenantA.Publish(subj, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			tenantA.violation(t, "publish", subj)
+		}
+	})
+
+	t.Run("tenant-b: nkey login, one model only", func(t *testing.T) {
+		got := request(t, tenantB, "tokenbus.v1.req.llama-8b", "_INBOX.tenant-b", "tb-1", nil)
+		if !slices.Equal(got, wantFrames) {
+			t.Errorf("frames %q, want %q", got, wantFrames)
+		}
+		tenantB.noErrors(t)
+		if err := tenantB.Publish("tokenbus.v1.req.other-model", []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		tenantB.violation(t, "publish", "tokenbus.v1.req.other-model")
+		if _, err := tenantB.SubscribeSync("_INBOX.tenant-a.>"); err != nil {
+			t.Fatal(err)
+		}
+		tenantB.violation(t, "subscription", "_INBOX.tenant-a.>")
+	})
+
+	t.Run("a tenant cannot aim a worker at control subjects", func(t *testing.T) {
+		// The reply subject is the requester's choice, and dispatchers and
+		// workers publish to it: they may do so only under _INBOX. A request
+		// whose reply names a worker's control subject gets nothing written
+		// there (their publishes are refused).
+		f.mu.Lock()
+		before := f.ctl
+		f.mu.Unlock()
+		m := nats.NewMsg("tokenbus.v1.req.llama-8b")
+		m.Reply = "tokenbus.v1.ctl.w1.drain"
+		m.Header = nats.Header{"Tb-Request-Id": {"evil"}, "Tb-Kind": {"chat"}}
+		m.Data = []byte(`{}`)
+		if err := tenantA.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		f.w1.violation(t, "publish", m.Reply)
+		f.mu.Lock()
+		if f.ctl != before {
+			t.Errorf("reply %s reached the worker's control subject", m.Reply)
+		}
+		f.mu.Unlock()
+		// The server itself refuses a message that carries a JetStream API
+		// subject as its reply.
+		m.Reply = "$JS.API.STREAM.DELETE.X"
+		if err := tenantA.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		tenantA.violation(t, "publish with reply of", m.Reply)
+	})
+
+	t.Run("roles stay in their lanes", func(t *testing.T) {
+		w := connect(t, ns, "worker-x", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]))
+		// A worker cannot take requests meant for dispatchers, nor write
+		// into a stream it was not given.
+		for _, subj := range []string{"tokenbus.v1.req.>", "_INBOX.>", "tokenbus.v1.qcancel"} {
+			_, _ = w.SubscribeSync(subj)
+			w.violation(t, "subscription", subj)
+		}
+		for _, subj := range []string{"tokenbus.v1.work.w1", "tokenbus.v1.req.llama-8b", "tokenbus.v1.ctl.w2.drain",
+			"tokenbus.v1.cancel.w2", "$JS.API.STREAM.LIST"} {
+			_ = w.Publish(subj, []byte("x"))
+			w.violation(t, "publish", subj)
+		}
+		// A dispatcher takes requests only in the dispatchers' queue group
+		// (no copy of every request).
+		d := connect(t, ns, "dispatcher-x", nats.UserInfo("dispatcher", testPasswords["NATS_DISPATCHER_PASSWORD"]))
+		_, _ = d.SubscribeSync("tokenbus.v1.req.>")
+		d.violation(t, "subscription", "tokenbus.v1.req.>")
+		_, _ = d.QueueSubscribeSync("tokenbus.v1.req.>", "other-group")
+		d.violation(t, "subscription", "tokenbus.v1.req.>")
+		_ = d.Publish("tokenbus.v1.hb.w1", []byte("{}"))
+		d.violation(t, "publish", "tokenbus.v1.hb.w1")
+		// The gateway does not read what is addressed to workers.
+		g := connect(t, ns, "gateway-x", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+		for _, subj := range []string{"tokenbus.v1.work.>", "tokenbus.v1.req.>", "tokenbus.v1.cancel.*"} {
+			_, _ = g.SubscribeSync(subj)
+			g.violation(t, "subscription", subj)
+		}
+	})
+
+	t.Run("operator drives a worker's control subject", func(t *testing.T) {
+		op := connect(t, ns, "operator", nats.UserInfo("operator", testPasswords["NATS_OPERATOR_PASSWORD"]))
+		m, err := op.Request("tokenbus.v1.ctl.w1.drain", []byte("{}"), 3*time.Second)
+		if err != nil {
+			t.Fatalf("ctl request: %v", err)
+		}
+		if string(m.Data) != `{"ok":true}` {
+			t.Errorf("ctl reply %q", m.Data)
+		}
+		// The gateway (admin API) may do the same.
+		if _, err := gw.Request("tokenbus.v1.ctl.w1.drain", []byte("{}"), 3*time.Second); err != nil {
+			t.Errorf("gateway ctl request: %v", err)
+		}
+	})
+
+	t.Run("wrong credentials", func(t *testing.T) {
+		for _, o := range []nats.Option{
+			nats.UserInfo("tenant-a", "wrong"),
+			nats.UserInfo("gateway", testPasswords["NATS_TENANT_A_PASSWORD"]),
+			nil,
+		} {
+			var opts []nats.Option
+			if o != nil {
+				opts = append(opts, o)
+			}
+			if nc, err := nats.Connect(ns.ClientURL(), opts...); err == nil {
+				nc.Close()
+				t.Error("connected with wrong or no credentials")
+			}
+		}
+	})
+}
+
+// TestNATSPrefixWildcard backs a claim of nats.conf: `*` is a wildcard only
+// as a whole token, so a permission "_INBOX_*.>" does not cover
+// _INBOX_tenant-a.x — which is why tenant prefixes live under "_INBOX.".
+func TestNATSPrefixWildcard(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true,
+		Users: []*server.User{{Username: "w", Password: "w", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Allow: []string{"_INBOX_*.>"}}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	w := connect(t, ns, "w", nats.UserInfo("w", "w"))
+	_ = w.Publish("_INBOX_tenant-a.x", []byte("x"))
+	w.violation(t, "publish", "_INBOX_tenant-a.x")
+}
+
+// TestNATSTenantAccountsNeedReplyHeader records why tenants are users of the
+// TOKENBUS account rather than accounts of their own (docs/security.md).
+// Across a service import a tenant's request arrives with a reply subject
+// `_R_.…` that the server maps back to the tenant, and with a
+// Nats-Request-Info header naming the tenant's account that the tenant cannot
+// forge. The responder may publish to that subject. But NATS refuses any
+// client message that CARRIES an `_R_.` reply, and the dispatcher forwards
+// requests to workers (and workers bounce them) with the client's reply
+// subject: that hop fails. Tenant accounts need the dispatcher to pass the
+// reply subject in a header instead (a protocol change), after which this
+// test's forwarding half flips.
+func TestNATSTenantAccountsNeedReplyHeader(t *testing.T) {
+	conf := filepath.Join(t.TempDir(), "accounts.conf")
+	if err := os.WriteFile(conf, []byte(`
+listen: 127.0.0.1:-1
+accounts {
+  TOKENBUS: {
+    users: [ { user: dispatcher, password: d } ]
+    exports: [ { service: "tokenbus.v1.req.>", response_type: stream } ]
+  }
+  TENANT_A: {
+    users: [ { user: tenant-a, password: t, permissions: { publish: "tokenbus.v1.req.>", subscribe: "_INBOX.tenant-a.>" } } ]
+    imports: [ { service: { account: TOKENBUS, subject: "tokenbus.v1.req.>" } } ]
+  }
+}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Port, opts.NoSigs, opts.NoLog = -1, true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	defer ns.Shutdown()
+	if !ns.ReadyForConnections(5 * time.Second) {
+		t.Fatal("nats-server did not start")
+	}
+	d := connect(t, ns, "dispatcher", nats.UserInfo("dispatcher", "d"))
+	info := make(chan string, 1)
+	replies := make(chan string, 1)
+	if _, err := d.QueueSubscribe("tokenbus.v1.req.>", "tokenbus-dispatchers", func(m *nats.Msg) {
+		info <- m.Header.Get("Nats-Request-Info")
+		replies <- m.Reply
+		_ = d.Publish(m.Reply, frame("queued", 0, "{}")) // a direct answer crosses back
+		fwd := nats.NewMsg("tokenbus.v1.work.w1")
+		fwd.Reply, fwd.Data = m.Reply, m.Data
+		_ = d.PublishMsg(fwd) // forwarding with that reply is refused
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d.noErrors(t)
+	tenant := connect(t, ns, "tenant-a", nats.UserInfo("tenant-a", "t"))
+	sub, _ := tenant.SubscribeSync("_INBOX.tenant-a.x.*")
+	m := nats.NewMsg("tokenbus.v1.req.llama-8b")
+	m.Reply = "_INBOX.tenant-a.x.1"
+	m.Header = nats.Header{"Nats-Request-Info": {`{"acc":"TOKENBUS"}`}} // a forgery attempt
+	if err := tenant.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := sub.NextMsg(2 * time.Second); err != nil || !strings.HasPrefix(string(got.Data), "queued 0") {
+		t.Fatalf("direct answer through the import: %v", err)
+	}
+	var ci struct {
+		Account string `json:"acc"`
+	}
+	_ = json.Unmarshal([]byte(<-info), &ci)
+	if ci.Account != "TENANT_A" {
+		t.Errorf("Nats-Request-Info names account %q, want TENANT_A (set by the server)", ci.Account)
+	}
+	reply := <-replies
+	if !strings.HasPrefix(reply, "_R_.") {
+		t.Errorf("reply subject seen by the dispatcher %q, want a mapped _R_. subject", reply)
+	}
+	d.violation(t, "publish with reply of", reply)
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
