@@ -68,7 +68,13 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	opts.defaults()
 	prefix := opts.InboxPrefix
 	if prefix == "" {
-		prefix = nats.InboxPrefix + nuid.Next()
+		// The connection's own prefix (nats.CustomInboxPrefix), which a
+		// restricted tenant's permissions allow, else _INBOX.
+		base := strings.TrimSuffix(nc.Opts.InboxPrefix, ".")
+		if base == "" {
+			base = strings.TrimSuffix(nats.InboxPrefix, ".")
+		}
+		prefix = base + "." + nuid.Next()
 	}
 	prefix = strings.TrimSuffix(prefix, ".") + "."
 	c := &Client{nc: nc, opts: opts, prefix: prefix, streams: make(map[string]*Stream)}

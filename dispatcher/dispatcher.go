@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,6 +54,12 @@ type Config struct {
 	QueueTimeout time.Duration // longest wait in a queue; default 60s
 	MaxBounces   int           // workers a request may bounce off before it queues; default 3
 	SweepEvery   time.Duration // expiry scan period; default 250ms
+	// ReplyPrefixes are the subject prefixes a request's reply subject must
+	// have; default ["_INBOX."]. Replies go wherever a request says, so
+	// without this a client could aim a dispatcher's or worker's messages at
+	// any subject those are allowed to publish to (a worker's control
+	// subjects, say).
+	ReplyPrefixes []string
 	// AdapterSpill: see Table.AdapterSpill; default 0.5.
 	AdapterSpill float64
 }
@@ -72,6 +79,9 @@ func (c *Config) defaults() {
 	}
 	if c.SweepEvery <= 0 {
 		c.SweepEvery = 250 * time.Millisecond
+	}
+	if len(c.ReplyPrefixes) == 0 {
+		c.ReplyPrefixes = []string{"_INBOX."}
 	}
 	if c.AdapterSpill <= 0 {
 		c.AdapterSpill = 0.5
@@ -279,6 +289,11 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 	if m.Reply == "" {
 		return
 	}
+	if !d.replyAllowed(m.Reply) {
+		d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
+		d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply)
+		return
+	}
 	r, err := d.parse(m)
 	if err != nil {
 		d.reply(m.Reply, err)
@@ -289,6 +304,15 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 		m.Header.Set(schemas.HdrModel, r.model)
 	}
 	d.route(r, "")
+}
+
+func (d *Dispatcher) replyAllowed(reply string) bool {
+	for _, p := range d.cfg.ReplyPrefixes {
+		if strings.HasPrefix(reply, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // onBounce takes back a request that a full worker could not admit.

@@ -246,3 +246,28 @@ func TestBounceGoesElsewhere(t *testing.T) {
 		t.Fatalf("attempt header %q", attempt)
 	}
 }
+
+func TestReplySubjectMustBeAnInbox(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{})
+	w := newFakeWorker(t, nc, "w", 4)
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if d.Table().Serving("m") != 1 {
+			return fmt.Errorf("worker not seen")
+		}
+		return nil
+	})
+	h := nats.Header{}
+	h.Set(schemas.HdrRequestID, "evil")
+	h.Set(schemas.HdrKind, "chat")
+	// A reply subject aimed at a worker's control subject must not be used.
+	nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{}`)})
+	sendRequest(t, nc, "m", "good")
+	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if id := w.got[0].Header.Get(schemas.HdrRequestID); id != "good" {
+		t.Fatalf("forwarded %q", id)
+	}
+}

@@ -22,16 +22,18 @@ type dispatcherOptions struct {
 	id           string
 	queueSize    int
 	queueTimeout time.Duration
+	replyPrefix  []string
 }
 
 func (o *dispatcherOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.id, "dispatcher-id", "", "dispatcher id (default: random)")
 	fs.IntVar(&o.queueSize, "queue-size", 1024, "requests that may wait per model when every worker is full; past it: 503")
 	fs.DurationVar(&o.queueTimeout, "queue-timeout", 60*time.Second, "longest time a request may wait in the queue")
+	fs.StringSliceVar(&o.replyPrefix, "reply-prefix", []string{"_INBOX."}, "subject prefixes a request's reply subject must have (others are dropped)")
 }
 
 func (o *dispatcherOptions) config() dispatcher.Config {
-	return dispatcher.Config{ID: o.id, QueueSize: o.queueSize, QueueTimeout: o.queueTimeout}
+	return dispatcher.Config{ID: o.id, QueueSize: o.queueSize, QueueTimeout: o.queueTimeout, ReplyPrefixes: o.replyPrefix}
 }
 
 func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer) error {
