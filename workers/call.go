@@ -23,6 +23,9 @@ type call struct {
 
 	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
 
+	start      time.Time // admission
+	firstChunk bool      // a chunk was sent (for TTFT)
+
 	mu       sync.Mutex
 	seq      uint64
 	buf      []byte // reused frame buffer: Publish copies it
@@ -31,7 +34,7 @@ type call struct {
 }
 
 func (w *Worker) newCall(m *nats.Msg) (*call, error) {
-	c := &call{w: w, reply: m.Reply}
+	c := &call{w: w, reply: m.Reply, start: time.Now()}
 	h := m.Header
 	c.req = engine.Request{
 		ID:          h.Get(schemas.HdrRequestID),
@@ -74,6 +77,10 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 func (c *call) Chunks(b []byte) error {
 	if err := c.ctx.Err(); err != nil {
 		return err
+	}
+	if !c.firstChunk { // engines call Chunks from one goroutine per request
+		c.firstChunk = true
+		c.w.m.ttft.Observe(time.Since(c.start).Seconds())
 	}
 	return c.send(schemas.FrameChunk, b)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
@@ -27,6 +28,8 @@ type Config struct {
 	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
 	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
 	Version           string
+	// Metrics is where the worker registers its metrics (nil: nowhere).
+	Metrics prometheus.Registerer
 
 	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction) may take; default 5m
 	// AdapterUnloadGrace is how long an unload ordered by a control request
@@ -67,6 +70,7 @@ type Worker struct {
 
 	running  atomic.Int64
 	draining atomic.Bool
+	m        *metrics
 	hbSeq    atomic.Uint64
 	wake     chan struct{} // asks the heartbeat loop for an early beat
 	ready    chan struct{} // closed once Run has subscribed
@@ -88,6 +92,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{})}
 	w.adapters = newAdapterManager(w)
+	w.registerMetrics(cfg.Metrics)
 	return w, nil
 }
 
@@ -218,6 +223,7 @@ func (w *Worker) admit() bool {
 // bounce hands a request we cannot take back to the dispatcher that sent it,
 // or, when it came straight from a client, answers 503.
 func (w *Worker) bounce(m *nats.Msg) {
+	w.m.requests.WithLabelValues("bounced").Inc()
 	if b := m.Header.Get(schemas.HdrBounce); b != "" {
 		fwd := &nats.Msg{Subject: b, Reply: m.Reply, Header: m.Header, Data: m.Data}
 		if err := w.nc.PublishMsg(fwd); err == nil {
@@ -258,11 +264,15 @@ func (w *Worker) serve(c *call) {
 			err = cause
 		}
 		if errors.Is(err, context.Canceled) {
+			w.m.requests.WithLabelValues("cancelled").Inc()
 			return // the client is gone: nobody to tell
 		}
+		w.m.requests.WithLabelValues("error").Inc()
 		c.sendError(schemas.AsError(err))
 		return
 	}
+	w.m.requests.WithLabelValues("ok").Inc()
+	w.m.e2e.Observe(time.Since(c.start).Seconds())
 	payload := res.Response
 	if payload == nil {
 		payload, _ = json.Marshal(schemas.DoneInfo{Usage: &res.Usage})

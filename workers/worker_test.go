@@ -294,7 +294,10 @@ func TestDrainFinishesInflight(t *testing.T) {
 	case <-time.After(3 * time.Second):
 		t.Fatal("worker did not exit after its last request")
 	}
-	if f.last().Type != schemas.FrameDone {
-		t.Fatalf("in-flight request ended with %v", f.types())
-	}
+	testenv.WaitFor(t, time.Second, func() error {
+		if f.last().Type != schemas.FrameDone {
+			return fmt.Errorf("in-flight request ended with %v", f.types())
+		}
+		return nil
+	})
 }

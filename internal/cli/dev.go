@@ -149,7 +149,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if err != nil {
 			return err
 		}
-		w, err := workers.New(wopts.config(fmt.Sprintf("dev-worker-%d", i+1)), wNC, eng, log.With("component", "worker"))
+		w, err := workers.New(wopts.config(fmt.Sprintf("dev-worker-%d", i+1), reg), wNC, eng, log.With("component", "worker"))
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
@@ -20,11 +21,11 @@ type workerOptions struct {
 	drainTimeout   time.Duration
 }
 
-func (o *workerOptions) config(id string) workers.Config {
+func (o *workerOptions) config(id string, reg prometheus.Registerer) workers.Config {
 	if o.id != "" {
 		id = o.id
 	}
-	return workers.Config{ID: id, MaxConcurrency: o.maxConcurrency, DrainTimeout: o.drainTimeout, Version: Version}
+	return workers.Config{ID: id, MaxConcurrency: o.maxConcurrency, DrainTimeout: o.drainTimeout, Version: Version, Metrics: reg}
 }
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -38,6 +39,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.IntVar(&wopts.maxConcurrency, "max-concurrency", 256, "hard cap on requests in flight; past it the worker hands requests back")
 	fs.DurationVar(&wopts.drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM, how long in-flight requests may run before they are cancelled")
 	redisURL := fs.String("redis-url", "", "Redis holding the model registry; when set the worker registers its models there")
+	metricsAddr := fs.String("metrics", "", "listen address for /metrics (empty: off)")
 	eopts.register(fs)
 	lopts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
@@ -62,7 +64,15 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			log.Warn("could not register models in Redis; serving anyway", "err", err)
 		}
 	}
-	w, err := workers.New(wopts.config(hostID("worker")+"-"+nuid.Next()[:6]), nc, eng, log)
+	reg := newRegistry()
+	if *metricsAddr != "" {
+		stopMetrics, err := serveMetrics(*metricsAddr, reg)
+		if err != nil {
+			return err
+		}
+		defer stopMetrics()
+	}
+	w, err := workers.New(wopts.config(hostID("worker")+"-"+nuid.Next()[:6], reg), nc, eng, log)
 	if err != nil {
 		return err
 	}

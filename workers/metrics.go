@@ -1,0 +1,64 @@
+package workers
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the worker's Prometheus metrics, all labelled with the worker
+// id (several workers may share one registry, as in `tokenbus dev`).
+type metrics struct {
+	requests *prometheus.CounterVec // by outcome
+	ttft     prometheus.Histogram
+	e2e      prometheus.Histogram
+}
+
+var latencyBuckets = []float64{.005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 120}
+
+func (w *Worker) registerMetrics(reg prometheus.Registerer) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_worker_requests_total", Help: "Requests the worker finished, by outcome (ok, error, cancelled, bounced)."},
+			[]string{"outcome"}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_worker_time_to_first_token_seconds", Help: "From admission to the engine's first chunk (streams).", Buckets: latencyBuckets}),
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_worker_request_duration_seconds", Help: "From admission to the end of the request.", Buckets: latencyBuckets}),
+	}
+	w.m = m
+	if reg == nil {
+		return
+	}
+	reg = prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.cfg.ID}, reg)
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
+	}
+	reg.MustRegister(m.requests, m.ttft, m.e2e,
+		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),
+		gauge("tokenbus_worker_max_concurrency", "The worker's admission cap.", func() float64 { return float64(w.cfg.MaxConcurrency) }),
+		gauge("tokenbus_worker_waiting", "Requests queued inside the engine.", func() float64 { return float64(w.eng.Stats().Waiting) }),
+		gauge("tokenbus_worker_kv_cache_usage", "The engine's KV cache use, 0 to 1.", func() float64 { return w.eng.Stats().KVCacheUsage }),
+		gauge("tokenbus_worker_engine_healthy", "1 when the engine's health check passes.", func() float64 {
+			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+			defer cancel()
+			if w.eng.Health(ctx) == nil {
+				return 1
+			}
+			return 0
+		}),
+		gauge("tokenbus_worker_draining", "1 while the worker drains.", func() float64 {
+			if w.draining.Load() {
+				return 1
+			}
+			return 0
+		}),
+		counter("tokenbus_worker_adapter_loads_total", "LoRA adapters loaded.", func() float64 { return float64(w.AdapterStats().Loads) }),
+		counter("tokenbus_worker_adapter_load_failures_total", "LoRA adapter loads that failed.", func() float64 { return float64(w.AdapterStats().LoadFailures) }),
+		counter("tokenbus_worker_adapter_evictions_total", "LoRA adapters unloaded to make room.", func() float64 { return float64(w.AdapterStats().Evictions) }),
+	)
+}
