@@ -398,3 +398,11 @@ func TestPrometheusTargets(t *testing.T) {
 		}
 	}
 }
+
+func concat(lists ...[]string) []string {
+	var out []string
+	for _, l := range lists {
+		out = append(out, l...)
+	}
+	return out
+}

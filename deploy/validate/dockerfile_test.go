@@ -152,7 +152,7 @@ func TestDockerfile(t *testing.T) {
 	}
 	if cmd == nil || cmd.PrependShell || len(cmd.CmdLine) == 0 {
 		t.Error("CMD: want exec form with a subcommand")
-	} else if _, ok := tokenbusFlags[cmd.CmdLine[0]]; !ok {
+	} else if _, ok := tokenbusFlags(t)[cmd.CmdLine[0]]; !ok {
 		t.Errorf("CMD %q: not a tokenbus subcommand", cmd.CmdLine)
 	}
 	for _, bin := range []string{"/out/tokenbus", "/out/tokenbus-probe"} {

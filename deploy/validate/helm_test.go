@@ -731,9 +731,9 @@ func TestHelmRejects(t *testing.T) {
 		vals string
 		want string
 	}{
-		"pool scaled to zero": {`{"keda":{"enabled":true},"workers":{"pools":[{"name":"a","model":"a","autoscaling":{"minReplicas":0}}]}}`, "minReplicas must be at least 1"},
-		"unknown engine":      {`{"workers":{"pools":[{"name":"a","model":"a","engine":"tgi"}]}}`, "engine must be sim or vllm"},
-		"pool without model":  {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
+		"pool scaled to zero":  {`{"keda":{"enabled":true},"workers":{"pools":[{"name":"a","model":"a","autoscaling":{"minReplicas":0}}]}}`, "minReplicas must be at least 1"},
+		"unknown engine":       {`{"workers":{"pools":[{"name":"a","model":"a","engine":"tgi"}]}}`, "engine must be sim or vllm"},
+		"pool without model":   {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
 		"creds without secret": {`{"nats":{"auth":{"mode":"creds"}}}`, "existingSecret"},
 		"tls without secret":   {`{"nats":{"tls":{"enabled":true}}}`, "nats.tls.secretName is required"},
 	} {
