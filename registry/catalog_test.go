@@ -93,7 +93,7 @@ func TestOnMiniredis(t *testing.T) {
 			t.Fatalf("admit %d: %+v %v", i, d, err)
 		}
 	}
-	if err := l.Record(ctx, k, "b", schemas.Usage{PromptTokens: 3, CompletionTokens: 4}); err != nil {
+	if err := l.Record(ctx, k.ID, "b", schemas.Usage{PromptTokens: 3, CompletionTokens: 4}); err != nil {
 		t.Fatal(err)
 	}
 	if u, err := s.Usage(ctx, "", ""); err != nil || len(u) != 1 || u[0].TotalTokens != 7 {

@@ -124,17 +124,14 @@ redis.call('SADD', KEYS[3], ARGV[3])
 return 0
 `)
 
-// Record adds one finished request's usage to the key's counters for model
-// and, if the key has a TPM limit, its tokens to the current window, in one
-// atomic step. keyID may be AnonymousKey for requests without a key.
-func (l *Limiter) Record(ctx context.Context, k Key, model string, u schemas.Usage) error {
-	id := k.ID
+// Record adds one finished request's usage to key keyID's counters for
+// model and its tokens to the key's current rate-limit window, in one atomic
+// step. An empty keyID (no API key: auth off) is counted as AnonymousKey,
+// with no window.
+func (l *Limiter) Record(ctx context.Context, keyID, model string, u schemas.Usage) error {
+	id, tokens := keyID, Tokens(u)
 	if id == "" {
-		id = AnonymousKey
-	}
-	tokens := 0
-	if k.TPM > 0 && k.ID != "" {
-		tokens = Tokens(u)
+		id, tokens = AnonymousKey, 0
 	}
 	err := recordScript.Run(ctx, l.store.rdb, []string{rateKey(id), usageKey(id), keyUsageIndex},
 		l.now(), tokens, id, model, u.PromptTokens, u.CompletionTokens).Err()

@@ -76,13 +76,13 @@ func TestTokensPerMinute(t *testing.T) {
 	if err != nil || !d.Allowed || d.RemainingTokens() != 100 {
 		t.Fatalf("first: %+v %v", d, err)
 	}
-	if err := l.Record(ctx, k, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
+	if err := l.Record(ctx, k.ID, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := l.Admit(ctx, k); err != nil || !d.Allowed || d.RemainingTokens() != 30 || d.Tokens != 70 {
 		t.Fatalf("after 70 tokens: %+v %v", d, err)
 	}
-	if err := l.Record(ctx, k, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
+	if err := l.Record(ctx, k.ID, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
 		t.Fatal(err)
 	}
 	d, err = l.Admit(ctx, k)
@@ -91,7 +91,7 @@ func TestTokensPerMinute(t *testing.T) {
 	}
 	// Tokens of a request that ends in the next window count there.
 	clock.add(time.Minute)
-	if err := l.Record(ctx, k, "m", schemas.Usage{TotalTokens: 25}); err != nil {
+	if err := l.Record(ctx, k.ID, "m", schemas.Usage{TotalTokens: 25}); err != nil {
 		t.Fatal(err)
 	}
 	if d, err := l.Admit(ctx, k); err != nil || !d.Allowed || d.Tokens != 25 || d.Requests != 1 {
@@ -148,7 +148,7 @@ func TestLimiterRedisClock(t *testing.T) {
 	if err != nil || !d.Allowed || d.Reset <= 0 || d.Reset > time.Minute {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if err := l.Record(context.Background(), k, "m", schemas.Usage{PromptTokens: 1}); err != nil {
+	if err := l.Record(context.Background(), k.ID, "m", schemas.Usage{PromptTokens: 1}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -171,7 +171,7 @@ func TestUsage(t *testing.T) {
 		{registry.Key{}, "llama-8b", 1, 1, 1},
 	} {
 		for range rec.repeat {
-			if err := l.Record(ctx, rec.k, rec.model, schemas.Usage{PromptTokens: rec.p, CompletionTokens: rec.c}); err != nil {
+			if err := l.Record(ctx, rec.k.ID, rec.model, schemas.Usage{PromptTokens: rec.p, CompletionTokens: rec.c}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -190,7 +190,7 @@ func TestStoreUnavailable(t *testing.T) {
 			return err
 		},
 		"Record": func() error {
-			return registry.NewLimiter(s).Record(ctx, registry.Key{ID: "k"}, "m", schemas.Usage{})
+			return registry.NewLimiter(s).Record(ctx, "k", "m", schemas.Usage{})
 		},
 	}
 	for name, f := range checks {
