@@ -233,3 +233,23 @@ func joinNames(names []string) string {
 	}
 	return out
 }
+
+// RemoveAdapter deletes an adapter: ErrNotFound if there is none of that
+// name, ErrInvalid if the name is a base model.
+func (s *Store) RemoveAdapter(ctx context.Context, name string) (Model, error) {
+	var m Model
+	err := s.updateModels(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+		cur, ok, err := getModel(ctx, tx, name)
+		switch {
+		case err != nil:
+			return nil, err
+		case !ok:
+			return nil, modelNotFound(name)
+		case !cur.IsAdapter():
+			return nil, invalid("name", "`%s` is a base model, not an adapter.", name)
+		}
+		m = cur
+		return func(p redis.Pipeliner) { p.HDel(ctx, keyModels, name) }, nil
+	})
+	return m, err
+}

@@ -106,6 +106,14 @@ func TestAdapters(t *testing.T) {
 	if ad, err := s.Adapters(ctx, "llama-8b"); err != nil || len(ad) != 1 || ad[0] != (registry.Model{Name: lora.Name, Base: lora.Base, Path: lora.Path, Created: ad[0].Created}) {
 		t.Fatalf("Adapters = %+v, %v", ad, err)
 	}
+	wantErr(t, "RemoveAdapter of a base", func() error { _, err := s.RemoveAdapter(ctx, "llama-8b"); return err }(), registry.ErrInvalid, 400)
+	wantErr(t, "RemoveAdapter of nothing", func() error { _, err := s.RemoveAdapter(ctx, "nope"); return err }(), registry.ErrNotFound, 404)
+	if _, err := s.PutAdapter(ctx, registry.Model{Name: "lora2", Base: "llama-8b", Path: "/2"}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.RemoveAdapter(ctx, "lora2"); err != nil || m.Path != "/2" {
+		t.Fatalf("RemoveAdapter = %+v, %v", m, err)
+	}
 	removed, err := s.RemoveModel(ctx, "llama-8b", true)
 	if err != nil || len(removed) != 2 || removed[0].Name != "llama-8b" || removed[1].Name != "llama-8b-lora" {
 		t.Fatalf("forced RemoveModel = %+v, %v", removed, err)
