@@ -32,7 +32,7 @@ type dev struct {
 	URL      string // http://host:port
 	NATSURL  string
 	AdminURL string // http://host:port of the admin API
-	stop    func() time.Duration
+	stop     func() time.Duration
 }
 
 var apiLine = regexp.MustCompile(`OpenAI API\s+(http://\S+)/v1`)
