@@ -46,6 +46,20 @@ func (o *gatewayOptions) register(fs *pflag.FlagSet, defaultHTTP string, default
 	fs.StringVar(&o.adminToken, "admin-token", "", "bearer token the admin API requires (prefer the environment variable to the command line)")
 }
 
+// check reports flags that do not go together.
+func (o *gatewayOptions) check(haveRedis bool) error {
+	switch {
+	case o.auth && !haveRedis:
+		return fmt.Errorf("--auth needs Redis (--redis-url): API keys live there; or run without keys: --auth=false")
+	case o.admin != "" && !haveRedis:
+		return fmt.Errorf(`the admin API needs Redis (--redis-url); or turn it off with --admin ""`)
+	case o.admin != "" && o.adminToken == "":
+		return fmt.Errorf(`--admin-token (or %s) is required for the admin API on %s; or turn it off with --admin ""`,
+			flagenv.EnvName("admin-token"), o.admin)
+	}
+	return nil
+}
+
 // gatewayDeps is what a gateway runs on.
 type gatewayDeps struct {
 	nc    *nats.Conn
@@ -65,14 +79,8 @@ type runningGateway struct {
 // startGateway starts the gateway on its own listener, with API keys when
 // o.auth, usage counting when there is a store, and the admin API on o.admin.
 func startGateway(ctx context.Context, o gatewayOptions, deps gatewayDeps) (*runningGateway, error) {
-	switch {
-	case o.auth && deps.store == nil:
-		return nil, fmt.Errorf("--auth needs Redis (--redis-url): API keys live there")
-	case o.admin != "" && deps.store == nil:
-		return nil, fmt.Errorf(`the admin API needs Redis (--redis-url); or turn it off with --admin ""`)
-	case o.admin != "" && o.adminToken == "":
-		return nil, fmt.Errorf(`--admin-token (or %s) is required for the admin API on %s; or turn it off with --admin ""`,
-			flagenv.EnvName("admin-token"), o.admin)
+	if err := o.check(deps.store != nil); err != nil {
+		return nil, err
 	}
 	table := dispatcher.NewTable()
 	if err := dispatcher.Watch(ctx, deps.nc, table); err != nil {
@@ -166,6 +174,9 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	log, err := lopts.logger(stderr, "gateway")
 	if err != nil {
+		return err
+	}
+	if err := gopts.check(*redisURL != ""); err != nil {
 		return err
 	}
 	nc, err := nopts.Connect("tokenbus-gateway", 30*time.Second, log)
