@@ -60,28 +60,8 @@ func (c *Catalog) Known(model string) bool {
 func (c *Catalog) WorkersUp() int { return c.Table.Len() }
 
 // Models lists what can be served now, as OpenAI model objects: every model a
-// live worker serves, with the registry's metadata where it has some.
+// live worker serves, with the registry's metadata where it has some, and the
+// registered adapters of served base models (parent = base).
 func (c *Catalog) Models() []schemas.Model {
-	served := c.Table.Models()
-	out := make([]schemas.Model, 0, len(served))
-	now := time.Now().Unix()
-	for _, name := range served {
-		m := schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name}
-		if c.Registry != nil {
-			if r, ok := c.Registry.Get(name); ok {
-				m.Created = r.Created
-				m.MaxModelLen = r.MaxModelLen
-				if r.OwnedBy != "" {
-					m.OwnedBy = r.OwnedBy
-				}
-				if r.IsAdapter() {
-					base := r.Base
-					m.Parent = &base
-					m.Root = r.Path
-				}
-			}
-		}
-		out = append(out, m)
-	}
-	return out
+	return c.Registry.ModelList(c.Table.Models())
 }

@@ -26,7 +26,7 @@ type exchange struct {
 	route  string // route pattern, for metrics
 	model  string
 	label  string // model as a metric label
-	tenant string
+	caller Principal
 	start  time.Time
 
 	st     *client.Stream
@@ -67,13 +67,13 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		c.Locals(localModel, req.Model)
 		c.Locals(localLabel, label)
 
-		var tenant string
+		var caller Principal
 		if g.cfg.Authorize != nil {
-			t, err := g.cfg.Authorize(c, req.Model)
+			p, err := g.cfg.Authorize(c, req.Model)
 			if err != nil {
 				return err
 			}
-			tenant = strings.Clone(t)
+			caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID)}
 		}
 		if !known {
 			return schemas.ModelNotFound(req.Model)
@@ -82,7 +82,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		id, _ := c.Locals(localID).(string)
 		deadline := start.Add(g.cfg.RequestTimeout)
 		x := &exchange{g: g, id: id, route: c.Route().Path, model: req.Model, label: label,
-			tenant: tenant, start: start}
+			caller: caller, start: start}
 		var reqCtx context.Context
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
 		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
@@ -95,7 +95,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			Body:     req.payload(body),
 			Deadline: deadline,
 			Priority: req.Priority,
-			Tenant:   tenant,
+			Tenant:   caller.Tenant,
 			Trace:    traceParent(c.Get("traceparent")),
 		})
 		if err != nil {
@@ -274,7 +274,7 @@ func (x *exchange) usage(done []byte) {
 	if info.Usage != nil {
 		u = *info.Usage
 	}
-	x.g.cfg.OnUsage(x.tenant, x.model, u)
+	x.g.cfg.OnUsage(x.caller, x.model, u)
 }
 
 // pathParam is a route parameter, unescaped and copied out of fasthttp's buffers.

@@ -67,10 +67,12 @@
 // cancel.
 //
 // Hooks. Config.Authorize is called after the body is parsed and before the
-// request is published; Config.OnUsage once for every request that finished
-// with a done frame (stream or not), with the usage at the top level of the
-// done payload (zero if it had none). Requests that failed or were cancelled
-// do not call OnUsage.
+// request is published; it returns the request's Principal (tenant, API key
+// id) and may set response headers. Config.OnUsage is called with that
+// Principal once for every request that finished with a done frame (stream or
+// not), with the usage at the top level of the done payload (zero if it had
+// none). Requests that failed or were cancelled do not call OnUsage. Package
+// auth implements both on API keys, rate limits and usage in Redis.
 //
 // Metrics are labelled by route pattern and by model only when the catalog
 // knows the model (else "unknown"), so label cardinality stays bounded. Stream

@@ -43,13 +43,15 @@ type Config struct {
 	// Authorize, if set, is called for every completion request after its
 	// body is parsed and before it is published; model is the resolved
 	// model. An error rejects the request (a *schemas.Error keeps its status,
-	// e.g. 401, 403 or 429 with RetryAfter). The tenant travels on the bus
-	// and is passed to OnUsage.
-	Authorize func(c *fiber.Ctx, model string) (tenant string, err error)
+	// e.g. 401, 403 or 429 with RetryAfter). Response headers it sets (e.g.
+	// x-ratelimit-*) are sent with the response, error or not. The
+	// principal's tenant travels on the bus; the principal is passed to
+	// OnUsage.
+	Authorize func(c *fiber.Ctx, model string) (Principal, error)
 	// OnUsage, if set, is called once per request that finished with a done
 	// frame, with the usage from the done payload's top level. It may be
 	// called from a stream writer goroutine and must not block for long.
-	OnUsage func(tenant, model string, u schemas.Usage)
+	OnUsage func(p Principal, model string, u schemas.Usage)
 }
 
 func (c *Config) defaults() {

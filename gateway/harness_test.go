@@ -162,9 +162,9 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 		cfg.ProbeInterval = 25 * time.Millisecond
 	}
 	if cfg.OnUsage == nil {
-		cfg.OnUsage = func(tenant, model string, u schemas.Usage) {
+		cfg.OnUsage = func(p Principal, model string, u schemas.Usage) {
 			h.usageMu.Lock()
-			h.usage = append(h.usage, fmt.Sprintf("%s %s %d", tenant, model, u.TotalTokens))
+			h.usage = append(h.usage, fmt.Sprintf("%s %s %d", p.Tenant, model, u.TotalTokens))
 			h.usageMu.Unlock()
 		}
 	}

@@ -20,16 +20,16 @@ import (
 // OnUsage; its errors keep their status.
 func TestAuthorize(t *testing.T) {
 	h := newHarness(t, harnessOptions{cfg: Config{
-		Authorize: func(c *fiber.Ctx, model string) (string, error) {
+		Authorize: func(c *fiber.Ctx, model string) (Principal, error) {
 			switch c.Get("Authorization") {
 			case "Bearer good":
-				return "acme", nil
+				return Principal{Tenant: "acme"}, nil
 			case "Bearer limited":
 				e := schemas.NewError(429, schemas.TypeRateLimit, "rate_limit_exceeded", "", "slow down")
 				e.RetryAfter = 9
-				return "", e
+				return Principal{}, e
 			}
-			return "", schemas.NewError(401, schemas.TypeAuthentication, "invalid_api_key", "", "Incorrect API key provided.")
+			return Principal{}, schemas.NewError(401, schemas.TypeAuthentication, "invalid_api_key", "", "Incorrect API key provided.")
 		},
 	}})
 	for _, tc := range []struct {
@@ -59,7 +59,7 @@ func TestAuthorize(t *testing.T) {
 
 // A panicking OnUsage hook breaks neither kind of response.
 func TestOnUsagePanic(t *testing.T) {
-	h := newHarness(t, harnessOptions{cfg: Config{OnUsage: func(string, string, schemas.Usage) { panic("hook bug") }}})
+	h := newHarness(t, harnessOptions{cfg: Config{OnUsage: func(Principal, string, schemas.Usage) { panic("hook bug") }}})
 	if resp, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil); resp.StatusCode != 200 || body != standardSSE(chatFrames) {
 		t.Fatalf("stream %d %q", resp.StatusCode, body)
 	}

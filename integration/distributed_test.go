@@ -103,7 +103,7 @@ func TestDistributed(t *testing.T) {
 		id := fmt.Sprintf("w%d", i+1)
 		workers = append(workers, startProc(t, id, bin, append([]string{"worker", "--id", id, "--sim-decode-base", "5ms", "--drain-timeout", "20s"}, common...)...))
 	}
-	startProc(t, "gateway", bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", httpPort)}, common...)...)
+	startProc(t, "gateway", bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--auth=false", "--admin", ""}, common...)...)
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	waitReady(t, base)
 	hb := watchHeartbeats(t, natsURL)

@@ -29,13 +29,15 @@ import (
 
 // dev is a `tokenbus dev` running inside the test process.
 type dev struct {
-	URL     string // http://host:port
-	NATSURL string
-	stop    func() time.Duration
+	URL      string // http://host:port
+	NATSURL  string
+	AdminURL string // http://host:port of the admin API
+	stop     func() time.Duration
 }
 
 var apiLine = regexp.MustCompile(`OpenAI API\s+(http://\S+)/v1`)
 var natsLine = regexp.MustCompile(`NATS\s+(nats://\S+)`)
+var adminLine = regexp.MustCompile(`admin API\s+(http://\S+)`)
 
 // startDev runs `tokenbus dev` with args (on free ports) and waits until it
 // serves. It stops with the test; stop() stops it early and says how long that took.
@@ -44,7 +46,7 @@ func startDev(t *testing.T, args ...string) *dev {
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	errc := make(chan error, 1)
-	full := append([]string{"dev", "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--log-level", "warn"}, args...)
+	full := append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--log-level", "warn"}, args...)
 	go func() {
 		err := cli.Run(ctx, full, pw, testWriter{t})
 		pw.CloseWithError(fmt.Errorf("dev exited: %v", err))
@@ -59,6 +61,9 @@ func startDev(t *testing.T, args ...string) *dev {
 		}
 		if m := natsLine.FindStringSubmatch(line); m != nil {
 			d.NATSURL = m[1]
+		}
+		if m := adminLine.FindStringSubmatch(line); m != nil {
+			d.AdminURL = m[1]
 		}
 		if strings.HasPrefix(line, "Ctrl-C") {
 			break

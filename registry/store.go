@@ -1,6 +1,13 @@
 // Package registry is tokenbus's control-plane state in Redis: the models
-// and LoRA adapters that exist. Gateways and dispatchers read it through a
-// Cache, so serving known models goes on while Redis is down.
+// and LoRA adapters that exist, API keys (stored as hashes), rate-limit
+// windows and usage counters. Gateways and dispatchers read models through a
+// Cache and keys through a KeyCache, so serving goes on while Redis is down.
+//
+// Every Redis key carries the hash tag {tokenbus}, so all of it lives in one
+// slot of a Redis Cluster and multi-key transactions and scripts work there.
+// The control plane is small and its write rate is about one script call per
+// LLM request (admit) and one per finished request (usage), far below what
+// one shard serves.
 package registry
 
 import (
@@ -9,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -47,6 +55,10 @@ func Open(ctx context.Context, url string) (*Store, error) {
 	opts.ReadTimeout = 2 * time.Second
 	opts.WriteTimeout = 2 * time.Second
 	opts.MaxRetries = 1
+	// While Redis is down every call fails after one quick redial, not
+	// go-redis's five attempts: callers fall back to caches or fail open.
+	opts.DialerRetries = 2
+	opts.DialerRetryTimeout = 50 * time.Millisecond
 	rdb := redis.NewClient(opts)
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -66,16 +78,14 @@ func (s *Store) Client() redis.UniversalClient { return s.rdb }
 // Close closes the connection.
 func (s *Store) Close() error { return s.rdb.Close() }
 
-// ErrNotFound is returned for a model that is not registered.
-var ErrNotFound = errors.New("not registered")
-
-// PutModel creates or replaces a model.
+// PutModel creates or replaces a model as it is, without the checks of
+// PutBase and PutAdapter (for tests and tools).
 func (s *Store) PutModel(ctx context.Context, m Model) error {
 	if m.Created == 0 {
 		m.Created = time.Now().Unix()
 	}
 	b, _ := json.Marshal(m)
-	return s.rdb.HSet(ctx, keyModels, m.Name, b).Err()
+	return storeErr(s.rdb.HSet(ctx, keyModels, m.Name, b).Err())
 }
 
 // EnsureModel registers m unless a model of that name exists; it reports
@@ -85,29 +95,25 @@ func (s *Store) EnsureModel(ctx context.Context, m Model) (bool, error) {
 		m.Created = time.Now().Unix()
 	}
 	b, _ := json.Marshal(m)
-	return s.rdb.HSetNX(ctx, keyModels, m.Name, b).Result()
+	ok, err := s.rdb.HSetNX(ctx, keyModels, m.Name, b).Result()
+	return ok, storeErr(err)
 }
 
-// DeleteModel removes a model; ErrNotFound if it was not there.
+// DeleteModel removes a model; ErrNotFound if it was not there, ErrConflict
+// if it is a base model with adapters (RemoveModel can force that).
 func (s *Store) DeleteModel(ctx context.Context, name string) error {
-	n, err := s.rdb.HDel(ctx, keyModels, name).Result()
-	if err != nil {
-		return err
-	}
-	if n == 0 {
-		return ErrNotFound
-	}
-	return nil
+	_, err := s.RemoveModel(ctx, name, false)
+	return err
 }
 
 // Model returns one model.
 func (s *Store) Model(ctx context.Context, name string) (Model, error) {
 	b, err := s.rdb.HGet(ctx, keyModels, name).Bytes()
 	if errors.Is(err, redis.Nil) {
-		return Model{}, ErrNotFound
+		return Model{}, modelNotFound(name)
 	}
 	if err != nil {
-		return Model{}, err
+		return Model{}, storeErr(err)
 	}
 	var m Model
 	err = json.Unmarshal(b, &m)
@@ -118,8 +124,13 @@ func (s *Store) Model(ctx context.Context, name string) (Model, error) {
 func (s *Store) Models(ctx context.Context) ([]Model, error) {
 	all, err := s.rdb.HGetAll(ctx, keyModels).Result()
 	if err != nil {
-		return nil, err
+		return nil, storeErr(err)
 	}
+	return decodeModels(all), nil
+}
+
+// decodeModels decodes the models hash, sorted by name.
+func decodeModels(all map[string]string) []Model {
 	out := make([]Model, 0, len(all))
 	for _, v := range all {
 		var m Model
@@ -127,11 +138,6 @@ func (s *Store) Models(ctx context.Context) ([]Model, error) {
 			out = append(out, m)
 		}
 	}
-	slices.SortFunc(out, func(a, b Model) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		return 1
-	})
-	return out, nil
+	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.Name, b.Name) })
+	return out
 }

@@ -2,8 +2,12 @@ package cli
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -26,7 +30,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var dopts dispatcherOptions
 	var wopts workerOptions
 	var lopts logOptions
-	gopts.register(fs, "127.0.0.1:8080")
+	gopts.register(fs, "127.0.0.1:8080", false)
+	adapters := fs.StringSlice("adapters", []string{"llama-8b-lora=sim://llama-8b-lora"},
+		`LoRA adapters to register on the served model, as name=path pairs (the default only with --engine sim; "" for none)`)
 	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	redisURL := fs.String("redis-url", "", "use this Redis instead of the embedded store")
 	dataDir := fs.String("data-dir", "", "JetStream storage directory (default: a temporary directory)")
@@ -130,6 +136,18 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := ensureModels(ctx, store, served, gwNC); err != nil {
 		return err
 	}
+	if !fs.Changed("adapters") && eopts.kind != "sim" {
+		*adapters = nil // the sim's example adapter means nothing to a real engine
+	}
+	var registered []string
+	if len(served) > 0 {
+		if registered, err = registerAdapters(ctx, store, served[0], *adapters, gwNC, log); err != nil {
+			return err
+		}
+	}
+	if gopts.admin != "" && gopts.adminToken == "" {
+		gopts.adminToken = randomToken()
+	}
 	_ = cache.Refresh(ctx)
 	go cache.Run(compCtx, gwNC, 10*time.Second)
 
@@ -170,18 +188,40 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	addr, stopGateway, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, cache: cache, reg: reg, log: log.With("component", "gateway")})
+	gw, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, store: store, cache: cache, reg: reg, log: log.With("component", "gateway")})
 	if err != nil {
 		return err
 	}
+	addr := gw.addr
 	natsURL := ns.ClientURL()
+	models := strings.Join(served, ", ")
+	if len(registered) > 0 {
+		models += "; adapters " + strings.Join(registered, ", ")
+	}
 	fmt.Fprintf(stdout, "tokenbus dev %s is up\n", Version)
-	fmt.Fprintf(stdout, "  OpenAI API   http://%s/v1   (models %s; %d workers on %s)\n", addr, strings.Join(served, ", "), nWorkers, eopts.engineDesc())
+	fmt.Fprintf(stdout, "  OpenAI API   http://%s/v1   (models %s; %d workers on %s)\n", addr, models, nWorkers, eopts.engineDesc())
+	if gopts.auth {
+		fmt.Fprintln(stdout, "  API keys     required (--auth): create them with POST /keys on the admin API")
+	}
+	if gw.adminAddr != "" {
+		fmt.Fprintf(stdout, "  admin API    http://%s   (token %s)\n", gw.adminAddr, gopts.adminToken)
+	}
 	fmt.Fprintf(stdout, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(stdout, "  NATS         %s\n", natsURL)
 	fmt.Fprintf(stdout, "  store        %s\n", url)
-	fmt.Fprintf(stdout, "Try:\n  curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json' \\\n"+
-		"    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", addr, eopts.model)
+	keyHeader := ""
+	if gopts.auth {
+		keyHeader = " -H 'Authorization: Bearer <key>'"
+	}
+	fmt.Fprintf(stdout, "Try:\n  curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"+
+		"    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", addr, keyHeader, eopts.model)
+	if len(registered) > 0 {
+		fmt.Fprintf(stdout, "  curl http://%s/predictions/%s/1.0/v1/completions -H 'Content-Type: application/json'%s \\\n"+
+			"    -d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", addr, registered[0], keyHeader)
+	}
+	if gw.adminAddr != "" {
+		fmt.Fprintf(stdout, "  curl http://%s/models -H 'Authorization: Bearer %s'\n", gw.adminAddr, gopts.adminToken)
+	}
 	fmt.Fprintln(stdout, "Ctrl-C to stop.")
 
 	<-ctx.Done()
@@ -190,7 +230,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// bounded (shutdown-timeout, drain-timeout) so Ctrl-C returns promptly.
 	var sw sync.WaitGroup
 	sw.Add(1)
-	go func() { defer sw.Done(); stopGateway() }()
+	go func() { defer sw.Done(); gw.stop() }()
 	stopComponents()
 	wg.Wait()
 	sw.Wait()
@@ -214,4 +254,38 @@ func firstOr(s []string, def string) string {
 		return s[0]
 	}
 	return def
+}
+
+// registerAdapters registers LoRA adapters given as name=path on base and
+// returns their names. An adapter already registered differently is kept as
+// it is, with a warning.
+func registerAdapters(ctx context.Context, store *registry.Store, base string, specs []string, nc *nats.Conn, log *slog.Logger) ([]string, error) {
+	var names []string
+	for _, spec := range specs {
+		if spec = strings.TrimSpace(spec); spec == "" {
+			continue
+		}
+		name, path, ok := strings.Cut(spec, "=")
+		if !ok || name == "" || path == "" {
+			return nil, fmt.Errorf("--adapters: %q is not name=path", spec)
+		}
+		created, err := store.PutAdapter(ctx, registry.Model{Name: name, Base: base, Path: path, OwnedBy: "tokenbus"})
+		if errors.Is(err, registry.ErrConflict) {
+			log.Warn("adapter already registered differently; keeping it", "adapter", name, "err", err)
+		} else if err != nil {
+			return nil, fmt.Errorf("--adapters %s: %w", name, err)
+		}
+		if created {
+			_ = registry.Announce(nc, name)
+		}
+		names = append(names, name)
+	}
+	return names, nil
+}
+
+// randomToken makes an admin token for dev.
+func randomToken() string {
+	b := make([]byte, 24)
+	_, _ = rand.Read(b)
+	return "adm-" + base64.RawURLEncoding.EncodeToString(b)
 }

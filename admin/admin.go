@@ -1,0 +1,221 @@
+// Package admin is tokenbus's management API: models and LoRA adapters, the
+// live worker table, API keys and usage. It listens on its own address (like
+// TorchServe's management port), apart from the OpenAI API, and every request
+// needs "Authorization: Bearer <admin token>". JSON in and out; every error
+// is OpenAI's {"error":{"message","type","param","code"}} with its status:
+// 400 bad JSON or fields, 401 bad token, 404 unknown, 409 conflicts, 503 when
+// Redis cannot be reached (Retry-After: 1). docs/admin-api.md has the routes.
+//
+// Every registry change is announced on tokenbus.v1.events.* before the
+// response is sent, so gateway and dispatcher caches follow at once.
+package admin
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/recover"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Config configures the admin API. Token, Store, NC and Table are required.
+type Config struct {
+	Token string          // the admin bearer token
+	Store *registry.Store // models, adapters, keys, usage
+	NC    *nats.Conn      // events and worker control
+	Table *dispatcher.Table
+	// StoreTimeout bounds each Redis call. Default 5s.
+	StoreTimeout time.Duration
+	// CtlTimeout bounds each control request to a worker (drain, unload).
+	// Default 10s.
+	CtlTimeout time.Duration
+	Log        *slog.Logger
+}
+
+// Server is the admin HTTP server.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	app   *fiber.App
+	token [sha256.Size]byte
+}
+
+// New builds the admin server.
+func New(cfg Config) (*Server, error) {
+	switch {
+	case cfg.Token == "":
+		return nil, errors.New("admin: an admin token is required")
+	case cfg.Store == nil || cfg.NC == nil || cfg.Table == nil:
+		return nil, errors.New("admin: Store, NC and Table are required")
+	}
+	if cfg.StoreTimeout <= 0 {
+		cfg.StoreTimeout = 5 * time.Second
+	}
+	if cfg.CtlTimeout <= 0 {
+		cfg.CtlTimeout = 10 * time.Second
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token))}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.app = fiber.New(fiber.Config{
+		DisableStartupMessage: true,
+		BodyLimit:             1 << 20,
+		ReadTimeout:           time.Minute,
+		IdleTimeout:           2 * time.Minute,
+		ErrorHandler:          s.errorHandler,
+		AppName:               "tokenbus-admin",
+	})
+	s.routes()
+	return s, nil
+}
+
+func (s *Server) routes() {
+	app := s.app
+	app.Use(recover.New())
+	app.Use(s.authenticate)
+	app.Get("/models", s.listModels)
+	app.Post("/models", s.putModel)
+	app.Get("/models/*", s.getModel)
+	app.Delete("/models/*", s.deleteModel)
+	app.Post("/adapters", s.putAdapter)
+	app.Delete("/adapters/*", s.deleteAdapter)
+	app.Get("/workers", s.listWorkers)
+	app.Post("/workers/:id/drain", s.drainWorker)
+	app.Post("/keys", s.createKey)
+	app.Get("/keys", s.listKeys)
+	app.Delete("/keys/:id", s.deleteKey)
+	app.Get("/usage", s.usage)
+}
+
+// App is the Fiber application, for tests.
+func (s *Server) App() *fiber.App { return s.app }
+
+// Serve serves on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
+
+// Shutdown stops the server, letting open requests finish until ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
+
+// authenticate checks the admin token in constant time (comparing hashes, so
+// not even the token's length leaks).
+func (s *Server) authenticate(c *fiber.Ctx) error {
+	scheme, token, _ := strings.Cut(c.Get(fiber.HeaderAuthorization), " ")
+	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tokenbus-admin"`)
+		return errBadToken
+	}
+	return c.Next()
+}
+
+// CodeInvalidAdminToken is the code of the admin API's 401.
+const CodeInvalidAdminToken = "invalid_admin_token"
+
+var errBadToken = schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidAdminToken, "",
+	"The admin API needs the admin token: Authorization: Bearer <admin token>.")
+
+// errorHandler writes every error in OpenAI's shape.
+func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
+	var e *schemas.Error
+	var fe *fiber.Error
+	switch {
+	case errors.As(err, &e):
+	case errors.As(err, &fe):
+		code := map[int]string{http.StatusNotFound: "unknown_url", http.StatusMethodNotAllowed: "method_not_allowed",
+			http.StatusRequestEntityTooLarge: "request_too_large"}[fe.Code]
+		typ := schemas.TypeInvalidRequest
+		if fe.Code >= 500 {
+			typ = schemas.TypeServer
+		}
+		msg := fe.Message
+		if fe.Code == http.StatusNotFound {
+			msg = fmt.Sprintf("Unknown request URL: %s %s.", c.Method(), c.Path())
+		}
+		e = schemas.NewError(fe.Code, typ, code, "", msg)
+	default:
+		e = schemas.AsError(err)
+	}
+	if e.Status >= 500 {
+		s.log.Warn("admin request failed", "method", c.Method(), "path", c.Path(), "status", e.Status, "err", err)
+	}
+	if e.RetryAfter > 0 {
+		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(e.RetryAfter))
+	}
+	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
+	return c.Status(e.Status).Send(e.JSON())
+}
+
+// ctx is the context of one Redis call.
+func (s *Server) ctx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), s.cfg.StoreTimeout)
+}
+
+// decode reads a JSON object body into dst, strictly: unknown fields and
+// trailing data are 400s, so typos do not pass silently.
+func decode(c *fiber.Ctx, dst any) error {
+	body := bytes.TrimSpace(c.Body())
+	if len(body) == 0 {
+		return schemas.BadRequest("", "The request body is empty; expected a JSON object.")
+	}
+	if body[0] != '{' {
+		return schemas.BadRequest("", "The request body must be a JSON object.")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(dst); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			return schemas.BadRequest(te.Field, "Invalid type for '%s': expected %s.", te.Field, te.Type)
+		}
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			f = strings.Trim(f, `"`)
+			return schemas.BadRequest(f, "Unrecognized request argument supplied: %s", f)
+		}
+		return schemas.BadRequest("", "We could not parse the JSON body of your request: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return schemas.BadRequest("", "The request body has data after its JSON object.")
+	}
+	return nil
+}
+
+// pathParam is a route parameter, unescaped and copied out of fasthttp's buffers.
+func pathParam(c *fiber.Ctx, name string) string {
+	v := c.Params(name)
+	if u, err := url.PathUnescape(v); err == nil {
+		v = u
+	}
+	return strings.Clone(v)
+}
+
+// list is OpenAI's list object.
+type list[T any] struct {
+	Object string `json:"object"`
+	Data   []T    `json:"data"`
+}
+
+func newList[T any](data []T) list[T] {
+	if data == nil {
+		data = []T{}
+	}
+	return list[T]{Object: "list", Data: data}
+}

@@ -1,0 +1,74 @@
+package admin
+
+import (
+	"net/http"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+// keyView is an API key as the admin API shows it: never its secret, except
+// once in the answer to its creation.
+type keyView struct {
+	Object string `json:"object"` // "api_key"
+	registry.Key
+	Secret string `json:"key,omitempty"`
+}
+
+// POST /keys {"name","tenant","models","rpm","tpm"}
+func (s *Server) createKey(c *fiber.Ctx) error {
+	var spec registry.KeySpec
+	if err := decode(c, &spec); err != nil {
+		return err
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	k, secret, err := s.cfg.Store.CreateKey(ctx, spec)
+	if err != nil {
+		return err
+	}
+	return c.Status(http.StatusCreated).JSON(keyView{Object: "api_key", Key: k, Secret: secret})
+}
+
+// GET /keys
+func (s *Server) listKeys(c *fiber.Ctx) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	keys, err := s.cfg.Store.ListKeys(ctx)
+	if err != nil {
+		return err
+	}
+	out := make([]keyView, len(keys))
+	for i, k := range keys {
+		out[i] = keyView{Object: "api_key", Key: k}
+	}
+	return c.JSON(newList(out))
+}
+
+// DELETE /keys/{id}: the key stops working on every gateway as soon as the
+// event reaches it.
+func (s *Server) deleteKey(c *fiber.Ctx) error {
+	id := pathParam(c, "id")
+	ctx, cancel := s.ctx()
+	defer cancel()
+	if err := s.cfg.Store.DeleteKey(ctx, id); err != nil {
+		return err
+	}
+	if err := registry.AnnounceKeys(s.cfg.NC, id); err != nil {
+		s.log.Warn("could not announce a key deletion: gateways forget it within their cache TTL", "key_id", id, "err", err)
+	}
+	return c.JSON(fiber.Map{"id": id, "object": "api_key", "deleted": true})
+}
+
+// GET /usage?key_id=&model=: requests and tokens per key and model; an
+// absent filter matches all.
+func (s *Server) usage(c *fiber.Ctx) error {
+	ctx, cancel := s.ctx()
+	defer cancel()
+	rows, err := s.cfg.Store.Usage(ctx, c.Query("key_id"), c.Query("model"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(newList(rows))
+}

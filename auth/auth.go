@@ -1,0 +1,241 @@
+// Package auth implements the gateway's Authorize and OnUsage hooks on the
+// registry: API keys (Authorization: Bearer tb-...), per-key model
+// allow-lists, requests- and tokens-per-minute limits shared by every gateway
+// replica through Redis, and usage per key and model.
+//
+// Answers, all in OpenAI's error shape:
+//
+//	no key, or not a key         401 invalid_request_error, code invalid_api_key
+//	model not in the key's list  403 permission_error, code model_not_allowed, param model
+//	over RPM or TPM              429 rate_limit_error, code rate_limit_exceeded, Retry-After
+//	Redis down, key not cached   503 overloaded_error, code store_unavailable
+//
+// Keys with limits get OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// headers on every response, for the limits they have. Redis down during the
+// limit check fails open: the request is allowed, a warning is logged and
+// tokenbus_auth_ratelimit_fail_open_total counts it, so a Redis outage does
+// not stop serving.
+package auth
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenbus/tokenbus/gateway"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Codes of auth's errors.
+const (
+	CodeInvalidKey      = "invalid_api_key"
+	CodeModelNotAllowed = "model_not_allowed"
+	CodeRateLimited     = "rate_limit_exceeded"
+)
+
+// Config configures an Auth.
+type Config struct {
+	// Keys looks keys up; nil turns authentication off (Authorize then lets
+	// everything through and usage is counted as registry.AnonymousKey).
+	Keys    *registry.KeyCache
+	Limiter *registry.Limiter // required: limits and usage
+	Log     *slog.Logger
+	Metrics prometheus.Registerer // may be nil
+	// Timeout bounds each Redis call on a request's path. Default 2s.
+	Timeout time.Duration
+	// MaxPendingUsage bounds usage writes in flight; past it usage is
+	// dropped (logged and counted). Default 1024.
+	MaxPendingUsage int
+}
+
+// Auth holds the hooks. Make one with New.
+type Auth struct {
+	cfg     Config
+	log     *slog.Logger
+	pending chan struct{} // a slot per usage write in flight
+	wg      sync.WaitGroup
+
+	decisions *prometheus.CounterVec
+	failOpen  prometheus.Counter
+	usageLost prometheus.Counter
+}
+
+// New makes an Auth.
+func New(cfg Config) *Auth {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.MaxPendingUsage <= 0 {
+		cfg.MaxPendingUsage = 1024
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Auth{cfg: cfg, log: log, pending: make(chan struct{}, cfg.MaxPendingUsage),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_auth_decisions_total",
+			Help: "Completion requests by authorization outcome.",
+		}, []string{"outcome"}),
+		failOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_auth_ratelimit_fail_open_total",
+			Help: "Requests allowed without a rate-limit check because Redis did not answer.",
+		}),
+		usageLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_auth_usage_lost_total",
+			Help: "Finished requests whose usage could not be recorded (Redis error or too many writes pending).",
+		}),
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.usageLost)
+	}
+	return a
+}
+
+// Authorize is gateway.Config.Authorize.
+func (a *Auth) Authorize(c *fiber.Ctx, model string) (gateway.Principal, error) {
+	if a.cfg.Keys == nil {
+		return gateway.Principal{}, nil
+	}
+	p, outcome, err := a.authorize(c, model)
+	a.decisions.WithLabelValues(outcome).Inc()
+	return p, err
+}
+
+func (a *Auth) authorize(c *fiber.Ctx, model string) (gateway.Principal, string, error) {
+	secret, ok := bearer(c.Get(fiber.HeaderAuthorization))
+	if !ok {
+		return gateway.Principal{}, "missing_key", errMissingKey
+	}
+	if !strings.HasPrefix(secret, registry.SecretPrefix) {
+		return gateway.Principal{}, "invalid_key", invalidKey(secret)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
+	defer cancel()
+	k, err := a.cfg.Keys.Lookup(ctx, secret)
+	switch {
+	case errors.Is(err, registry.ErrNotFound):
+		return gateway.Principal{}, "invalid_key", invalidKey(secret)
+	case err != nil:
+		a.log.Warn("API key lookup failed", "err", err)
+		return gateway.Principal{}, "unavailable", err
+	case !k.Allows(model):
+		return gateway.Principal{}, "model_not_allowed", schemas.NewError(http.StatusForbidden, schemas.TypePermission,
+			CodeModelNotAllowed, "model", fmt.Sprintf("This API key may not use the model `%s`.", model))
+	}
+	p := gateway.Principal{Tenant: k.Tenant, KeyID: k.ID}
+	d, err := a.cfg.Limiter.Admit(ctx, k)
+	if err != nil {
+		a.failOpen.Inc()
+		a.log.Warn("rate-limit check failed: allowing the request (fail open)", "key_id", k.ID, "err", err)
+		return p, "fail_open", nil
+	}
+	setHeaders(c, d)
+	if !d.Allowed {
+		return gateway.Principal{}, "rate_limited", rateLimited(k, d)
+	}
+	return p, "ok", nil
+}
+
+// OnUsage is gateway.Config.OnUsage: it records the usage in the background
+// (it must not hold up the response), bounded by MaxPendingUsage.
+func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
+	select {
+	case a.pending <- struct{}{}:
+	default:
+		a.usageLost.Inc()
+		a.log.Warn("usage dropped: too many usage writes pending", "key_id", p.KeyID, "model", model)
+		return
+	}
+	a.wg.Add(1)
+	go func() {
+		defer func() { <-a.pending; a.wg.Done() }()
+		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
+		defer cancel()
+		if err := a.cfg.Limiter.Record(ctx, p.KeyID, model, u); err != nil {
+			a.usageLost.Inc()
+			a.log.Warn("usage not recorded", "key_id", p.KeyID, "model", model, "err", err)
+		}
+	}()
+}
+
+// Wait waits until the usage writes in flight are done, or ctx ends.
+func (a *Auth) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header.
+func bearer(h string) (string, bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimSpace(token)
+	return token, token != ""
+}
+
+var errMissingKey = schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidKey, "",
+	"You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth "+
+		"(i.e. Authorization: Bearer YOUR_KEY).")
+
+// invalidKey is OpenAI's 401 for a wrong key, which shows only the key's ends.
+func invalidKey(secret string) *schemas.Error {
+	shown := "***"
+	if len(secret) >= 16 {
+		shown = secret[:6] + "***" + secret[len(secret)-4:]
+	}
+	return schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidKey, "",
+		fmt.Sprintf("Incorrect API key provided: %s.", shown))
+}
+
+// rateLimited is the 429 for a refused request.
+func rateLimited(k registry.Key, d registry.Decision) *schemas.Error {
+	what, limit, used := "requests per minute (RPM)", d.RPM, d.Requests
+	if d.Exceeded == "tokens" {
+		what, limit, used = "tokens per minute (TPM)", d.TPM, d.Tokens
+	}
+	e := schemas.NewError(http.StatusTooManyRequests, schemas.TypeRateLimit, CodeRateLimited, "",
+		fmt.Sprintf("Rate limit reached for API key %s on %s: Limit %d, Used %d. Please try again in %s.",
+			k.ID, what, limit, used, resetString(d.Reset)))
+	e.RetryAfter = int(math.Ceil(d.Reset.Seconds()))
+	return e
+}
+
+// setHeaders sets OpenAI's x-ratelimit-* headers for the limits the key has.
+func setHeaders(c *fiber.Ctx, d registry.Decision) {
+	reset := resetString(d.Reset)
+	if d.RPM > 0 {
+		c.Set("x-ratelimit-limit-requests", strconv.Itoa(d.RPM))
+		c.Set("x-ratelimit-remaining-requests", strconv.Itoa(d.RemainingRequests()))
+		c.Set("x-ratelimit-reset-requests", reset)
+	}
+	if d.TPM > 0 {
+		c.Set("x-ratelimit-limit-tokens", strconv.Itoa(d.TPM))
+		c.Set("x-ratelimit-remaining-tokens", strconv.Itoa(d.RemainingTokens()))
+		c.Set("x-ratelimit-reset-tokens", reset)
+	}
+}
+
+// resetString formats a reset time as OpenAI does ("1s", "6m0s"), rounded up
+// to the second.
+func resetString(d time.Duration) string {
+	return (time.Duration(math.Ceil(d.Seconds())) * time.Second).String()
+}

@@ -1,0 +1,115 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+)
+
+// adminCall sends an admin API request and decodes its JSON answer into out.
+func adminCall(t *testing.T, d *dev, token, method, path, body string, out any) int {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, d.AdminURL+path, rd)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+// tokenbus dev --auth: keys made on the admin API work with the official
+// client, are refused without a key or for a model they may not use, count
+// usage, and stop working when deleted. The adapter registered by default is
+// in /v1/models under its base.
+func TestDevWithKeys(t *testing.T) {
+	const adminToken = "test-admin-token"
+	d := startDev(t, "--auth", "--admin-token", adminToken)
+	if d.AdminURL == "" {
+		t.Fatal("dev did not print the admin API's address")
+	}
+	ctx := context.Background()
+	var key struct{ ID, Key string }
+	if st := adminCall(t, d, adminToken, "POST", "/keys", `{"name":"it","tenant":"acme","models":["llama-8b"],"rpm":100}`, &key); st != 201 {
+		t.Fatalf("POST /keys: %d", st)
+	}
+
+	var apiErr *openai.Error
+	anon := openaiClient(d.URL + "/v1")
+	_, err := anon.Models.List(ctx)
+	if err != nil {
+		t.Fatalf("listing models needs no key: %v", err)
+	}
+	_, err = anon.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "llama-8b", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_api_key" {
+		t.Fatalf("without a key: %v", err)
+	}
+
+	c := openai.NewClient(option.WithBaseURL(d.URL+"/v1"), option.WithAPIKey(key.Key), option.WithMaxRetries(0))
+	var hdr *http.Response
+	comp, err := c.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "llama-8b", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+		MaxTokens: openai.Int(7)}, option.WithResponseInto(&hdr))
+	if err != nil || comp.Usage.CompletionTokens != 7 || hdr.Header.Get("x-ratelimit-remaining-requests") != "99" {
+		t.Fatalf("with a key: %+v %v", comp, err)
+	}
+	_, err = c.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "llama-8b-lora", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}})
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 403 || apiErr.Code != "model_not_allowed" {
+		t.Fatalf("model not allowed: %v", err)
+	}
+
+	models, err := c.Models.List(ctx)
+	if err != nil || len(models.Data) != 2 || models.Data[1].ID != "llama-8b-lora" ||
+		!strings.Contains(models.Data[1].RawJSON(), `"parent":"llama-8b"`) {
+		t.Fatalf("models: %+v %v", models.Data, err)
+	}
+
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		var u struct {
+			Data []struct {
+				Requests         int64 `json:"requests"`
+				CompletionTokens int64 `json:"completion_tokens"`
+			} `json:"data"`
+		}
+		adminCall(t, d, adminToken, "GET", "/usage?key_id="+key.ID, "", &u)
+		if len(u.Data) != 1 || u.Data[0].Requests != 1 || u.Data[0].CompletionTokens != 7 {
+			return errors.New("usage not there yet")
+		}
+		return nil
+	})
+
+	if st := adminCall(t, d, adminToken, "DELETE", "/keys/"+key.ID, "", nil); st != 200 {
+		t.Fatalf("DELETE /keys: %d", st)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		_, err := c.Completions.New(ctx, openai.CompletionNewParams{
+			Model: "llama-8b", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}})
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 {
+			return errors.New("deleted key still works")
+		}
+		return nil
+	})
+}

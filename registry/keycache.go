@@ -1,0 +1,119 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// KeyCache looks API keys up by secret for gateways, holding each answer for
+// a short TTL so that a request costs no Redis round trip. Any message on
+// EventKeys empties it, so a deleted key stops working as soon as the event
+// arrives (and within the TTL if the event is lost). While Redis is down,
+// keys it has seen keep working past the TTL and other secrets get
+// ErrUnavailable (a 503), not ErrNotFound: the cache cannot tell a new key
+// from a bad one.
+type KeyCache struct {
+	store *Store
+	ttl   time.Duration
+	log   *slog.Logger
+
+	mu  sync.Mutex
+	gen uint64 // bumped by Purge, so a lookup racing with it does not store a stale answer
+	pos map[string]cachedKey
+	neg map[string]time.Time // secrets' hashes known not to be keys, and when
+}
+
+type cachedKey struct {
+	key Key
+	at  time.Time
+}
+
+// maxNegative bounds the unknown secrets remembered, against floods of bad keys.
+const maxNegative = 10000
+
+// NewKeyCache makes a cache over store; ttl <= 0 means 10 s.
+func NewKeyCache(store *Store, ttl time.Duration, log *slog.Logger) *KeyCache {
+	if ttl <= 0 {
+		ttl = 10 * time.Second
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &KeyCache{store: store, ttl: ttl, log: log, pos: map[string]cachedKey{}, neg: map[string]time.Time{}}
+}
+
+// Lookup returns the key whose secret this is: ErrNotFound if none,
+// ErrUnavailable if Redis cannot say.
+func (c *KeyCache) Lookup(ctx context.Context, secret string) (Key, error) {
+	hash := HashSecret(secret)
+	now := time.Now()
+	c.mu.Lock()
+	hit, known := c.pos[hash]
+	if known && now.Sub(hit.at) < c.ttl {
+		c.mu.Unlock()
+		return hit.key, nil
+	}
+	if at, ok := c.neg[hash]; ok && now.Sub(at) < c.ttl {
+		c.mu.Unlock()
+		return Key{}, keyNotFound("")
+	}
+	gen := c.gen
+	c.mu.Unlock()
+
+	k, err := c.store.KeyByHash(ctx, hash)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	current := gen == c.gen
+	switch {
+	case err == nil:
+		if current {
+			c.pos[hash] = cachedKey{key: k, at: now}
+			delete(c.neg, hash)
+		}
+		return k, nil
+	case errors.Is(err, ErrNotFound):
+		if current {
+			delete(c.pos, hash)
+			if len(c.neg) >= maxNegative {
+				clear(c.neg)
+			}
+			c.neg[hash] = now
+		}
+		return Key{}, err
+	case errors.Is(err, ErrUnavailable) && known && current:
+		// Serve the key we know, and do not ask again for a TTL: every
+		// request would otherwise wait on the dead Redis.
+		c.log.Warn("Redis unavailable: serving a cached API key", "key_id", hit.key.ID, "err", err)
+		c.pos[hash] = cachedKey{key: hit.key, at: now}
+		return hit.key, nil
+	}
+	return Key{}, err
+}
+
+// Purge forgets every cached answer.
+func (c *KeyCache) Purge() {
+	c.mu.Lock()
+	c.gen++
+	clear(c.pos)
+	clear(c.neg)
+	c.mu.Unlock()
+}
+
+// Subscribe purges the cache on every EventKeys message on nc, from the time
+// it returns; the returned function stops that.
+func (c *KeyCache) Subscribe(nc *nats.Conn) (stop func(), err error) {
+	sub, err := nc.Subscribe(EventKeys, func(*nats.Msg) { c.Purge() })
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}

@@ -1,0 +1,219 @@
+package registry
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// EventKeys is the subject on which API key changes are announced; every
+// KeyCache drops what it holds when one arrives.
+const EventKeys = schemas.EventsPrefix + "keys"
+
+// SecretPrefix starts every API key secret, so a gateway can reject strings
+// that are no key at all without asking Redis.
+const SecretPrefix = "tb-"
+
+// Redis keys of API keys. Secrets are never stored: only their SHA-256.
+const (
+	keyKeys    = "{tokenbus}:keys"    // hash: key id -> Key JSON
+	keyKeyHash = "{tokenbus}:keyhash" // hash: hex SHA-256 of the secret -> key id
+)
+
+// KeySpec is what an API key is created with.
+type KeySpec struct {
+	Name   string   `json:"name"`
+	Tenant string   `json:"tenant"`
+	Models []string `json:"models"` // models it may use; empty: all
+	RPM    int      `json:"rpm"`    // requests per minute; 0: no limit
+	TPM    int      `json:"tpm"`    // tokens (prompt + completion) per minute; 0: no limit
+}
+
+// Key is an API key's record. It never holds the secret.
+type Key struct {
+	ID string `json:"id"`
+	KeySpec
+	Hint    string `json:"redacted_key"` // "tb-...abcd": enough to tell keys apart
+	Hash    string `json:"-"`            // hex SHA-256 of the secret
+	Created int64  `json:"created"`
+}
+
+// keyRecord is Key as stored: with its hash, which DeleteKey needs.
+type keyRecord struct {
+	Key
+	Hash string `json:"hash"`
+}
+
+// Allows reports whether the key may use model: exact names, empty list = all.
+func (k Key) Allows(model string) bool {
+	return len(k.Models) == 0 || slices.Contains(k.Models, model)
+}
+
+// Limited reports whether the key has a rate limit.
+func (k Key) Limited() bool { return k.RPM > 0 || k.TPM > 0 }
+
+// HashSecret is the stored form of a secret: hex SHA-256. The secret is 256
+// random bits, so a plain fast hash is enough (no password-style stretching).
+func HashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+func (spec *KeySpec) check() error {
+	if len(spec.Name) > maxNameLen {
+		return invalid("name", "Invalid 'name': longer than %d bytes.", maxNameLen)
+	}
+	switch {
+	case spec.Tenant == "":
+		return invalid("tenant", "Missing required parameter: 'tenant'.")
+	case len(spec.Tenant) > maxNameLen:
+		return invalid("tenant", "Invalid 'tenant': longer than %d bytes.", maxNameLen)
+	case spec.RPM < 0:
+		return invalid("rpm", "Invalid 'rpm': must not be negative (0 means no limit).")
+	case spec.TPM < 0:
+		return invalid("tpm", "Invalid 'tpm': must not be negative (0 means no limit).")
+	}
+	// The tenant travels as a NATS header value.
+	for _, r := range spec.Tenant {
+		if unicode.IsControl(r) {
+			return invalid("tenant", "Invalid 'tenant': control characters are not allowed.")
+		}
+	}
+	for _, m := range spec.Models {
+		if err := checkName("models", m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CreateKey makes an API key and returns its record and its secret, which
+// exists only in this return value: Redis keeps its SHA-256.
+func (s *Store) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error) {
+	if err := spec.check(); err != nil {
+		return Key{}, "", err
+	}
+	if spec.Models == nil {
+		spec.Models = []string{}
+	}
+	buf := make([]byte, 32+12)
+	_, _ = rand.Read(buf) // crypto/rand.Read never fails
+	secret := SecretPrefix + base64.RawURLEncoding.EncodeToString(buf[:32])
+	k := Key{
+		ID:      "key_" + hex.EncodeToString(buf[32:]),
+		KeySpec: spec,
+		Hint:    SecretPrefix + "..." + secret[len(secret)-4:],
+		Hash:    HashSecret(secret),
+		Created: time.Now().Unix(),
+	}
+	b, _ := json.Marshal(keyRecord{Key: k, Hash: k.Hash})
+	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.HSet(ctx, keyKeys, k.ID, b)
+		p.HSet(ctx, keyKeyHash, k.Hash, k.ID)
+		return nil
+	})
+	if err != nil {
+		return Key{}, "", storeErr(err)
+	}
+	return k, secret, nil
+}
+
+// KeyByHash returns the key whose secret hashes to hash; ErrNotFound if none.
+func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, error) {
+	id, err := s.rdb.HGet(ctx, keyKeyHash, hash).Result()
+	if errors.Is(err, redis.Nil) {
+		return Key{}, keyNotFound("")
+	}
+	if err != nil {
+		return Key{}, storeErr(err)
+	}
+	return s.Key(ctx, id)
+}
+
+// Key returns a key by id; ErrNotFound if none.
+func (s *Store) Key(ctx context.Context, id string) (Key, error) {
+	b, err := s.rdb.HGet(ctx, keyKeys, id).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return Key{}, keyNotFound(id)
+	}
+	if err != nil {
+		return Key{}, storeErr(err)
+	}
+	return decodeKey(b)
+}
+
+func decodeKey(b []byte) (Key, error) {
+	var r keyRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return Key{}, err
+	}
+	r.Key.Hash = r.Hash
+	return r.Key, nil
+}
+
+// ListKeys returns every key, oldest first (by creation second, then id).
+func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
+	all, err := s.rdb.HGetAll(ctx, keyKeys).Result()
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	out := make([]Key, 0, len(all))
+	for _, v := range all {
+		if k, err := decodeKey([]byte(v)); err == nil {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(a, b Key) int {
+		return cmp.Or(cmp.Compare(a.Created, b.Created), strings.Compare(a.ID, b.ID))
+	})
+	return out, nil
+}
+
+// DeleteKey deletes a key, its hash index entry and its rate-limit window in
+// one step; its usage stays. ErrNotFound if there is no such key. Callers
+// announce it (AnnounceKeys) so that gateways forget it at once.
+func (s *Store) DeleteKey(ctx context.Context, id string) error {
+	return s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+		b, err := tx.HGet(ctx, keyKeys, id).Bytes()
+		if errors.Is(err, redis.Nil) {
+			return nil, keyNotFound(id)
+		}
+		if err != nil {
+			return nil, err
+		}
+		k, err := decodeKey(b)
+		if err != nil {
+			return nil, err
+		}
+		return func(p redis.Pipeliner) {
+			p.HDel(ctx, keyKeys, id)
+			if k.Hash != "" {
+				p.HDel(ctx, keyKeyHash, k.Hash)
+			}
+			p.Del(ctx, rateKey(id))
+		}, nil
+	}, keyKeys)
+}
+
+// AnnounceKeys tells every KeyCache that keys changed (body: the key id).
+// It flushes, so the event has left when it returns.
+func AnnounceKeys(nc *nats.Conn, id string) error {
+	if err := nc.Publish(EventKeys, []byte(id)); err != nil {
+		return err
+	}
+	return nc.Flush()
+}

@@ -1,0 +1,218 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+func TestKeys(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := context.Background()
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Name: "ci", Tenant: "acme", Models: []string{"llama-8b"}, RPM: 60, TPM: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(secret, "tb-") || len(secret) != 3+43 || !strings.HasPrefix(k.ID, "key_") ||
+		k.Hint != "tb-..."+secret[len(secret)-4:] || k.Created == 0 {
+		t.Fatalf("key %+v secret %q", k, secret)
+	}
+	_, secret2, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "other"})
+	if err != nil || secret2 == secret {
+		t.Fatalf("second key: %v", err)
+	}
+
+	got, err := s.KeyByHash(ctx, registry.HashSecret(secret))
+	if err != nil || got.ID != k.ID || got.Tenant != "acme" || got.RPM != 60 || got.TPM != 1000 ||
+		!got.Allows("llama-8b") || got.Allows("other") {
+		t.Fatalf("KeyByHash = %+v, %v", got, err)
+	}
+	list, err := s.ListKeys(ctx)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("ListKeys = %+v, %v", list, err)
+	}
+	for _, l := range list {
+		if l.ID != k.ID && (l.Tenant != "other" || !l.Allows("anything")) {
+			t.Fatalf("ListKeys = %+v", list)
+		}
+	}
+
+	// The secret is nowhere in Redis: not in a key name, a field or a value.
+	for _, sec := range []string{secret, secret2, strings.TrimPrefix(secret, "tb-")} {
+		if where := findInRedis(t, s.Client(), sec); where != "" {
+			t.Fatalf("the secret is stored in Redis: %s", where)
+		}
+	}
+
+	if err := s.DeleteKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(t, "deleted key by hash", func() error { _, err := s.KeyByHash(ctx, registry.HashSecret(secret)); return err }(), registry.ErrNotFound, 404)
+	wantErr(t, "delete again", s.DeleteKey(ctx, k.ID), registry.ErrNotFound, 404)
+	if n, _ := s.Client().HLen(ctx, "{tokenbus}:keyhash").Result(); n != 1 {
+		t.Fatalf("hash index has %d entries after delete, want 1", n)
+	}
+
+	for _, tc := range []struct {
+		spec  registry.KeySpec
+		param string
+	}{
+		{registry.KeySpec{}, "tenant"},
+		{registry.KeySpec{Tenant: "a\nb"}, "tenant"},
+		{registry.KeySpec{Tenant: "t", RPM: -1}, "rpm"},
+		{registry.KeySpec{Tenant: "t", TPM: -1}, "tpm"},
+		{registry.KeySpec{Tenant: "t", Models: []string{""}}, "models"},
+	} {
+		_, _, err := s.CreateKey(ctx, tc.spec)
+		wantErr(t, fmt.Sprintf("%+v", tc.spec), err, registry.ErrInvalid, 400)
+		if p := schemas.AsError(err).Body.Param; p == nil || *p != tc.param {
+			t.Fatalf("%+v: param %v", tc.spec, p)
+		}
+	}
+}
+
+// findInRedis scans every key, and every string, hash, set and list in
+// Redis, for s; it returns where it found it.
+func findInRedis(t *testing.T, rdb redis.UniversalClient, s string) string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) == 0 {
+		t.Fatal("no keys in Redis at all")
+	}
+	for _, k := range keys {
+		if strings.Contains(k, s) {
+			return "key name " + k
+		}
+		var vals []string
+		switch typ := rdb.Type(ctx, k).Val(); typ {
+		case "string":
+			vals = []string{rdb.Get(ctx, k).Val()}
+		case "hash":
+			for f, v := range rdb.HGetAll(ctx, k).Val() {
+				vals = append(vals, f, v)
+			}
+		case "set":
+			vals = rdb.SMembers(ctx, k).Val()
+		case "list":
+			vals = rdb.LRange(ctx, k, 0, -1).Val()
+		default:
+			t.Fatalf("key %s of type %s not inspected", k, typ)
+		}
+		for _, v := range vals {
+			if strings.Contains(v, s) {
+				return "value of " + k
+			}
+		}
+	}
+	return ""
+}
+
+// A cached key works without Redis; an event drops it at once; while Redis
+// is down, known keys keep working and unknown ones are ErrUnavailable.
+func TestKeyCache(t *testing.T) {
+	s, r := openStore(t)
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	ctx := context.Background()
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := registry.NewKeyCache(s, time.Hour, nil)
+	stop, err := c.Subscribe(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	if got, err := c.Lookup(ctx, secret); err != nil || got.ID != k.ID {
+		t.Fatalf("Lookup = %+v, %v", got, err)
+	}
+	wantErr(t, "unknown secret", func() error { _, err := c.Lookup(ctx, "tb-nope"); return err }(), registry.ErrNotFound, 404)
+
+	// Deleted behind the cache's back: still served from the cache...
+	if err := s.DeleteKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Lookup(ctx, secret); err != nil {
+		t.Fatalf("cached key: %v", err)
+	}
+	// ...until the event, with a TTL of an hour: the event did it.
+	pub := testenv.Connect(t, ns)
+	if err := registry.AnnounceKeys(pub, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if _, err := c.Lookup(ctx, secret); err == nil {
+			return fmt.Errorf("deleted key still works")
+		}
+		return nil
+	})
+
+	// Redis down: a key seen before works even past its TTL; others get 503.
+	k2, secret2, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := registry.NewKeyCache(s, time.Nanosecond, nil)
+	if _, err := short.Lookup(ctx, secret2); err != nil {
+		t.Fatal(err)
+	}
+	r.Stop()
+	for range 3 {
+		if got, err := short.Lookup(ctx, secret2); err != nil || got.ID != k2.ID {
+			t.Fatalf("known key with Redis down: %+v, %v", got, err)
+		}
+	}
+	wantErr(t, "unknown secret, Redis down", func() error { _, err := short.Lookup(ctx, "tb-other"); return err }(), registry.ErrUnavailable, 503)
+	// A purge (a key event) forgets it even then: it might be the deleted one.
+	short.Purge()
+	wantErr(t, "purged key, Redis down", func() error { _, err := short.Lookup(ctx, secret2); return err }(), registry.ErrUnavailable, 503)
+}
+
+// Keys created concurrently all work and have distinct ids.
+func TestCreateKeysConcurrently(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	secrets := map[string]string{}
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k, sec, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "t"})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mu.Lock()
+			secrets[sec] = k.ID
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	ids := map[string]bool{}
+	for sec, id := range secrets {
+		k, err := s.KeyByHash(ctx, registry.HashSecret(sec))
+		if err != nil || k.ID != id || ids[id] {
+			t.Fatalf("%s: %+v %v", id, k, err)
+		}
+		ids[id] = true
+	}
+	if len(ids) != 20 {
+		t.Fatalf("%d keys", len(ids))
+	}
+}
