@@ -35,9 +35,7 @@ func readFile(t testing.TB, rel ...string) []byte {
 
 // plannedFlags are flags the deployment already sets for features that are
 // announced but not written yet; flagenv ignores their variables until then.
-var plannedFlags = map[string][]string{
-	"gateway": {"admin", "admin-token"}, // admin API on :8081
-}
+var plannedFlags = map[string][]string{}
 
 // tokenbusFlags returns the flags of every tokenbus subcommand, read from
 // docs/configuration.md. That file is generated from each command's --help and

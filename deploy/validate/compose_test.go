@@ -339,7 +339,7 @@ func TestPrometheusTargets(t *testing.T) {
 			switch s.Command[0] {
 			case "gateway":
 				return strings.TrimPrefix(env(s, "TOKENBUS_HTTP"), ":")
-			case "dispatcher":
+			case "dispatcher", "worker":
 				return strings.TrimPrefix(env(s, "TOKENBUS_METRICS"), ":")
 			}
 			return ""
@@ -385,7 +385,7 @@ func TestPrometheusTargets(t *testing.T) {
 			scraped[host] = true
 		}
 	}
-	for _, must := range []string{"gateway", "dispatcher"} {
+	for _, must := range []string{"gateway", "dispatcher", "worker"} {
 		if !scraped[must] {
 			t.Errorf("prometheus does not scrape %s", must)
 		}
