@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"runtime/debug"
 	"strings"
@@ -132,15 +133,51 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		x.w.touch(firstAt)
 
 		c.Locals(localStreaming, true)
-		c.Set(fiber.HeaderContentType, "text/event-stream")
-		c.Set(fiber.HeaderCacheControl, "no-cache")
-		c.Set(fiber.HeaderConnection, "keep-alive")
-		c.Set("X-Accel-Buffering", "no")
 		c.Status(fiber.StatusOK)
 		g.m.activeStreams.Inc()
-		c.Context().SetBodyStreamWriter(func(w *bufio.Writer) { x.writeStream(w, first, firstAt) })
+		// The stream is written straight to the connection, not through
+		// fasthttp's body-stream writer: that one hands every flush to a
+		// second goroutine over a pipe and writes at most 4 KiB per syscall,
+		// which made the SSE writes most of the gateway's CPU. The response
+		// has no length and ends when the connection closes after [DONE], as
+		// the OpenAI clients expect.
+		head := streamHead(c)
+		raw := c.Context().Conn()
+		c.Context().HijackSetNoResponse(true)
+		c.Context().Hijack(func(net.Conn) {
+			// A cut (shutdown, deadline) must not wait long on a client that
+			// reads nothing: a second to take the final error event.
+			stop := context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
+			defer stop()
+			w := bufio.NewWriterSize(raw, streamBufSize)
+			_, _ = w.Write(head)
+			x.writeStream(w, first, firstAt)
+		})
 		return nil
 	}
+}
+
+// streamBufSize is the SSE write buffer: one syscall carries a burst of
+// chunks up to this size.
+const streamBufSize = 32 << 10
+
+// streamHead is the HTTP/1.1 response head of an SSE stream, with every
+// header set on the response so far (request id, rate limits...).
+func streamHead(c *fiber.Ctx) []byte {
+	b := make([]byte, 0, 512)
+	b = append(b, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"...)
+	b = append(b, "Connection: close\r\nX-Accel-Buffering: no\r\n"...)
+	c.Response().Header.VisitAll(func(k, v []byte) {
+		switch strings.ToLower(string(k)) {
+		case "content-type", "content-length", "transfer-encoding", "connection", "cache-control", "x-accel-buffering":
+			return
+		}
+		b = append(b, k...)
+		b = append(b, ": "...)
+		b = append(b, v...)
+		b = append(b, "\r\n"...)
+	})
+	return append(b, "\r\n"...)
 }
 
 // unary waits for the done frame of a stream:false request and returns its

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"net"
 	"sync"
@@ -178,10 +177,17 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	defer fcancel()
 	errc := make(chan error, 1)
 	go func() { errc <- g.app.ShutdownWithContext(fctx) }()
+	// fasthttp returns once no handler runs; streams write on hijacked
+	// connections it no longer counts, so wait for those too, until ctx.
+	var appErr error
+	appDone := false
 	select {
-	case err := <-errc:
-		g.cutBase(errShuttingDown)
-		return errors.Join(err, g.inflight.wait(ctx))
+	case appErr = <-errc:
+		appDone = true
+		if g.inflight.wait(ctx) == nil {
+			g.cutBase(errShuttingDown)
+			return appErr
+		}
 	case <-ctx.Done():
 	}
 	g.log.Warn("shutdown grace over: cutting open requests", "open", g.inflight.count())
@@ -189,11 +195,13 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 	wctx, wcancel := context.WithTimeout(context.Background(), cutGrace)
 	defer wcancel()
 	_ = g.inflight.wait(wctx)
-	select {
-	case <-errc:
-	case <-wctx.Done():
-		fcancel()
-		<-errc
+	if !appDone {
+		select {
+		case <-errc:
+		case <-wctx.Done():
+			fcancel()
+			<-errc
+		}
 	}
 	return ctx.Err()
 }

@@ -26,11 +26,14 @@ type call struct {
 	start      time.Time // admission
 	firstChunk bool      // a chunk was sent (for TTFT)
 
-	mu       sync.Mutex
-	seq      uint64
-	buf      []byte // reused frame buffer: Publish copies it
-	lastSend time.Time
-	ended    bool
+	mu        sync.Mutex
+	seq       uint64
+	buf       []byte // reused frame buffer: Publish copies it
+	lastSend  time.Time
+	lastChunk time.Time // when the last chunk frame went out
+	pending   []byte    // chunk lines held back (see Chunks), '\n'-separated
+	lingering bool      // c is on the worker's linger list
+	ended     bool
 }
 
 func (w *Worker) newCall(m *nats.Msg) (*call, error) {
@@ -82,7 +85,58 @@ func (c *call) Chunks(b []byte) error {
 		c.firstChunk = true
 		c.w.m.ttft.Observe(time.Since(c.start).Seconds())
 	}
-	return c.send(schemas.FrameChunk, b)
+	linger := c.w.cfg.ChunkLinger
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return context.Canceled
+	}
+	now := time.Now()
+	// A chunk goes out at once unless the previous one left less than
+	// ChunkLinger ago: then it waits, at most that long, for more to share
+	// its message. A trickle of tokens (a real model's) is never delayed;
+	// a flood (a fast engine, a burst) costs one message per ChunkLinger per
+	// stream instead of one per token, which is most of the bus's CPU.
+	if len(c.pending) == 0 && (linger <= 0 || now.Sub(c.lastChunk) >= linger) {
+		c.lastChunk = now
+		return c.publishLocked(schemas.FrameChunk, b, now)
+	}
+	if len(c.pending) > 0 {
+		c.pending = append(c.pending, '\n')
+	}
+	c.pending = append(c.pending, b...)
+	if len(c.pending) >= maxPending {
+		return c.flushLocked(now)
+	}
+	if !c.lingering {
+		c.lingering = true
+		c.w.linger(c)
+	}
+	return nil
+}
+
+// maxPending bounds the chunk bytes a stream holds back (and one message's size).
+const maxPending = 64 << 10
+
+// flushLocked publishes the held-back chunks, if any.
+func (c *call) flushLocked(now time.Time) error {
+	if len(c.pending) == 0 {
+		return nil
+	}
+	c.lastChunk = now
+	err := c.publishLocked(schemas.FrameChunk, c.pending, now)
+	c.pending = c.pending[:0]
+	return err
+}
+
+// flushLinger is the worker's linger timer firing for c.
+func (c *call) flushLinger() {
+	c.mu.Lock()
+	c.lingering = false
+	if !c.ended {
+		_ = c.flushLocked(time.Now())
+	}
+	c.mu.Unlock()
 }
 
 func (c *call) send(t schemas.FrameType, payload []byte) error {
@@ -91,12 +145,20 @@ func (c *call) send(t schemas.FrameType, payload []byte) error {
 	if c.ended {
 		return context.Canceled
 	}
+	now := time.Now()
+	if err := c.flushLocked(now); err != nil { // held-back chunks go first
+		return err
+	}
 	if t.Terminal() {
 		c.ended = true
 	}
+	return c.publishLocked(t, payload, now)
+}
+
+func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time) error {
 	c.seq++
 	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
-	c.lastSend = time.Now()
+	c.lastSend = now
 	return c.w.nc.Publish(c.reply, c.buf)
 }
 
@@ -115,5 +177,50 @@ func (c *call) keepalive(now time.Time, d time.Duration) {
 	c.mu.Unlock()
 	if silent {
 		_ = c.send(schemas.FrameKeepalive, nil)
+	}
+}
+
+// linger puts c on the list the linger loop flushes.
+func (w *Worker) linger(c *call) {
+	w.lingerMu.Lock()
+	w.lingerCalls = append(w.lingerCalls, c)
+	w.lingerMu.Unlock()
+	select {
+	case w.lingerKick <- struct{}{}:
+	default:
+	}
+}
+
+// lingerLoop flushes held-back chunks: one timer for all streams, armed only
+// while some stream holds chunks back.
+func (w *Worker) lingerLoop(stop <-chan struct{}) {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	var calls []*call
+	flush := func() {
+		w.lingerMu.Lock()
+		calls, w.lingerCalls = w.lingerCalls, calls[:0]
+		w.lingerMu.Unlock()
+		for i, c := range calls {
+			c.flushLinger()
+			calls[i] = nil
+		}
+	}
+	for {
+		select {
+		case <-stop:
+			flush()
+			return
+		case <-w.lingerKick:
+		}
+		t.Reset(w.cfg.ChunkLinger)
+		select {
+		case <-stop:
+			t.Stop()
+			flush()
+			return
+		case <-t.C:
+		}
+		flush()
 	}
 }

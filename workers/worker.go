@@ -28,6 +28,10 @@ type Config struct {
 	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
 	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
 	Version           string
+	// ChunkLinger is how long a chunk may wait for more of its stream's
+	// chunks to share one message, when the stream's previous chunk left
+	// less than this ago; 0 means the default, 1ms; negative: never wait.
+	ChunkLinger time.Duration
 	// Metrics is where the worker registers its metrics (nil: nowhere).
 	Metrics prometheus.Registerer
 
@@ -44,6 +48,9 @@ func (c *Config) defaults() {
 	}
 	if c.HeartbeatInterval <= 0 {
 		c.HeartbeatInterval = time.Second
+	}
+	if c.ChunkLinger == 0 {
+		c.ChunkLinger = time.Millisecond
 	}
 	if c.KeepaliveInterval <= 0 {
 		c.KeepaliveInterval = 2 * time.Second
@@ -75,6 +82,10 @@ type Worker struct {
 	wake     chan struct{} // asks the heartbeat loop for an early beat
 	ready    chan struct{} // closed once Run has subscribed
 
+	lingerMu    sync.Mutex
+	lingerCalls []*call       // streams holding chunks back
+	lingerKick  chan struct{} // cap 1: the linger loop has work
+
 	mu       sync.Mutex
 	inflight map[string]*call // by request id
 	wg       sync.WaitGroup
@@ -90,7 +101,8 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
-		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{})}
+		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
+		lingerKick: make(chan struct{}, 1)}
 	w.adapters = newAdapterManager(w)
 	w.registerMetrics(cfg.Metrics)
 	return w, nil
@@ -149,9 +161,10 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	stop := make(chan struct{})
 	loops := sync.WaitGroup{}
-	loops.Add(2)
+	loops.Add(3)
 	go func() { defer loops.Done(); w.heartbeatLoop(stop) }()
 	go func() { defer loops.Done(); w.keepaliveLoop(stop) }()
+	go func() { defer loops.Done(); w.lingerLoop(stop) }()
 
 	<-ctx.Done()
 	w.Drain()

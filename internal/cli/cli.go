@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -76,11 +79,33 @@ func runVersion(_ context.Context, _ []string, stdout, _ io.Writer) error {
 type logOptions struct {
 	level  string
 	format string
+	pprof  string
 }
 
 func (o *logOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.level, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.format, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.pprof, "pprof", "", "listen address for Go's /debug/pprof profiler (empty: off; keep it on loopback)")
+}
+
+// servePprof serves net/http/pprof on --pprof, if set, for profiling a
+// running process (go tool pprof http://ADDR/debug/pprof/profile).
+func (o *logOptions) servePprof(log *slog.Logger) {
+	if o.pprof == "" {
+		return
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	srv := &http.Server{Addr: o.pprof, Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil {
+			log.Warn("pprof listener stopped", "addr", o.pprof, "err", err)
+		}
+	}()
 }
 
 func (o *logOptions) logger(w io.Writer, component string) (*slog.Logger, error) {

@@ -50,6 +50,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	lopts.servePprof(log)
 
 	dir := *dataDir
 	if dir == "" {

@@ -53,6 +53,7 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err != nil {
 		return err
 	}
+	lopts.servePprof(log)
 	nc, err := nopts.Connect("tokenbus-dispatcher", 30*time.Second, log)
 	if err != nil {
 		return err

@@ -176,6 +176,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	lopts.servePprof(log)
 	if err := gopts.check(*redisURL != ""); err != nil {
 		return err
 	}

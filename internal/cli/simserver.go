@@ -53,6 +53,7 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
+	lopts.servePprof(log)
 
 	addr := *listen
 	if fs.Changed("host") || fs.Changed("port") {

@@ -49,6 +49,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	lopts.servePprof(log)
 	eng, err := eopts.newEngine(ctx, log)
 	if err != nil {
 		return err
