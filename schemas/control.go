@@ -35,6 +35,7 @@ type DoneNotice struct {
 
 // Control operations on CtlSubject; request and reply bodies are JSON.
 const (
+	CtlPing          = "ping"           // {} -> CtlReply: the worker id is taken
 	CtlDrain         = "drain"          // {} -> CtlReply
 	CtlLoadAdapter   = "load_adapter"   // AdapterRequest -> CtlReply
 	CtlUnloadAdapter = "unload_adapter" // AdapterRequest -> CtlReply

@@ -104,6 +104,8 @@ func (w *Worker) onControl(m *nats.Msg) {
 		_ = m.Respond(b)
 	}
 	switch op {
+	case schemas.CtlPing:
+		reply(nil)
 	case schemas.CtlDrain:
 		w.Drain()
 		reply(nil)

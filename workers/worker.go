@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -144,6 +145,11 @@ func (w *Worker) Run(ctx context.Context) error {
 			_ = s.Unsubscribe()
 		}
 	}()
+	// Two workers with one id would both take every request sent to it and
+	// answer each twice: refuse to start if the id answers already.
+	if _, err := w.nc.Request(schemas.CtlSubject(w.cfg.ID, schemas.CtlPing), nil, 500*time.Millisecond); err == nil {
+		return fmt.Errorf("worker id %q is already in use by a running worker", w.cfg.ID)
+	}
 	if err := sub(schemas.WorkSubject(w.cfg.ID), w.onRequest); err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -300,4 +301,18 @@ func TestDrainFinishesInflight(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func TestDuplicateIDRefused(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	startWorker(t, nc, eng, Config{ID: "same"})
+	w2, err := New(Config{ID: "same"}, testenv.Connect(t, ns), eng, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Run(context.Background()); err == nil || !strings.Contains(err.Error(), "already in use") {
+		t.Fatalf("a second worker with the same id started: %v", err)
+	}
 }
