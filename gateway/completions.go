@@ -12,8 +12,11 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -30,6 +33,7 @@ type exchange struct {
 	start  time.Time
 
 	st     *client.Stream
+	span   trace.Span      // the server span (no-op with tracing off)
 	ctx    context.Context // ends on client gone, shutdown cut or deadline (see Cause)
 	cancel context.CancelCauseFunc
 	stopDL context.CancelFunc
@@ -42,6 +46,8 @@ type exchange struct {
 func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
+		id, _ := c.Locals(localID).(string)
+		span := startSpan(c, kind, id, start) // observe or the stream writer ends it
 		if !isJSON(c.Get(fiber.HeaderContentType)) {
 			return errUnsupportedMediaType
 		}
@@ -66,6 +72,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		c.Locals(localModel, req.Model)
 		c.Locals(localLabel, label)
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String(tracing.AttrModel, req.Model), attribute.Bool(tracing.AttrStream, req.Stream))
+		}
 
 		var tenant string
 		if g.cfg.Authorize != nil {
@@ -79,10 +88,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			return schemas.ModelNotFound(req.Model)
 		}
 
-		id, _ := c.Locals(localID).(string)
 		deadline := start.Add(g.cfg.RequestTimeout)
 		x := &exchange{g: g, id: id, route: c.Route().Path, model: req.Model, label: label,
-			tenant: tenant, start: start}
+			tenant: tenant, start: start, span: span}
 		var reqCtx context.Context
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
 		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
@@ -96,7 +104,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			Deadline: deadline,
 			Priority: req.Priority,
 			Tenant:   tenant,
-			Trace:    traceParent(c.Get("traceparent")),
+			Trace:    outgoingTrace(span, c.Get("traceparent")),
 		})
 		if err != nil {
 			x.stopDL()
@@ -130,6 +138,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		firstAt := time.Now()
 		x.w.touch(firstAt)
+		if span.IsRecording() && first.Type == schemas.FrameChunk {
+			span.AddEvent(tracing.EventFirstToken, trace.WithTimestamp(firstAt))
+		}
 
 		c.Locals(localStreaming, true)
 		c.Set(fiber.HeaderContentType, "text/event-stream")
@@ -167,15 +178,21 @@ func (x *exchange) unary() ([]byte, error) {
 func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Time) {
 	g := x.g
 	finished, outcome := false, "done"
+	var streamErr error
 	defer func() {
 		if r := recover(); r != nil {
 			outcome = "panic"
-			g.log.Error("stream writer panic", "id", x.id, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			streamErr = fmt.Errorf("stream writer panic: %v", r)
+			g.log.Error("stream writer panic", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
 		g.m.activeStreams.Dec()
 		d := time.Since(x.start)
 		g.m.duration.WithLabelValues(x.route, x.label).Observe(d.Seconds())
-		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome)
+		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome, tracing.TraceID(x.span))
+		if streamErr != nil {
+			tracing.Fail(x.span, streamErr)
+		}
+		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
 		x.end(finished)
 	}()
 
@@ -215,7 +232,7 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 				outcome = "client_gone"
 				return
 			}
-			outcome = "error"
+			outcome, streamErr = "error", e
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
@@ -265,7 +282,7 @@ func (x *exchange) usage(done []byte) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			x.g.log.Error("OnUsage panicked", "id", x.id, "panic", fmt.Sprint(r))
+			x.g.log.Error("OnUsage panicked", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r))
 		}
 	}()
 	var info schemas.DoneInfo

@@ -201,6 +201,8 @@ func (w *Worker) onRequest(m *nats.Msg) {
 	if err != nil {
 		w.running.Add(-1)
 		c.sendError(schemas.AsError(err))
+		c.record("error", err, nil)
+		c.span.End()
 		return
 	}
 	w.wg.Add(1)
@@ -265,10 +267,13 @@ func (w *Worker) serve(c *call) {
 		}
 		if errors.Is(err, context.Canceled) {
 			w.m.requests.WithLabelValues("cancelled").Inc()
+			c.record("cancelled", nil, nil)
 			return // the client is gone: nobody to tell
 		}
 		w.m.requests.WithLabelValues("error").Inc()
-		c.sendError(schemas.AsError(err))
+		e := schemas.AsError(err)
+		c.sendError(e)
+		c.record("error", e, nil)
 		return
 	}
 	w.m.requests.WithLabelValues("ok").Inc()
@@ -278,9 +283,11 @@ func (w *Worker) serve(c *call) {
 		payload, _ = json.Marshal(schemas.DoneInfo{Usage: &res.Usage})
 	}
 	c.send(schemas.FrameDone, payload)
+	c.record("done", nil, &res.Usage)
 }
 
 func (w *Worker) finish(c *call) {
+	c.span.End() // after the last frame
 	c.cancel(nil)
 	w.mu.Lock()
 	delete(w.inflight, c.req.ID)
