@@ -26,6 +26,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var dopts dispatcherOptions
 	var wopts workerOptions
 	var lopts logOptions
+	var topts traceOptions
 	gopts.register(fs, "127.0.0.1:8080")
 	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	redisURL := fs.String("redis-url", "", "use this Redis instead of the embedded store")
@@ -36,6 +37,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	eopts.register(fs)
 	dopts.register(fs)
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -44,6 +46,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
+	stopTracing, err := topts.setup(ctx, "tokenbus-dev", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 
 	dir := *dataDir
 	if dir == "" {

@@ -85,10 +85,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var nopts natsconn.Options
 	var gopts gatewayOptions
 	var lopts logOptions
+	var topts traceOptions
 	gopts.register(fs, ":8080")
 	nopts.Register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the model registry (empty: none)")
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -96,6 +98,11 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
+	stopTracing, err := topts.setup(ctx, "tokenbus-gateway", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	nc, err := nopts.Connect("tokenbus-gateway", 30*time.Second, log)
 	if err != nil {
 		return err
