@@ -18,7 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -225,6 +227,7 @@ func (d *Dispatcher) onQueueCancel(m *nats.Msg) {
 	defer d.mu.Unlock()
 	if e := d.byID[id]; e != nil {
 		d.unqueueLocked(e)
+		endSpan(e.span, "", nil, "cancelled")
 	}
 }
 
@@ -237,6 +240,7 @@ type request struct {
 	deadline time.Time
 	attempt  int
 	adapter  *adapterRef // a registered LoRA adapter: its base and path
+	span     trace.Span  // the dispatch span (startSpan)
 }
 
 // resolve looks the requested model up in the registry: a LoRA adapter
@@ -291,7 +295,8 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 	}
 	if !d.replyAllowed(m.Reply) {
 		d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
-		d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply)
+		d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply,
+			"request_id", m.Header.Get(schemas.HdrRequestID), "trace_id", tracing.HeaderTraceID(m.Header))
 		return
 	}
 	r, err := d.parse(m)
@@ -303,6 +308,7 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 		// The worker (and a bounce) cannot read the model from the subject.
 		m.Header.Set(schemas.HdrModel, r.model)
 	}
+	d.startSpan(r)
 	d.route(r, "")
 }
 
@@ -324,6 +330,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	d.m.bounces.Inc()
 	r.attempt++
 	m.Header.Set(schemas.HdrAttempt, strconv.Itoa(r.attempt))
+	d.startSpan(r)
 	from := m.Header.Get(schemas.HdrWorker)
 	if from != "" {
 		d.table.MarkFull(from)
@@ -339,7 +346,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 
 func (d *Dispatcher) route(r *request, exclude string) {
 	if !r.deadline.IsZero() && time.Now().After(r.deadline) {
-		d.reply(r.msg.Reply, schemas.Timeout("the request's deadline passed before it was routed"))
+		d.fail(r.span, r.msg.Reply, schemas.Timeout("the request's deadline passed before it was routed"))
 		return
 	}
 	d.mu.Lock()
@@ -353,13 +360,13 @@ func (d *Dispatcher) route(r *request, exclude string) {
 	id, serving, ok := d.acquire(r.model, r.adapter, exclude)
 	if ok {
 		d.mu.Unlock()
-		d.forward(r.msg, id, r.adapter)
+		d.forward(r.msg, id, r.adapter, r.span)
 		return
 	}
 	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) {
 		d.mu.Unlock()
 		d.m.rejected.WithLabelValues("no_worker").Inc()
-		d.reply(r.msg.Reply, d.noWorker(r.model, r.adapter))
+		d.fail(r.span, r.msg.Reply, d.noWorker(r.model, r.adapter))
 		return
 	}
 	d.enqueueLocked(r)
@@ -405,12 +412,13 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	}
 	if q.Len() >= d.cfg.QueueSize {
 		d.m.rejected.WithLabelValues("queue_full").Inc()
-		go d.reply(r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
+		go d.fail(r.span, r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
 			"all workers for model `%s` are busy and its queue is full; retry shortly", r.model))
 		return
 	}
 	if old := d.byID[r.id]; old != nil {
 		d.unqueueLocked(old) // the same request bounced back: keep one entry
+		endSpan(old.span, "", nil, "superseded")
 	}
 	d.seq++
 	expires := time.Now().Add(d.cfg.QueueTimeout)
@@ -418,10 +426,11 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		expires = r.deadline
 	}
 	e := &queued{msg: r.msg, id: r.id, model: r.model, priority: r.priority, seq: d.seq,
-		enqueued: time.Now(), expires: expires, adapter: r.adapter}
+		enqueued: time.Now(), expires: expires, adapter: r.adapter, span: r.span}
 	q.push(e)
 	d.byID[r.id] = e
 	d.m.queueDepth.WithLabelValues(r.model).Set(float64(q.Len()))
+	spanQueued(r.span, q.Len())
 	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
 		TimeoutMS: time.Until(expires).Milliseconds()})
 	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
@@ -442,6 +451,7 @@ func (d *Dispatcher) drain(models []string) {
 		msg     *nats.Msg
 		worker  string
 		adapter *adapterRef
+		span    trace.Span
 	}
 	var out []fwd
 	now := time.Now()
@@ -467,21 +477,22 @@ func (d *Dispatcher) drain(models []string) {
 			}
 			q.pop()
 			delete(d.byID, e.id)
-			out = append(out, fwd{e.msg, id, e.adapter})
+			out = append(out, fwd{e.msg, id, e.adapter, e.span})
 			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
 			d.m.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 		}
 	}
 	d.mu.Unlock()
 	for _, f := range out {
-		d.forward(f.msg, f.worker, f.adapter)
+		d.forward(f.msg, f.worker, f.adapter, f.span)
 	}
 }
 
 // forward sends a request to a worker, keeping the client's reply subject.
 // A request for an adapter carries its base and path; any other request has
-// those headers removed (only the registry may name weights to load).
-func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef) {
+// those headers removed (only the registry may name weights to load). The
+// traceparent header is rewritten to the dispatch span, which ends here.
+func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span trace.Span) {
 	m.Header.Set(schemas.HdrBounce, schemas.BounceSubject(d.cfg.ID))
 	m.Header.Set(schemas.HdrWorker, worker)
 	if ad != nil {
@@ -491,16 +502,26 @@ func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef) {
 		m.Header.Del(schemas.HdrAdapterBase)
 		m.Header.Del(schemas.HdrAdapterPath)
 	}
+	if span != nil {
+		tracing.InjectSpan(span, m.Header)
+	}
 	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
 	if err := d.nc.PublishMsg(fwd); err != nil {
-		d.reply(m.Reply, schemas.Unavailable(schemas.CodeNoWorker, 1, "cannot forward the request: %v", err))
+		d.fail(span, m.Reply, schemas.Unavailable(schemas.CodeNoWorker, 1, "cannot forward the request: %v", err))
 		return
 	}
 	d.m.routed.Inc()
+	endSpan(span, worker, nil, "")
 }
 
 func (d *Dispatcher) reply(subject string, e *schemas.Error) {
 	_ = d.nc.Publish(subject, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))
+}
+
+// fail answers a request with e and ends its span with it.
+func (d *Dispatcher) fail(span trace.Span, subject string, e *schemas.Error) {
+	endSpan(span, "", e, "")
+	d.reply(subject, e)
 }
 
 // sweep forgets silent workers and answers queued requests that waited too long
@@ -512,6 +533,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 	type rej struct {
 		reply string
 		err   *schemas.Error
+		span  trace.Span
 	}
 	var out []rej
 	d.mu.Lock()
@@ -522,7 +544,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 			switch {
 			case now.After(e.expires):
 				out = append(out, rej{e.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
-					"no worker for model `%s` became free in time", model)})
+					"no worker for model `%s` became free in time", model), e.span})
 			default:
 				if serving < 0 {
 					if e.adapter != nil {
@@ -535,7 +557,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 					i++
 					continue
 				}
-				out = append(out, rej{e.msg.Reply, d.noWorker(model, e.adapter)})
+				out = append(out, rej{e.msg.Reply, d.noWorker(model, e.adapter), e.span})
 			}
 			d.unqueueLocked(e)
 		}
@@ -552,16 +574,16 @@ func (d *Dispatcher) sweep(now time.Time) {
 	d.mu.Unlock()
 	for _, r := range out {
 		d.m.rejected.WithLabelValues("queue_timeout").Inc()
-		d.reply(r.reply, r.err)
+		d.fail(r.span, r.reply, r.err)
 	}
 }
 
 func (d *Dispatcher) rejectAll(e *schemas.Error) {
 	d.mu.Lock()
-	var replies []string
+	var replies []*queued
 	for _, q := range d.queues {
 		for q.Len() > 0 {
-			replies = append(replies, q.pop().msg.Reply)
+			replies = append(replies, q.pop())
 		}
 	}
 	d.queues = map[string]*modelQueue{}
@@ -569,6 +591,6 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 	d.adapterQueues = map[string]map[string]struct{}{}
 	d.mu.Unlock()
 	for _, r := range replies {
-		d.reply(r, e)
+		d.fail(r.span, r.msg.Reply, e)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // queued is one request waiting for a worker.
@@ -17,7 +18,8 @@ type queued struct {
 	enqueued time.Time
 	expires  time.Time // queue timeout or the request's deadline, whichever is first
 	adapter  *adapterRef
-	index    int // in the heap; -1 once removed
+	span     trace.Span // the dispatch span, ended when the request leaves the queue
+	index    int        // in the heap; -1 once removed
 }
 
 // modelQueue is a bounded priority queue: lower priority value first, FIFO

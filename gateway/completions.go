@@ -13,8 +13,11 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -31,6 +34,7 @@ type exchange struct {
 	start  time.Time
 
 	st     *client.Stream
+	span   trace.Span      // the server span (no-op with tracing off)
 	ctx    context.Context // ends on client gone, shutdown cut or deadline (see Cause)
 	cancel context.CancelCauseFunc
 	stopDL context.CancelFunc
@@ -43,6 +47,8 @@ type exchange struct {
 func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
+		id, _ := c.Locals(localID).(string)
+		span := startSpan(c, kind, id, start) // observe or the stream writer ends it
 		if !isJSON(c.Get(fiber.HeaderContentType)) {
 			return errUnsupportedMediaType
 		}
@@ -67,6 +73,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		c.Locals(localModel, req.Model)
 		c.Locals(localLabel, label)
+		if span.IsRecording() {
+			span.SetAttributes(attribute.String(tracing.AttrModel, req.Model), attribute.Bool(tracing.AttrStream, req.Stream))
+		}
 
 		var caller Principal
 		if g.cfg.Authorize != nil {
@@ -80,10 +89,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			return schemas.ModelNotFound(req.Model)
 		}
 
-		id, _ := c.Locals(localID).(string)
 		deadline := start.Add(g.cfg.RequestTimeout)
 		x := &exchange{g: g, id: id, route: c.Route().Path, model: req.Model, label: label,
-			caller: caller, start: start}
+			caller: caller, start: start, span: span}
 		var reqCtx context.Context
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
 		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
@@ -97,7 +105,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			Deadline: deadline,
 			Priority: req.Priority,
 			Tenant:   caller.Tenant,
-			Trace:    traceParent(c.Get("traceparent")),
+			Trace:    outgoingTrace(span, c.Get("traceparent")),
 		})
 		if err != nil {
 			x.stopDL()
@@ -131,6 +139,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		firstAt := time.Now()
 		x.w.touch(firstAt)
+		if span.IsRecording() && first.Type == schemas.FrameChunk {
+			span.AddEvent(tracing.EventFirstToken, trace.WithTimestamp(firstAt))
+		}
 
 		c.Locals(localStreaming, true)
 		c.Status(fiber.StatusOK)
@@ -204,15 +215,21 @@ func (x *exchange) unary() ([]byte, error) {
 func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Time) {
 	g := x.g
 	finished, outcome := false, "done"
+	var streamErr error
 	defer func() {
 		if r := recover(); r != nil {
 			outcome = "panic"
-			g.log.Error("stream writer panic", "id", x.id, "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			streamErr = fmt.Errorf("stream writer panic: %v", r)
+			g.log.Error("stream writer panic", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
 		g.m.activeStreams.Dec()
 		d := time.Since(x.start)
 		g.m.duration.WithLabelValues(x.route, x.label).Observe(d.Seconds())
-		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome)
+		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome, tracing.TraceID(x.span))
+		if streamErr != nil {
+			tracing.Fail(x.span, streamErr)
+		}
+		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
 		x.end(finished)
 	}()
 
@@ -252,7 +269,7 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 				outcome = "client_gone"
 				return
 			}
-			outcome = "error"
+			outcome, streamErr = "error", e
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
@@ -302,7 +319,7 @@ func (x *exchange) usage(done []byte) {
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			x.g.log.Error("OnUsage panicked", "id", x.id, "panic", fmt.Sprint(r))
+			x.g.log.Error("OnUsage panicked", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r))
 		}
 	}()
 	var info schemas.DoneInfo

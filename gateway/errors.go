@@ -32,7 +32,7 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 		id := requestID(c.Get(fiber.HeaderXRequestID))
 		c.Set(fiber.HeaderXRequestID, id)
 		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
-		g.logRequest(id, routeUnmatched, "", e.Status, 0, c.Method(), err.Error())
+		g.logRequest(id, routeUnmatched, "", e.Status, 0, c.Method(), err.Error(), "")
 	}
 	return writeError(c, e)
 }

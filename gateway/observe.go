@@ -7,6 +7,10 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/tokenbus/tokenbus/internal/tracing"
 )
 
 // Keys of fiber.Ctx locals the handlers leave for observe.
@@ -27,7 +31,8 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	c.Locals(localID, id)
 	c.Set(fiber.HeaderXRequestID, id)
 
-	if err := c.Next(); err != nil {
+	err := c.Next()
+	if err != nil {
 		if werr := g.errorHandler(c, err); werr != nil {
 			return werr
 		}
@@ -46,13 +51,19 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	d := time.Since(start)
 	g.m.duration.WithLabelValues(route, label).Observe(d.Seconds())
 	model, _ := c.Locals(localModel).(string)
-	g.logRequest(id, route, model, status, d, c.Method(), "")
+	span, _ := c.Locals(localSpan).(trace.Span)
+	if span == nil {
+		span = noop.Span{}
+	}
+	g.logRequest(id, route, model, status, d, c.Method(), "", tracing.TraceID(span))
+	endSpan(span, status, err, "")
 	return nil
 }
 
 // logRequest logs one finished request: health checks and scrapes at Debug,
-// other server errors at Warn, the rest at Info.
-func (g *Gateway) logRequest(id, route, model string, status int, d time.Duration, method, outcome string) {
+// other server errors at Warn, the rest at Info; traceID is "" with tracing
+// off.
+func (g *Gateway) logRequest(id, route, model string, status int, d time.Duration, method, outcome, traceID string) {
 	level := slog.LevelInfo
 	switch {
 	case route == "/health" || route == "/ready" || route == "/metrics":
@@ -64,11 +75,14 @@ func (g *Gateway) logRequest(id, route, model string, status int, d time.Duratio
 		return
 	}
 	attrs := []slog.Attr{
-		slog.String("id", id), slog.String("method", method), slog.String("route", route),
+		slog.String("request_id", id), slog.String("method", method), slog.String("route", route),
 		slog.String("model", model), slog.Int("status", status), slog.Duration("duration", d),
 	}
 	if outcome != "" {
 		attrs = append(attrs, slog.String("outcome", outcome))
+	}
+	if traceID != "" {
+		attrs = append(attrs, slog.String("trace_id", traceID))
 	}
 	g.log.LogAttrs(context.Background(), level, "request", attrs...)
 }

@@ -43,12 +43,18 @@ var adminLine = regexp.MustCompile(`admin API\s+(http://\S+)`)
 // serves. It stops with the test; stop() stops it early and says how long that took.
 func startDev(t *testing.T, args ...string) *dev {
 	t.Helper()
+	return startDevLog(t, testWriter{t}, args...)
+}
+
+// startDevLog is startDev with the log written to stderr.
+func startDevLog(t *testing.T, stderr io.Writer, args ...string) *dev {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	errc := make(chan error, 1)
 	full := append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--log-level", "warn"}, args...)
 	go func() {
-		err := cli.Run(ctx, full, pw, testWriter{t})
+		err := cli.Run(ctx, full, pw, stderr)
 		pw.CloseWithError(fmt.Errorf("dev exited: %v", err))
 		errc <- err
 	}()

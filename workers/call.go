@@ -7,7 +7,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -20,6 +22,7 @@ type call struct {
 	reply  string
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	span   trace.Span // "generate <model>"; finish ends it
 
 	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
 
@@ -48,7 +51,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		TraceParent: h.Get(schemas.HdrTrace),
 	}
 	c.adapterBase, c.adapterPath = h.Get(schemas.HdrAdapterBase), h.Get(schemas.HdrAdapterPath)
-	parent := context.Background()
+	parent := w.startSpan(c, m)
 	var stop context.CancelFunc = func() {}
 	if !c.req.Deadline.IsZero() {
 		parent, stop = context.WithDeadline(parent, c.req.Deadline)
@@ -84,6 +87,7 @@ func (c *call) Chunks(b []byte) error {
 	if !c.firstChunk { // engines call Chunks from one goroutine per request
 		c.firstChunk = true
 		c.w.m.ttft.Observe(time.Since(c.start).Seconds())
+		c.span.AddEvent(tracing.EventFirstToken)
 	}
 	linger := c.w.cfg.ChunkLinger
 	c.mu.Lock()

@@ -220,6 +220,8 @@ func (w *Worker) onRequest(m *nats.Msg) {
 	if err != nil {
 		w.running.Add(-1)
 		c.sendError(schemas.AsError(err))
+		c.record("error", err, nil)
+		c.span.End()
 		return
 	}
 	w.wg.Add(1)
@@ -284,10 +286,13 @@ func (w *Worker) serve(c *call) {
 		}
 		if errors.Is(err, context.Canceled) {
 			w.m.requests.WithLabelValues("cancelled").Inc()
+			c.record("cancelled", nil, nil)
 			return // the client is gone: nobody to tell
 		}
 		w.m.requests.WithLabelValues("error").Inc()
-		c.sendError(schemas.AsError(err))
+		e := schemas.AsError(err)
+		c.sendError(e)
+		c.record("error", e, nil)
 		return
 	}
 	w.m.requests.WithLabelValues("ok").Inc()
@@ -297,9 +302,11 @@ func (w *Worker) serve(c *call) {
 		payload, _ = json.Marshal(schemas.DoneInfo{Usage: &res.Usage})
 	}
 	c.send(schemas.FrameDone, payload)
+	c.record("done", nil, &res.Usage)
 }
 
 func (w *Worker) finish(c *call) {
+	c.span.End() // after the last frame
 	c.cancel(nil)
 	w.mu.Lock()
 	delete(w.inflight, c.req.ID)

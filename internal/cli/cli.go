@@ -19,6 +19,7 @@ import (
 	"github.com/tokenbus/tokenbus/bench"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
+	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
@@ -124,6 +125,39 @@ func (o *logOptions) logger(w io.Writer, component string) (*slog.Logger, error)
 		return nil, fmt.Errorf("--log-format must be text or json, not %q", o.format)
 	}
 	return slog.New(h).With("component", component), nil
+}
+
+// traceOptions are the tracing flags of every command that runs components.
+type traceOptions struct {
+	endpoint string
+	headers  map[string]string
+	ratio    float64
+}
+
+func (o *traceOptions) register(fs *pflag.FlagSet) {
+	fs.StringVar(&o.endpoint, "otlp-endpoint", "", "OTLP/HTTP collector to export traces to, e.g. http://127.0.0.1:4318 (/v1/traces is appended to a URL with no path); empty: tracing off")
+	fs.StringToStringVar(&o.headers, "otlp-headers", nil, "headers sent with every trace export, key=value,... (collector authentication)")
+	fs.Float64Var(&o.ratio, "trace-sample-ratio", 1, "share of new traces sampled, 0 to 1; a request with a traceparent follows its sampled flag")
+}
+
+// setup turns tracing on if an endpoint is set; stop flushes the spans
+// still buffered (within 5s) and turns it off.
+func (o *traceOptions) setup(ctx context.Context, service string, log *slog.Logger) (stop func(), err error) {
+	shutdown, err := otlp.Setup(ctx, otlp.Options{Endpoint: o.endpoint, ServiceName: service, ServiceVersion: Version,
+		SampleRatio: o.ratio, Headers: o.headers, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("tracing: %w", err)
+	}
+	if o.endpoint != "" {
+		log.Info("tracing on", "otlp_endpoint", o.endpoint, "sample_ratio", o.ratio)
+	}
+	return func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			log.Warn("spans not exported at shutdown", "err", err)
+		}
+	}, nil
 }
 
 // parse parses a subcommand's flags with environment fallbacks; --help prints

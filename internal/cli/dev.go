@@ -30,6 +30,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var dopts dispatcherOptions
 	var wopts workerOptions
 	var lopts logOptions
+	var topts traceOptions
 	gopts.register(fs, "127.0.0.1:8080", false)
 	adapters := fs.StringSlice("adapters", []string{"llama-8b-lora=sim://llama-8b-lora"},
 		`LoRA adapters to register on the served model, as name=path pairs (the default only with --engine sim; "" for none)`)
@@ -42,6 +43,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	eopts.register(fs)
 	dopts.register(fs)
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -51,6 +53,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	lopts.servePprof(log)
+	stopTracing, err := topts.setup(ctx, "tokenbus-dev", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 
 	dir := *dataDir
 	if dir == "" {

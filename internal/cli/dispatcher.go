@@ -41,11 +41,13 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var nopts natsconn.Options
 	var dopts dispatcherOptions
 	var lopts logOptions
+	var topts traceOptions
 	nopts.Register(fs)
 	dopts.register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the model registry (empty: none; unknown models then get 404)")
 	metricsAddr := fs.String("metrics", "", "listen address for /metrics (empty: off)")
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -54,6 +56,11 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	lopts.servePprof(log)
+	stopTracing, err := topts.setup(ctx, "tokenbus-dispatcher", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	nc, err := nopts.Connect("tokenbus-dispatcher", 30*time.Second, log)
 	if err != nil {
 		return err

@@ -165,10 +165,12 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var nopts natsconn.Options
 	var gopts gatewayOptions
 	var lopts logOptions
+	var topts traceOptions
 	gopts.register(fs, ":8080", true)
 	nopts.Register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the registry, API keys, limits and usage (empty: none; then --auth=false --admin '' are needed)")
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -180,6 +182,11 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := gopts.check(*redisURL != ""); err != nil {
 		return err
 	}
+	stopTracing, err := topts.setup(ctx, "tokenbus-gateway", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	nc, err := nopts.Connect("tokenbus-gateway", 30*time.Second, log)
 	if err != nil {
 		return err

@@ -34,6 +34,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var eopts engineOptions
 	var wopts workerOptions
 	var lopts logOptions
+	var topts traceOptions
 	nopts.Register(fs)
 	fs.StringVar(&wopts.id, "id", "", "worker id, unique in the cluster (default: host name + random suffix)")
 	fs.IntVar(&wopts.maxConcurrency, "max-concurrency", 256, "hard cap on requests in flight; past it the worker hands requests back")
@@ -42,6 +43,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	metricsAddr := fs.String("metrics", "", "listen address for /metrics (empty: off)")
 	eopts.register(fs)
 	lopts.register(fs)
+	topts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
@@ -50,6 +52,11 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	lopts.servePprof(log)
+	stopTracing, err := topts.setup(ctx, "tokenbus-worker", log)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	eng, err := eopts.newEngine(ctx, log)
 	if err != nil {
 		return err

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -30,7 +32,7 @@ var (
 func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
 
 // Generate passes req to the server and its answer to sink (see the package
-// doc).
+// doc), in a client span that ends with the stream.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
 	if e.closed() {
 		return nil, errClosed
@@ -44,6 +46,13 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	default:
 		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
 	}
+	span := e.startSpan(ctx, req, path)
+	res, err := e.generate(ctx, req, sink, path, span)
+	endSpan(span, res, err)
+	return res, err
+}
+
+func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.Sink, path string, span trace.Span) (*engine.Result, error) {
 	e.inflight.Add(1)
 	defer e.inflight.Add(-1)
 
@@ -76,8 +85,8 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	if req.ID != "" {
 		hreq.Header.Set("X-Request-Id", req.ID)
 	}
-	if req.TraceParent != "" {
-		hreq.Header.Set("Traceparent", req.TraceParent)
+	if tp := traceparent(span, req); tp != "" {
+		hreq.Header.Set("Traceparent", tp)
 	}
 
 	// A streaming server sends its headers at once, a non-stream one only
@@ -92,6 +101,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		timer.Stop()
 		return nil, e.failure(ctx, rctx, err, false)
 	}
+	statusOnSpan(span, resp.StatusCode)
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		timer.Stop()

@@ -1,0 +1,31 @@
+package tracing
+
+// Span attribute keys. Where OpenTelemetry's semantic conventions (HTTP,
+// messaging, GenAI) have a name it is used; the rest are tokenbus.*.
+const (
+	AttrRequestID    = "tokenbus.request_id"
+	AttrWorker       = "tokenbus.worker.id"
+	AttrDispatcher   = "tokenbus.dispatcher.id"
+	AttrQueued       = "tokenbus.queued"  // the request waited in a dispatcher's queue
+	AttrAttempt      = "tokenbus.attempt" // workers the request bounced off so far
+	AttrStream       = "tokenbus.stream"
+	AttrOutcome      = "tokenbus.outcome"
+	AttrErrorStatus  = "tokenbus.error.status" // the HTTP status of a tokenbus error
+	AttrModel        = "gen_ai.request.model"
+	AttrOperation    = "gen_ai.operation.name" // chat or text_completion
+	AttrInputTokens  = "gen_ai.usage.input_tokens"
+	AttrOutputTokens = "gen_ai.usage.output_tokens"
+	AttrMsgSystem    = "messaging.system" // nats
+	AttrMsgDest      = "messaging.destination.name"
+	AttrMsgOperation = "messaging.operation.type"
+	AttrHTTPMethod   = "http.request.method"
+	AttrHTTPRoute    = "http.route"
+	AttrHTTPStatus   = "http.response.status_code"
+	AttrServerAddr   = "server.address"
+	AttrServerPort   = "server.port"
+	AttrURLFull      = "url.full"
+)
+
+// EventFirstToken is the span event a worker adds when the first chunk goes
+// out (time to first token); there is no event per token.
+const EventFirstToken = "first_token"
