@@ -222,7 +222,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		keyHeader = " -H 'Authorization: Bearer <key>'"
 	}
 	fmt.Fprintf(stdout, "Try:\n  curl -N http://%s/v1/chat/completions -H 'Content-Type: application/json'%s \\\n"+
-		"    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", addr, keyHeader, eopts.model)
+		"    -d '{\"model\":\"%s\",\"stream\":true,\"messages\":[{\"role\":\"user\",\"content\":\"Hello!\"}]}'\n", addr, keyHeader, firstOr(served, eopts.model))
 	if len(registered) > 0 {
 		fmt.Fprintf(stdout, "  curl http://%s/predictions/%s/1.0/v1/completions -H 'Content-Type: application/json'%s \\\n"+
 			"    -d '{\"prompt\":\"Once upon a time\",\"max_tokens\":32}'\n", addr, registered[0], keyHeader)

@@ -21,7 +21,7 @@ import (
 // that mean something to the sim (--host, --port, --served-model-name,
 // --max-model-len, --max-loras, --max-num-seqs, --block-size,
 // --lora-modules, --api-key), so it can stand in for "vllm serve" in a
-// vllm engine's --engine-command.
+// vllm engine's --vllm-cmd.
 func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flagenv.NewFlagSet("sim-server")
 	listen := fs.String("listen", "127.0.0.1:8000", "listen address")
