@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -123,5 +124,21 @@ func TestQueueOrder(t *testing.T) {
 	}
 	if got != "cabe" {
 		t.Fatalf("order %q, want cabe (priority, then FIFO; d removed)", got)
+	}
+}
+
+// BenchmarkAcquire is one routing decision (least-loaded choice and count)
+// over a table of 64 workers of one model.
+func BenchmarkAcquire(b *testing.B) {
+	tb := NewTable()
+	now := time.Now()
+	for i := range 64 {
+		tb.Observe(hb(fmt.Sprintf("w%02d", i), i%7, 1<<30, "m"), now)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := tb.Acquire("m", ""); !ok {
+			b.Fatal("no worker")
+		}
 	}
 }
