@@ -89,6 +89,33 @@ func (o *logOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.pprof, "pprof", "", "listen address for Go's /debug/pprof profiler (empty: off; keep it on loopback)")
 }
 
+// processOptions are the flags every long-running component shares: logs,
+// profiling and tracing.
+type processOptions struct {
+	logOptions
+	traceOptions
+}
+
+func (o *processOptions) register(fs *pflag.FlagSet) {
+	o.logOptions.register(fs)
+	o.traceOptions.register(fs)
+}
+
+// start sets up logging, the profiler and tracing for component; stop
+// flushes the traces.
+func (o *processOptions) start(ctx context.Context, stderr io.Writer, component string) (*slog.Logger, func(), error) {
+	log, err := o.logger(stderr, component)
+	if err != nil {
+		return nil, nil, err
+	}
+	o.servePprof(log)
+	stop, err := o.setup(ctx, "tokenbus-"+component, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return log, stop, nil
+}
+
 // servePprof serves net/http/pprof on --pprof, if set, for profiling a
 // running process (go tool pprof http://ADDR/debug/pprof/profile).
 func (o *logOptions) servePprof(log *slog.Logger) {

@@ -29,8 +29,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var eopts engineOptions
 	var dopts dispatcherOptions
 	var wopts workerOptions
-	var lopts logOptions
-	var topts traceOptions
+	var popts processOptions
 	gopts.register(fs, "127.0.0.1:8080", false)
 	adapters := fs.StringSlice("adapters", []string{"llama-8b-lora=sim://llama-8b-lora"},
 		`LoRA adapters to register on the served model, as name=path pairs (the default only with --engine sim; "" for none)`)
@@ -42,22 +41,16 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&wopts.drainTimeout, "drain-timeout", time.Second, "on Ctrl-C, how long in-flight requests may run before they are cancelled")
 	eopts.register(fs)
 	dopts.register(fs)
-	lopts.register(fs)
-	topts.register(fs)
+	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
 	gopts.shutdownTimeout = min(gopts.shutdownTimeout, 1500*time.Millisecond)
-	log, err := lopts.logger(stderr, "dev")
+	log, stop, err := popts.start(ctx, stderr, "dev")
 	if err != nil {
 		return err
 	}
-	lopts.servePprof(log)
-	stopTracing, err := topts.setup(ctx, "tokenbus-dev", log)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
+	defer stop()
 
 	dir := *dataDir
 	if dir == "" {

@@ -40,27 +40,20 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs := flagenv.NewFlagSet("dispatcher")
 	var nopts natsconn.Options
 	var dopts dispatcherOptions
-	var lopts logOptions
-	var topts traceOptions
+	var popts processOptions
 	nopts.Register(fs)
 	dopts.register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the model registry (empty: none; unknown models then get 404)")
 	metricsAddr := fs.String("metrics", "", "listen address for /metrics (empty: off)")
-	lopts.register(fs)
-	topts.register(fs)
+	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	log, err := lopts.logger(stderr, "dispatcher")
+	log, stop, err := popts.start(ctx, stderr, "dispatcher")
 	if err != nil {
 		return err
 	}
-	lopts.servePprof(log)
-	stopTracing, err := topts.setup(ctx, "tokenbus-dispatcher", log)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
+	defer stop()
 	nc, err := nopts.Connect("tokenbus-dispatcher", 30*time.Second, log)
 	if err != nil {
 		return err

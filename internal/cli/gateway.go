@@ -164,29 +164,22 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs := flagenv.NewFlagSet("gateway")
 	var nopts natsconn.Options
 	var gopts gatewayOptions
-	var lopts logOptions
-	var topts traceOptions
+	var popts processOptions
 	gopts.register(fs, ":8080", true)
 	nopts.Register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the registry, API keys, limits and usage (empty: none; then --auth=false --admin '' are needed)")
-	lopts.register(fs)
-	topts.register(fs)
+	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	log, err := lopts.logger(stderr, "gateway")
-	if err != nil {
-		return err
-	}
-	lopts.servePprof(log)
 	if err := gopts.check(*redisURL != ""); err != nil {
 		return err
 	}
-	stopTracing, err := topts.setup(ctx, "tokenbus-gateway", log)
+	log, stop, err := popts.start(ctx, stderr, "gateway")
 	if err != nil {
 		return err
 	}
-	defer stopTracing()
+	defer stop()
 	nc, err := nopts.Connect("tokenbus-gateway", 30*time.Second, log)
 	if err != nil {
 		return err

@@ -33,8 +33,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var nopts natsconn.Options
 	var eopts engineOptions
 	var wopts workerOptions
-	var lopts logOptions
-	var topts traceOptions
+	var popts processOptions
 	nopts.Register(fs)
 	fs.StringVar(&wopts.id, "id", "", "worker id, unique in the cluster (default: host name + random suffix)")
 	fs.IntVar(&wopts.maxConcurrency, "max-concurrency", 256, "hard cap on requests in flight; past it the worker hands requests back")
@@ -42,21 +41,15 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	redisURL := fs.String("redis-url", "", "Redis holding the model registry; when set the worker registers its models there")
 	metricsAddr := fs.String("metrics", "", "listen address for /metrics (empty: off)")
 	eopts.register(fs)
-	lopts.register(fs)
-	topts.register(fs)
+	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	log, err := lopts.logger(stderr, "worker")
+	log, stop, err := popts.start(ctx, stderr, "worker")
 	if err != nil {
 		return err
 	}
-	lopts.servePprof(log)
-	stopTracing, err := topts.setup(ctx, "tokenbus-worker", log)
-	if err != nil {
-		return err
-	}
-	defer stopTracing()
+	defer stop()
 	eng, err := eopts.newEngine(ctx, log)
 	if err != nil {
 		return err
