@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -112,4 +113,31 @@ func TestDevWithKeys(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Redis stopped mid-test: streaming for known models goes on from the
+// caches, admin writes answer 503, and both recover when Redis returns.
+func TestRedisOutage(t *testing.T) {
+	const adminToken = "outage-admin-token"
+	rd := testenv.StartRedis(t)
+	d := startDev(t, "--redis-url", rd.URL, "--admin-token", adminToken)
+	stream := `{"model":"llama-8b","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"hi"}]}`
+	checkStream(t, post(t, d.URL, "/v1/chat/completions", stream), true, 1, false)
+
+	rd.Stop()
+	for range 3 {
+		checkStream(t, post(t, d.URL, "/v1/chat/completions", stream), true, 1, false)
+	}
+	if st := adminCall(t, d, adminToken, "POST", "/models", `{"name":"during-outage"}`, nil); st != 503 {
+		t.Fatalf("admin write with Redis down: %d, want 503", st)
+	}
+
+	rd.Restart(t)
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if st := adminCall(t, d, adminToken, "POST", "/models", `{"name":"after-outage"}`, nil); st != 201 && st != 200 {
+			return fmt.Errorf("admin write after Redis returned: %d", st)
+		}
+		return nil
+	})
+	checkStream(t, post(t, d.URL, "/v1/chat/completions", stream), true, 1, false)
 }
