@@ -150,6 +150,7 @@ func (r *Request) Header() nats.Header {
 	if r.Bounce != "" {
 		h[schemas.HdrBounce] = []string{r.Bounce}
 	}
+	h[schemas.HdrMux] = []string{"1"} // this client takes multiplexed replies
 	return h
 }
 
@@ -197,18 +198,34 @@ func (c *Client) remove(tok string) {
 // keep it short and never block.
 func (c *Client) route(m *nats.Msg) {
 	tok := m.Subject[len(c.prefix):]
-	c.mu.Lock()
-	s := c.streams[tok]
-	c.mu.Unlock()
+	if tok == schemas.MuxToken {
+		// Frames of several streams in one message (see schemas.HdrMux).
+		err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) { c.deliver(string(tok), frame) })
+		if err != nil {
+			c.opts.Logger.Warn("dropping the rest of a malformed multiplexed reply", "subject", m.Subject)
+		}
+		return
+	}
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		c.mu.Lock()
+		s := c.streams[tok]
+		c.mu.Unlock()
 		if s != nil {
 			s.fail(schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher is serving requests"))
 		}
 		return
 	}
-	f, err := schemas.ParseFrame(m.Data)
+	c.deliver(tok, m.Data)
+}
+
+// deliver hands one frame to the stream named by tok.
+func (c *Client) deliver(tok string, data []byte) {
+	c.mu.Lock()
+	s := c.streams[tok]
+	c.mu.Unlock()
+	f, err := schemas.ParseFrame(data)
 	if err != nil {
-		c.opts.Logger.Warn("dropping malformed reply frame", "subject", m.Subject)
+		c.opts.Logger.Warn("dropping malformed reply frame", "stream", tok)
 		return
 	}
 	if s == nil {

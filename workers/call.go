@@ -37,10 +37,19 @@ type call struct {
 	pending   []byte    // chunk lines held back (see Chunks), '\n'-separated
 	lingering bool      // c is on the worker's linger list
 	ended     bool
+	sentChunk bool // a chunk frame went out (the first one is never held back)
+
+	mux   *outbox // the client takes multiplexed replies: every frame goes through it
+	token string  // last token of the reply subject, for mux entries
 }
 
 func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	c := &call{w: w, reply: m.Reply, start: time.Now()}
+	if m.Header.Get(schemas.HdrMux) == "1" {
+		if prefix, token, ok := schemas.SplitReply(m.Reply); ok {
+			c.mux, c.token = w.outboxFor(prefix), token
+		}
+	}
 	h := m.Header
 	c.req = engine.Request{
 		ID:          h.Get(schemas.HdrRequestID),
@@ -101,7 +110,7 @@ func (c *call) Chunks(b []byte) error {
 	// its message. A trickle of tokens (a real model's) is never delayed;
 	// a flood (a fast engine, a burst) costs one message per ChunkLinger per
 	// stream instead of one per token, which is most of the bus's CPU.
-	if len(c.pending) == 0 && (linger <= 0 || now.Sub(c.lastChunk) >= linger) {
+	if c.mux != nil || len(c.pending) == 0 && (linger <= 0 || now.Sub(c.lastChunk) >= linger) {
 		c.lastChunk = now
 		return c.publishLocked(schemas.FrameChunk, b, now)
 	}
@@ -163,6 +172,13 @@ func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time)
 	c.seq++
 	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	c.lastSend = now
+	if c.mux != nil {
+		urgent := t == schemas.FrameChunk && !c.sentChunk
+		if t == schemas.FrameChunk {
+			c.sentChunk = true
+		}
+		return c.mux.add(c.reply, c.token, c.buf, urgent)
+	}
 	return c.w.nc.Publish(c.reply, c.buf)
 }
 
@@ -195,19 +211,41 @@ func (w *Worker) linger(c *call) {
 	}
 }
 
+// lingerOutbox puts ob on the list the linger loop flushes.
+func (w *Worker) lingerOutbox(ob *outbox) {
+	w.lingerMu.Lock()
+	w.lingerOutboxs = append(w.lingerOutboxs, ob)
+	w.lingerMu.Unlock()
+	select {
+	case w.lingerKick <- struct{}{}:
+	default:
+	}
+}
+
 // lingerLoop flushes held-back chunks: one timer for all streams, armed only
 // while some stream holds chunks back.
 func (w *Worker) lingerLoop(stop <-chan struct{}) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	var calls []*call
+	var boxes []*outbox
+	lastForget := time.Now()
 	flush := func() {
 		w.lingerMu.Lock()
 		calls, w.lingerCalls = w.lingerCalls, calls[:0]
+		boxes, w.lingerOutboxs = w.lingerOutboxs, boxes[:0]
 		w.lingerMu.Unlock()
 		for i, c := range calls {
 			c.flushLinger()
 			calls[i] = nil
+		}
+		for i, ob := range boxes {
+			ob.flushLinger()
+			boxes[i] = nil
+		}
+		if now := time.Now(); now.Sub(lastForget) > time.Minute {
+			lastForget = now
+			w.forgetIdleOutboxes(now)
 		}
 	}
 	for {

@@ -83,9 +83,13 @@ type Worker struct {
 	wake     chan struct{} // asks the heartbeat loop for an early beat
 	ready    chan struct{} // closed once Run has subscribed
 
-	lingerMu    sync.Mutex
-	lingerCalls []*call       // streams holding chunks back
-	lingerKick  chan struct{} // cap 1: the linger loop has work
+	lingerMu      sync.Mutex
+	lingerCalls   []*call       // streams holding chunks back
+	lingerOutboxs []*outbox     // outboxes holding frames back
+	lingerKick    chan struct{} // cap 1: the linger loop has work
+
+	outMu    sync.Mutex
+	outboxes map[string]*outbox // by reply prefix
 
 	mu       sync.Mutex
 	inflight map[string]*call // by request id
@@ -103,7 +107,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	}
 	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
-		lingerKick: make(chan struct{}, 1)}
+		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = newAdapterManager(w)
 	w.registerMetrics(cfg.Metrics)
 	return w, nil

@@ -316,3 +316,81 @@ func TestDuplicateIDRefused(t *testing.T) {
 		t.Fatalf("a second worker with the same id started: %v", err)
 	}
 }
+
+// A client that takes multiplexed replies gets every frame of every stream,
+// in order, whether alone or batched with other streams' frames.
+func TestMultiplexedReplies(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	startWorker(t, nc, eng, Config{ID: "w1", ChunkLinger: 50 * time.Millisecond})
+	var mu sync.Mutex
+	got := map[string][]schemas.Frame{}
+	muxed := 0
+	record := func(tok string, data []byte) {
+		f, err := schemas.ParseFrame(data)
+		if err != nil {
+			t.Errorf("bad frame %q", data)
+			return
+		}
+		f.Payload = append([]byte(nil), f.Payload...)
+		got[tok] = append(got[tok], f)
+	}
+	if _, err := nc.Subscribe("_INBOX.gw.*", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		tok := strings.TrimPrefix(m.Subject, "_INBOX.gw.")
+		if tok == schemas.MuxToken {
+			muxed++
+			if err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) { record(string(tok), frame) }); err != nil {
+				t.Error(err)
+			}
+			return
+		}
+		record(tok, m.Data)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	const streams = 5
+	for i := range streams {
+		h := nats.Header{}
+		h.Set(schemas.HdrRequestID, fmt.Sprintf("r%d", i))
+		h.Set(schemas.HdrKind, "chat")
+		h.Set(schemas.HdrModel, "m")
+		h.Set(schemas.HdrMux, "1")
+		nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: fmt.Sprintf("_INBOX.gw.s%d", i), Header: h, Data: []byte(`{}`)})
+	}
+	testenv.WaitFor(t, 3*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range streams {
+			if len(got[fmt.Sprintf("s%d", i)]) < 2 {
+				return fmt.Errorf("stream %d: %d frames", i, len(got[fmt.Sprintf("s%d", i)]))
+			}
+		}
+		return nil
+	})
+	close(eng.release)
+	testenv.WaitFor(t, 3*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range streams {
+			fs := got[fmt.Sprintf("s%d", i)]
+			if len(fs) != 3 || fs[2].Type != schemas.FrameDone {
+				return fmt.Errorf("stream %d: %d frames", i, len(fs))
+			}
+			for j, f := range fs {
+				if f.Seq != uint64(j+1) {
+					return fmt.Errorf("stream %d frame %d has seq %d", i, j, f.Seq)
+				}
+			}
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if muxed == 0 {
+		t.Fatal("five streams finishing together never shared a message")
+	}
+}

@@ -1,0 +1,103 @@
+package workers
+
+import (
+	"sync"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// outbox batches the frames of every stream going to one client inbox prefix
+// (one gateway) into multiplexed messages (schemas.HdrMux). A frame goes out
+// at once when the outbox has been quiet for ChunkLinger, or when it is a
+// stream's first chunk (time to first token is never traded); otherwise it
+// waits, at most ChunkLinger, for the frames of other streams. With a real
+// model's pace that means: the first stream's token of an engine step goes
+// alone, the rest of that step's tokens share one message.
+type outbox struct {
+	w       *Worker
+	subject string // <prefix>_mux
+
+	mu        sync.Mutex
+	body      []byte // entries so far
+	n         int    // entries in body
+	single    string // reply subject of the first entry (sent plain when alone)
+	singleAt  int    // offset of the first entry's frame in body
+	last      time.Time
+	lingering bool
+	used      time.Time // last add, to forget idle outboxes
+}
+
+// outboxFor returns the outbox of a reply prefix, creating it.
+func (w *Worker) outboxFor(prefix string) *outbox {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	ob := w.outboxes[prefix]
+	if ob == nil {
+		ob = &outbox{w: w, subject: prefix + schemas.MuxToken}
+		w.outboxes[prefix] = ob
+	}
+	return ob
+}
+
+// add queues one frame for the stream whose reply subject is reply (token
+// its last token). The frame is copied.
+func (ob *outbox) add(reply, token string, frame []byte, urgent bool) error {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	now := time.Now()
+	ob.used = now
+	if ob.n == 0 {
+		ob.single = reply
+	}
+	ob.body = schemas.AppendMuxEntry(ob.body, token, frame)
+	if ob.n == 0 {
+		ob.singleAt = len(ob.body) - len(frame)
+	}
+	ob.n++
+	if urgent || now.Sub(ob.last) >= ob.w.cfg.ChunkLinger || len(ob.body) >= maxPending {
+		return ob.flushLocked(now)
+	}
+	if !ob.lingering {
+		ob.lingering = true
+		ob.w.lingerOutbox(ob)
+	}
+	return nil
+}
+
+func (ob *outbox) flushLocked(now time.Time) error {
+	if ob.n == 0 {
+		return nil
+	}
+	var err error
+	if ob.n == 1 {
+		err = ob.w.nc.Publish(ob.single, ob.body[ob.singleAt:])
+	} else {
+		err = ob.w.nc.Publish(ob.subject, ob.body)
+	}
+	ob.body, ob.n, ob.single, ob.last = ob.body[:0], 0, "", now
+	return err
+}
+
+// flushLinger is the linger timer firing for ob.
+func (ob *outbox) flushLinger() {
+	ob.mu.Lock()
+	ob.lingering = false
+	_ = ob.flushLocked(time.Now())
+	ob.mu.Unlock()
+}
+
+// forgetIdleOutboxes drops the outboxes of clients not heard of for a while
+// (a gateway that restarted has a new inbox prefix).
+func (w *Worker) forgetIdleOutboxes(now time.Time) {
+	w.outMu.Lock()
+	defer w.outMu.Unlock()
+	for prefix, ob := range w.outboxes {
+		ob.mu.Lock()
+		idle := ob.n == 0 && now.Sub(ob.used) > time.Minute
+		ob.mu.Unlock()
+		if idle {
+			delete(w.outboxes, prefix)
+		}
+	}
+}
