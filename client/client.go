@@ -34,7 +34,10 @@ type Options struct {
 	// MaxPending bounds the frames buffered for one stream whose reader is
 	// slower than its worker; past it the stream fails. Default 4096.
 	MaxPending int
-	Logger     *slog.Logger
+	// Submit, when set, takes requests instead of publishing them on their
+	// request subject: an embedded dispatcher's Submit.
+	Submit func(*nats.Msg) error
+	Logger *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -181,7 +184,11 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 		subject = schemas.ReqSubject(r.Model)
 	}
 	msg := &nats.Msg{Subject: subject, Reply: c.prefix + tok, Header: r.Header(), Data: r.Body}
-	if err := c.nc.PublishMsg(msg); err != nil {
+	send := c.nc.PublishMsg
+	if c.opts.Submit != nil && r.Subject == "" {
+		send = c.opts.Submit
+	}
+	if err := send(msg); err != nil {
 		c.remove(tok)
 		return nil, schemas.Unavailable(schemas.CodeNoDispatcher, 1, "cannot publish the request: %v", err)
 	}

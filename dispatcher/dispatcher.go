@@ -62,6 +62,10 @@ type Config struct {
 	// any subject those are allowed to publish to (a worker's control
 	// subjects, say).
 	ReplyPrefixes []string
+	// Embedded: the dispatcher runs inside a gateway, which hands it requests
+	// with Submit; it does not join the queue group on the request subjects
+	// (standalone dispatchers serve NATS-native clients).
+	Embedded bool
 	// AdapterSpill: see Table.AdapterSpill; default 0.5.
 	AdapterSpill float64
 }
@@ -151,7 +155,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		{schemas.DonePrefix + "*", "", d.onDone},
 		{schemas.QueueCancel, "", d.onQueueCancel},
 		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
-		{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest},
+	}
+	if !d.cfg.Embedded {
+		specs = append(specs, subSpec{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest})
 	}
 	var subs []*nats.Subscription
 	defer func() {
@@ -187,7 +193,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			// Stop taking requests first, then turn away what is queued.
-			_ = subs[len(subs)-1].Unsubscribe()
+			if !d.cfg.Embedded {
+				_ = subs[len(subs)-1].Unsubscribe()
+			}
 			d.rejectAll(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the dispatcher is shutting down"))
 			return d.nc.Flush()
 		case now := <-t.C:
@@ -287,6 +295,15 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 	}
 	r.adapter = d.resolve(r.model)
 	return r, nil
+}
+
+// Submit routes a request handed over in-process, as if it had arrived on
+// its request subject: a gateway with an embedded dispatcher publishes
+// straight to the chosen worker, saving two NATS traversals on the way to
+// the first token. Answers (queued, errors) go to m.Reply as usual.
+func (d *Dispatcher) Submit(m *nats.Msg) error {
+	d.onRequest(m)
+	return nil
 }
 
 func (d *Dispatcher) onRequest(m *nats.Msg) {

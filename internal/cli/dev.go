@@ -189,7 +189,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		time.Sleep(5 * time.Millisecond)
 	}
 
-	gw, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, store: store, cache: cache, reg: reg, log: log.With("component", "gateway")})
+	gw, err := startGateway(compCtx, gopts, gatewayDeps{nc: gwNC, dispatcher: d, store: store, cache: cache, reg: reg, log: log.With("component", "gateway")})
 	if err != nil {
 		return err
 	}

@@ -62,11 +62,14 @@ func (o *gatewayOptions) check(haveRedis bool) error {
 
 // gatewayDeps is what a gateway runs on.
 type gatewayDeps struct {
-	nc    *nats.Conn
-	store *registry.Store // may be nil: no keys, usage or admin API
-	cache *registry.Cache // may be nil
-	reg   *prometheus.Registry
-	log   *slog.Logger
+	nc *nats.Conn
+	// dispatcher, when set, routes the gateway's requests in-process (its
+	// worker table also answers /ready and /v1/models).
+	dispatcher *dispatcher.Dispatcher
+	store      *registry.Store // may be nil: no keys, usage or admin API
+	cache      *registry.Cache // may be nil
+	reg        *prometheus.Registry
+	log        *slog.Logger
 }
 
 // runningGateway is a started gateway and, if configured, its admin API.
@@ -82,11 +85,18 @@ func startGateway(ctx context.Context, o gatewayOptions, deps gatewayDeps) (*run
 	if err := o.check(deps.store != nil); err != nil {
 		return nil, err
 	}
-	table := dispatcher.NewTable()
-	if err := dispatcher.Watch(ctx, deps.nc, table); err != nil {
-		return nil, err
+	copts := client.Options{Logger: deps.log}
+	var table *dispatcher.Table
+	if deps.dispatcher != nil {
+		table = deps.dispatcher.Table()
+		copts.Submit = deps.dispatcher.Submit
+	} else {
+		table = dispatcher.NewTable()
+		if err := dispatcher.Watch(ctx, deps.nc, table); err != nil {
+			return nil, err
+		}
 	}
-	cl, err := client.New(deps.nc, client.Options{Logger: deps.log})
+	cl, err := client.New(deps.nc, copts)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +175,10 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	var nopts natsconn.Options
 	var gopts gatewayOptions
 	var popts processOptions
+	var dopts dispatcherOptions
 	gopts.register(fs, ":8080", true)
+	embed := fs.Bool("embed-dispatcher", true, "route requests with a dispatcher inside the gateway, straight to workers (saves two NATS hops before the first token); standalone dispatchers still serve NATS-native clients")
+	dopts.register(fs)
 	nopts.Register(fs)
 	redisURL := fs.String("redis-url", "redis://127.0.0.1:6379/0", "Redis holding the registry, API keys, limits and usage (empty: none; then --auth=false --admin '' are needed)")
 	popts.register(fs)
@@ -197,12 +210,40 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_ = cache.Refresh(ctx)
 		go cache.Run(ctx, nc, 10*time.Second)
 	}
-	gw, err := startGateway(ctx, gopts, gatewayDeps{nc: nc, store: store, cache: cache, reg: newRegistry(), log: log})
+	reg := newRegistry()
+	deps := gatewayDeps{nc: nc, store: store, cache: cache, reg: reg, log: log}
+	dctx, stopDispatcher := context.WithCancel(context.Background())
+	defer stopDispatcher()
+	dispatcherDone := make(chan struct{})
+	if *embed {
+		var models dispatcher.Models
+		if cache != nil {
+			models = cache
+		}
+		cfg := dopts.config()
+		cfg.Embedded = true
+		d := dispatcher.New(cfg, nc, models, reg, log.With("component", "dispatcher"))
+		go func() {
+			defer close(dispatcherDone)
+			if err := d.Run(dctx); err != nil {
+				log.Error("embedded dispatcher stopped", "err", err)
+			}
+		}()
+		if err := waitReady(ctx, d.Ready()); err != nil {
+			return err
+		}
+		deps.dispatcher = d
+	} else {
+		close(dispatcherDone)
+	}
+	gw, err := startGateway(ctx, gopts, deps)
 	if err != nil {
 		return err
 	}
-	log.Info("gateway listening", "http", "http://"+gw.addr, "auth", gopts.auth, "admin", gw.adminAddr)
+	log.Info("gateway listening", "http", "http://"+gw.addr, "auth", gopts.auth, "admin", gw.adminAddr, "embedded_dispatcher", *embed)
 	<-ctx.Done()
 	gw.stop()
+	stopDispatcher()
+	<-dispatcherDone
 	return nc.Drain()
 }
