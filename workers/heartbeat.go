@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +21,11 @@ func (w *Worker) beatSoon() {
 func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
+	// The served models can change between beats (an HTTP engine's list
+	// refreshes, an adapter loads elsewhere): beat at once when they do.
+	check := time.NewTicker(100 * time.Millisecond)
+	defer check.Stop()
+	models := w.eng.Models()
 	w.publishHeartbeat()
 	for {
 		select {
@@ -27,7 +33,14 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		case <-w.wake:
+		case <-check.C:
+			if now := w.eng.Models(); !slices.Equal(now, models) {
+				models = now
+				break
+			}
+			continue
 		}
+		models = w.eng.Models()
 		w.publishHeartbeat()
 	}
 }

@@ -274,9 +274,20 @@ func (e *Engine) Health(context.Context) error { return e.health.Load().err }
 func (e *Engine) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
+	var healthySince time.Time
 	for {
+		// Ready: healthy and the model list known (a worker that advertised
+		// no models would get no requests); a server whose list stays empty
+		// is taken as ready after a few seconds all the same.
 		if err := e.health.Load().err; err == nil {
-			return nil
+			if healthySince.IsZero() {
+				healthySince = time.Now()
+			}
+			if len(*e.models.Load()) > 0 || time.Since(healthySince) > 5*time.Second {
+				return nil
+			}
+		} else {
+			healthySince = time.Time{}
 		}
 		select {
 		case <-ctx.Done():
