@@ -131,6 +131,13 @@ func watchBeats(t *testing.T, nc *nats.Conn) *beats {
 	return b
 }
 
+// snapshot copies the heartbeats so far.
+func (b *beats) snapshot() []schemas.Heartbeat {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.all)
+}
+
 func (b *beats) seen(f func(schemas.Heartbeat) bool) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -153,7 +160,7 @@ func TestAdapterLoadedOnDemandOnce(t *testing.T) {
 			!hbs.seen(func(h schemas.Heartbeat) bool {
 				return slices.Equal(h.Adapters, []string{"x"}) && slices.Contains(h.Models, "x")
 			}) {
-			return fmt.Errorf("no early heartbeats for the load: %+v", hbs.all)
+			return fmt.Errorf("no early heartbeats for the load: %+v", hbs.snapshot())
 		}
 		return nil
 	})
