@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nuid"
 
+	"github.com/tokenbus/tokenbus/internal/jsonscan"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -178,79 +179,13 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 	return r, nil
 }
 
-// eachMember calls fn with the raw key (without quotes, escapes decoded only
-// when there are any) and raw value of every member of the JSON object obj,
-// which must be valid JSON.
+// eachMember calls fn with the key (escapes decoded) and raw value of every
+// top-level member of obj, which must be valid JSON.
 func eachMember(obj []byte, fn func(key, val []byte)) {
-	i := skipSpace(obj, 1)
-	for i < len(obj) && obj[i] == '"' {
-		end := skipString(obj, i)
-		key := obj[i+1 : end-1]
-		if bytes.IndexByte(key, '\\') >= 0 {
-			var k string
-			if json.Unmarshal(obj[i:end], &k) == nil {
-				key = []byte(k)
-			}
-		}
-		i = skipSpace(obj, end)
-		i = skipSpace(obj, i+1) // the ':'
-		vend := skipValue(obj, i)
-		fn(key, obj[i:vend])
-		i = skipSpace(obj, vend)
-		if i < len(obj) && obj[i] == ',' {
-			i = skipSpace(obj, i+1)
-		}
-	}
-}
-
-func skipSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// skipString returns the index just past the string starting at b[i] == '"'.
-func skipString(b []byte, i int) int {
-	for i++; i < len(b); i++ {
-		switch b[i] {
-		case '\\':
-			i++
-		case '"':
-			return i + 1
-		}
-	}
-	return len(b)
-}
-
-// skipValue returns the index just past the value starting at b[i].
-func skipValue(b []byte, i int) int {
-	switch b[i] {
-	case '"':
-		return skipString(b, i)
-	case '{', '[':
-		depth := 0
-		for i < len(b) {
-			switch b[i] {
-			case '"':
-				i = skipString(b, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return len(b)
-	}
-	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
-		i++
-	}
-	return i
+	jsonscan.Members(obj, func(key, val []byte) bool {
+		fn(jsonscan.Key(key), val)
+		return true
+	})
 }
 
 func typeError(param, want string, v []byte) *schemas.Error {

@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokenbus/tokenbus/internal/jsonscan"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -425,44 +426,14 @@ func (e *Engine) failure(ctx, rctx context.Context, err error, started bool) err
 }
 
 // topLevelTrue reports whether the JSON object b has key set to true at its
-// top level. It only scans: no allocation, nested objects and strings skipped.
+// top level, without decoding it.
 func topLevelTrue(b []byte, key string) bool {
-	depth := 0
-	expectKey := false
-	for i := 0; i < len(b); i++ {
-		switch c := b[i]; c {
-		case '{':
-			depth++
-			expectKey = depth == 1
-		case '[':
-			depth++
-		case '}', ']':
-			depth--
-		case ',':
-			expectKey = depth == 1
-		case '"':
-			j := i + 1
-			for j < len(b) && b[j] != '"' {
-				if b[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			if j >= len(b) {
-				return false
-			}
-			if depth == 1 && expectKey {
-				expectKey = false
-				if string(b[i+1:j]) == key {
-					k := j + 1
-					for k < len(b) && (b[k] == ' ' || b[k] == '\t' || b[k] == '\n' || b[k] == '\r' || b[k] == ':') {
-						k++
-					}
-					return bytes.HasPrefix(b[k:], []byte("true"))
-				}
-			}
-			i = j
+	found := false
+	jsonscan.Members(b, func(k, v []byte) bool {
+		if string(k) == key {
+			found = string(v) == "true"
 		}
-	}
-	return false
+		return true // the last one wins, as in encoding/json
+	})
+	return found
 }
