@@ -26,7 +26,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -64,7 +64,7 @@ type Auth struct {
 	cfg     Config
 	log     *slog.Logger
 	pending chan struct{} // a slot per usage write in flight
-	wg      sync.WaitGroup
+	writes  atomic.Int64  // usage writes in flight
 
 	decisions *prometheus.CounterVec
 	failOpen  prometheus.Counter
@@ -158,9 +158,9 @@ func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
 		a.log.Warn("usage dropped: too many usage writes pending", "key_id", p.KeyID, "model", model)
 		return
 	}
-	a.wg.Add(1)
+	a.writes.Add(1)
 	go func() {
-		defer func() { <-a.pending; a.wg.Done() }()
+		defer func() { <-a.pending; a.writes.Add(-1) }()
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 		defer cancel()
 		if err := a.cfg.Limiter.Record(ctx, p.KeyID, model, u); err != nil {
@@ -172,14 +172,18 @@ func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
 
 // Wait waits until the usage writes in flight are done, or ctx ends.
 func (a *Auth) Wait(ctx context.Context) error {
-	done := make(chan struct{})
-	go func() { a.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
+	// A counter, not a WaitGroup: usage writes start while others are waited
+	// for, which a WaitGroup does not allow.
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for a.writes.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
 	}
+	return nil
 }
 
 // bearer returns the token of an "Authorization: Bearer <token>" header.

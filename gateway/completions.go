@@ -252,10 +252,12 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 			}
 		case schemas.FrameDone:
 			finished = true
+			// Usage is accounted before the client sees [DONE]: once a
+			// client has its answer, its usage is counted.
+			x.usage(f.Payload)
 			if err := writeDone(w); err == nil {
 				_ = w.Flush()
 			}
-			x.usage(f.Payload)
 			return
 		}
 
