@@ -207,32 +207,34 @@ func (c *Client) route(m *nats.Msg) {
 	tok := m.Subject[len(c.prefix):]
 	if tok == schemas.MuxToken {
 		// Frames of several streams in one message (see schemas.HdrMux).
-		err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) { c.deliver(string(tok), frame) })
+		err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) {
+			c.mu.Lock()
+			s := c.streams[string(tok)] // no allocation for a map index
+			c.mu.Unlock()
+			c.deliver(s, frame)
+		})
 		if err != nil {
 			c.opts.Logger.Warn("dropping the rest of a malformed multiplexed reply", "subject", m.Subject)
 		}
 		return
 	}
+	c.mu.Lock()
+	s := c.streams[tok]
+	c.mu.Unlock()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
-		c.mu.Lock()
-		s := c.streams[tok]
-		c.mu.Unlock()
 		if s != nil {
 			s.fail(schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher is serving requests"))
 		}
 		return
 	}
-	c.deliver(tok, m.Data)
+	c.deliver(s, m.Data)
 }
 
-// deliver hands one frame to the stream named by tok.
-func (c *Client) deliver(tok string, data []byte) {
-	c.mu.Lock()
-	s := c.streams[tok]
-	c.mu.Unlock()
+// deliver hands one frame to its stream, s (nil: the stream has ended).
+func (c *Client) deliver(s *Stream, data []byte) {
 	f, err := schemas.ParseFrame(data)
 	if err != nil {
-		c.opts.Logger.Warn("dropping malformed reply frame", "stream", tok)
+		c.opts.Logger.Warn("dropping malformed reply frame")
 		return
 	}
 	if s == nil {

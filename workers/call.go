@@ -177,7 +177,7 @@ func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time)
 		if t == schemas.FrameChunk {
 			c.sentChunk = true
 		}
-		return c.mux.add(c.reply, c.token, c.buf, urgent)
+		return c.mux.add(c.reply, c.token, c.buf, urgent, now)
 	}
 	return c.w.nc.Publish(c.reply, c.buf)
 }

@@ -41,11 +41,10 @@ func (w *Worker) outboxFor(prefix string) *outbox {
 }
 
 // add queues one frame for the stream whose reply subject is reply (token
-// its last token). The frame is copied.
-func (ob *outbox) add(reply, token string, frame []byte, urgent bool) error {
+// its last token), at now. The frame is copied.
+func (ob *outbox) add(reply, token string, frame []byte, urgent bool, now time.Time) error {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
-	now := time.Now()
 	ob.used = now
 	if ob.n == 0 {
 		ob.single = reply
