@@ -225,10 +225,6 @@ func (s *Stream) Close() {
 	}
 }
 
-func parseAccepted(b []byte) (schemas.Accepted, bool) {
-	var a schemas.Accepted
-	err := json.Unmarshal(b, &a)
-	return a, err == nil
-}
+func parseAccepted(b []byte) (schemas.Accepted, bool) { return schemas.ParseAccepted(b) }
 
 func itoa(i int) string { return strconv.Itoa(i) }

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -41,6 +40,10 @@ type exchange struct {
 	w      *watcher
 
 	writeFailed bool // the stream writer could not write: the client is gone
+	bodyEnded   bool // the SSE body ended with [DONE], written
+
+	stopCut func() bool // stops the write deadline a cut sets (see completions)
+	cut     bool        // it was set: the connection is not fit for reuse
 }
 
 // completions handles POST .../chat/completions and .../completions.
@@ -149,35 +152,41 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		// The stream is written straight to the connection, not through
 		// fasthttp's body-stream writer: that one hands every flush to a
 		// second goroutine over a pipe and writes at most 4 KiB per syscall,
-		// which made the SSE writes most of the gateway's CPU. The response
-		// has no length and ends when the connection closes after [DONE], as
-		// the OpenAI clients expect.
-		head := streamHead(c)
+		// which made the SSE writes most of the gateway's CPU. After a clean
+		// end the connection goes back to fasthttp for the next request.
+		keepAlive := g.keepAlive(c)
+		head := streamHead(c, keepAlive)
 		raw := c.Context().Conn()
 		c.Context().HijackSetNoResponse(true)
-		c.Context().Hijack(func(net.Conn) {
+		c.Context().Hijack(func(hc net.Conn) {
 			// A cut (shutdown, deadline) must not wait long on a client that
 			// reads nothing: a second to take the final error event.
-			stop := context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
-			defer stop()
-			w := bufio.NewWriterSize(raw, streamBufSize)
-			_, _ = w.Write(head)
+			x.stopCut = context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
+			w := newStreamWriter(raw, keepAlive)
+			w.WriteRaw(head)
 			x.writeStream(w, first, firstAt)
+			clean := w.err == nil && x.bodyEnded && !x.cut
+			w.release()
+			if clean && keepAlive && !g.draining.Load() {
+				g.resume(hc, raw)
+				return
+			}
+			_ = raw.Close() // Server.KeepHijackedConns: fasthttp leaves it to us
 		})
 		return nil
 	}
 }
 
-// streamBufSize is the SSE write buffer: one syscall carries a burst of
-// chunks up to this size.
-const streamBufSize = 32 << 10
-
 // streamHead is the HTTP/1.1 response head of an SSE stream, with every
 // header set on the response so far (request id, rate limits...).
-func streamHead(c *fiber.Ctx) []byte {
+func streamHead(c *fiber.Ctx, chunked bool) []byte {
 	b := make([]byte, 0, 512)
-	b = append(b, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"...)
-	b = append(b, "Connection: close\r\nX-Accel-Buffering: no\r\n"...)
+	b = append(b, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"...)
+	if chunked {
+		b = append(b, "Transfer-Encoding: chunked\r\n"...)
+	} else {
+		b = append(b, "Connection: close\r\n"...)
+	}
 	c.Response().Header.VisitAll(func(k, v []byte) {
 		switch strings.ToLower(string(k)) {
 		case "content-type", "content-length", "transfer-encoding", "connection", "cache-control", "x-accel-buffering":
@@ -212,7 +221,7 @@ func (x *exchange) unary() ([]byte, error) {
 // handler returned: it uses only x, recovers its panics (nothing else would),
 // and ends when the stream is done, fails, the client goes or the gateway
 // cuts it on shutdown.
-func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Time) {
+func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time) {
 	g := x.g
 	finished, outcome := false, "done"
 	var streamErr error
@@ -230,6 +239,9 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 			tracing.Fail(x.span, streamErr)
 		}
 		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
+		if x.stopCut != nil && !x.stopCut() {         // before end cancels ctx
+			x.cut = true
+		}
 		x.end(finished)
 	}()
 
@@ -255,9 +267,7 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 			// Usage is accounted before the client sees [DONE]: once a
 			// client has its answer, its usage is counted.
 			x.usage(f.Payload)
-			if err := writeDone(w); err == nil {
-				_ = w.Flush()
-			}
+			x.bodyEnded = writeDone(w) == nil
 			return
 		}
 
@@ -275,9 +285,7 @@ func (x *exchange) writeStream(w *bufio.Writer, f schemas.Frame, firstAt time.Ti
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
-			if writeErrorEvent(w, e) == nil {
-				_ = w.Flush()
-			}
+			x.bodyEnded = writeErrorEvent(w, e) == nil
 			return
 		}
 		if f.Type == schemas.FrameChunk {

@@ -91,6 +91,7 @@ type Gateway struct {
 
 	draining atomic.Bool
 	inflight tracker // handlers and stream writers still running
+	resumed  resumed // connections handed back after a stream, waiting for a request
 }
 
 var errShuttingDown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the gateway is shutting down")
@@ -116,6 +117,8 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
 	})
+	// Stream handlers close or hand back their hijacked connections (keepalive.go).
+	g.app.Server().KeepHijackedConns = true
 	g.routes(reg)
 	return g
 }
@@ -169,6 +172,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		defer cancel()
 	}
 	g.draining.Store(true)
+	g.resumed.closeAll()
 	// fasthttp keeps its "stopping" flag only while ShutdownWithContext runs,
 	// and that flag is what closes keep-alive connections after their
 	// response; so it runs on its own context, past ctx, until the cut

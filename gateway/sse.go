@@ -1,8 +1,6 @@
 package gateway
 
 import (
-	"bufio"
-
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -17,7 +15,7 @@ var (
 // writeChunkFrame writes every line of a chunk payload as one SSE event,
 // "data: <line>\n\n", exactly as the worker sent it. It returns the number of
 // events and the first write error (bufio's errors are sticky).
-func writeChunkFrame(w *bufio.Writer, payload []byte) (int, error) {
+func writeChunkFrame(w *streamWriter, payload []byte) (int, error) {
 	n := 0
 	err := schemas.ForEachLine(payload, func(line []byte) error {
 		n++
@@ -29,15 +27,15 @@ func writeChunkFrame(w *bufio.Writer, payload []byte) (int, error) {
 	return n, err
 }
 
-// writeDone ends a stream.
-func writeDone(w *bufio.Writer) error {
-	_, err := w.Write(sseDone)
-	return err
+// writeDone ends a stream: [DONE] and the end of the body, sent.
+func writeDone(w *streamWriter) error {
+	_, _ = w.Write(sseDone)
+	return w.End()
 }
 
 // writeErrorEvent ends a stream that failed after its first byte: the error
 // in-band as OpenAI clients expect it, then [DONE].
-func writeErrorEvent(w *bufio.Writer, e *schemas.Error) error {
+func writeErrorEvent(w *streamWriter, e *schemas.Error) error {
 	_, _ = w.Write(sseData)
 	_, _ = w.Write(e.JSON())
 	_, _ = w.Write(sseEnd)

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"io"
 	"net"
@@ -27,7 +26,7 @@ func TestWriteChunkFrame(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			w := bufio.NewWriter(&out)
+			w := newStreamWriter(&bufConn{Buffer: &out}, false)
 			n, err := writeChunkFrame(w, []byte(tc.payload))
 			if err != nil || n != tc.events {
 				t.Fatalf("n %d err %v", n, err)
@@ -39,7 +38,7 @@ func TestWriteChunkFrame(t *testing.T) {
 		})
 	}
 	var out bytes.Buffer
-	w := bufio.NewWriter(&out)
+	w := newStreamWriter(&bufConn{Buffer: &out}, false)
 	_ = writeErrorEvent(w, schemas.Internal("boom"))
 	_ = w.Flush()
 	want := "data: " + string(schemas.Internal("boom").JSON()) + "\n\ndata: [DONE]\n\n"
@@ -117,7 +116,7 @@ func BenchmarkSSEWrite(b *testing.B) {
 				payload = append(append(payload, '\n'), chatWorld...)
 			}
 			msg := schemas.AppendFrame(nil, schemas.FrameChunk, 7, payload)
-			w := bufio.NewWriterSize(io.Discard, 4096)
+			w := newStreamWriter(discardConn{}, false)
 			b.ReportAllocs()
 			b.SetBytes(int64(len(payload)))
 			b.ResetTimer()

@@ -2,7 +2,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"sync"
 	"time"
 
@@ -183,7 +182,8 @@ func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time)
 }
 
 func (c *call) sendAccepted() {
-	b, _ := json.Marshal(schemas.Accepted{RequestID: c.req.ID, Worker: c.w.cfg.ID, Cancel: schemas.CancelSubject(c.w.cfg.ID)})
+	var buf [256]byte
+	b := schemas.AppendAccepted(buf[:0], schemas.Accepted{RequestID: c.req.ID, Worker: c.w.cfg.ID, Cancel: c.w.cancelSubject})
 	_ = c.send(schemas.FrameAccepted, b)
 }
 

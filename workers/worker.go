@@ -74,6 +74,8 @@ type Worker struct {
 	eng engine.Engine
 	log *slog.Logger
 
+	cancelSubject string // schemas.CancelSubject(cfg.ID)
+
 	adapters *adapterManager
 
 	running  atomic.Int64
@@ -105,7 +107,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID),
+	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID), cancelSubject: schemas.CancelSubject(cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = newAdapterManager(w)
@@ -157,7 +159,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := sub(schemas.WorkSubject(w.cfg.ID), w.onRequest); err != nil {
 		return err
 	}
-	if err := sub(schemas.CancelSubject(w.cfg.ID), w.onCancel); err != nil {
+	if err := sub(w.cancelSubject, w.onCancel); err != nil {
 		return err
 	}
 	if err := sub(schemas.CtlSubject(w.cfg.ID, "*"), w.onControl); err != nil {

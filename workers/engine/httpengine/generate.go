@@ -364,15 +364,23 @@ func isErrorChunk(d []byte) bool {
 	return len(v.Error) > 0 && !bytes.Equal(v.Error, []byte("null"))
 }
 
-// usageOf decodes only the usage field of a chunk or response.
+// usageOf decodes only the usage member of a chunk or response: the scan
+// skips the rest (choices, a whole completion) without decoding it.
 func usageOf(b []byte) *schemas.Usage {
-	var v struct {
-		Usage *schemas.Usage `json:"usage"`
-	}
-	if json.Unmarshal(b, &v) != nil {
+	var raw []byte
+	if !jsonscan.Members(b, func(k, v []byte) bool {
+		if bytes.EqualFold(jsonscan.Key(k), []byte("usage")) {
+			raw = v // the last one wins, as in encoding/json
+		}
+		return true
+	}) || raw == nil || string(raw) == "null" {
 		return nil
 	}
-	return v.Usage
+	var u schemas.Usage
+	if json.Unmarshal(raw, &u) != nil {
+		return nil
+	}
+	return &u
 }
 
 // activityReader restarts the stall timer whenever bytes arrive.

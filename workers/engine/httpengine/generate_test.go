@@ -560,3 +560,26 @@ func TestUnhealthyAbortFromStart(t *testing.T) {
 		t.Fatal("never aborted")
 	}
 }
+
+// usageOf reads the usage member only, and agrees with encoding/json on
+// what it finds.
+func TestUsageOf(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want *schemas.Usage
+	}{
+		{`{"id":"x","choices":[{"text":"usage"}],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`, &schemas.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}},
+		{`{"usage":null}`, nil},
+		{`{"choices":[{"usage":{"total_tokens":1}}]}`, nil}, // not top level
+		{`{"Usage":{"total_tokens":2}}`, &schemas.Usage{TotalTokens: 2}},
+		{`{"usage":{"total_tokens":1},"usage":{"total_tokens":5}}`, &schemas.Usage{TotalTokens: 5}},
+		{`{"usage":{"total_tokens":"many"}}`, nil},
+		{`{"usage":{"total_tokens":1}`, nil}, // truncated
+		{`[]`, nil},
+	} {
+		got := usageOf([]byte(tc.in))
+		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+			t.Errorf("%s: got %+v want %+v", tc.in, got, tc.want)
+		}
+	}
+}

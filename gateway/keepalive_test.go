@@ -1,0 +1,155 @@
+package gateway
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// Streams, unary requests and errors follow one another on one keep-alive
+// connection, as an OpenAI client's connection pool uses it.
+func TestStreamKeepAlive(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	var conns []string
+	var reused []bool
+	trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+		conns = append(conns, ci.Conn.LocalAddr().String())
+		reused = append(reused, ci.Reused)
+	}}
+	for i, tc := range []struct {
+		body, want string
+		status     int
+	}{
+		{chatBody, standardSSE(chatFrames), 200},
+		{chatBody, standardSSE(chatFrames), 200},
+		{unaryBody, chatFull, 200},
+		{`{"model":"nope","messages":[{"role":"user","content":"hi"}],"stream":true}`, "", 404},
+		{chatBody, standardSSE(chatFrames), 200},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, h.base+"/v1/chat/completions", strings.NewReader(tc.body))
+		req.Header.Set("Content-Type", "application/json")
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+		resp, body := h.do(t, req)
+		if resp.StatusCode != tc.status || tc.want != "" && body != tc.want {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, body)
+		}
+		if tc.status == 200 && strings.Contains(tc.body, `"stream":true`) {
+			if resp.Close || len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" {
+				t.Fatalf("request %d: stream not chunked keep-alive: close=%v te=%v", i, resp.Close, resp.TransferEncoding)
+			}
+		}
+	}
+	for i := 1; i < len(conns); i++ {
+		if !reused[i] || conns[i] != conns[0] {
+			t.Fatalf("request %d used a new connection (%v, reused %v)", i, conns, reused)
+		}
+	}
+}
+
+// rawExchange writes reqs on one TCP connection at once (pipelined) and
+// reads a response for each.
+func rawExchange(t *testing.T, addr string, reqs ...string) []*http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, strings.Join(reqs, "")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	var out []*http.Response
+	for i := range reqs {
+		resp, err := http.ReadResponse(r, nil)
+		if err != nil {
+			t.Fatalf("response %d: %v", i, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("response %d body: %v", i, err)
+		}
+		resp.Body = io.NopCloser(strings.NewReader(string(b)))
+		out = append(out, resp)
+	}
+	return out
+}
+
+func rawPost(body, extra string) string {
+	return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+		"Content-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+}
+
+// Requests pipelined behind a stream (read by fasthttp before the stream
+// started) are served in order after it, not lost.
+func TestStreamPipelined(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.base, "http://")
+	resps := rawExchange(t, addr, rawPost(chatBody, ""), rawPost(unaryBody, ""), rawPost(chatBody, ""))
+	wants := []string{standardSSE(chatFrames), chatFull, standardSSE(chatFrames)}
+	for i, resp := range resps {
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 || string(b) != wants[i] {
+			t.Fatalf("response %d: %d %q", i, resp.StatusCode, b)
+		}
+	}
+}
+
+// A client that asks to close, or speaks HTTP/1.0, gets a stream that ends
+// with the connection, as before keep-alive.
+func TestStreamConnectionClose(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.base, "http://")
+	for _, req := range []string{
+		rawPost(chatBody, "Connection: close\r\n"),
+		strings.Replace(rawPost(chatBody, ""), "HTTP/1.1", "HTTP/1.0", 1),
+	} {
+		resps := rawExchange(t, addr, req)
+		b, _ := io.ReadAll(resps[0].Body)
+		if resps[0].StatusCode != 200 || string(b) != standardSSE(chatFrames) || !resps[0].Close {
+			t.Fatalf("%.60q: %d close=%v %q", req, resps[0].StatusCode, resps[0].Close, b)
+		}
+	}
+}
+
+// Shutdown closes a connection handed back after a stream and idle since:
+// it does not wait for the connection's read timeout.
+func TestShutdownClosesResumedConn(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.base, "http://")
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, rawPost(chatBody, "")); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != standardSSE(chatFrames) || resp.Close {
+		t.Fatalf("stream: close=%v %q %v", resp.Close, b, err)
+	}
+	waitFor(t, 2*time.Second, func() bool { return h.gw.resumed.n.Load() == 1 }) // handed back
+	start := time.Now()
+	if err := h.shutdown(5 * time.Second); err != nil {
+		t.Fatalf("shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("shutdown took %s with an idle resumed connection", d)
+	}
+	if n, err := r.Read(make([]byte, 1)); err == nil {
+		t.Fatalf("connection still open after shutdown (read %d bytes)", n)
+	}
+}
