@@ -284,7 +284,9 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 	}
 	r.priority = schemas.ParsePriority(h.Get(schemas.HdrPriority))
 	r.deadline = schemas.ParseDeadline(h.Get(schemas.HdrDeadline))
-	r.attempt, _ = strconv.Atoi(h.Get(schemas.HdrAttempt))
+	if a := h.Get(schemas.HdrAttempt); a != "" { // usually absent: Atoi("") allocates its error
+		r.attempt, _ = strconv.Atoi(a)
+	}
 	switch {
 	case !schemas.ValidRequestID(r.id):
 		return nil, schemas.BadRequest("", "missing or invalid %s header", schemas.HdrRequestID)

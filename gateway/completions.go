@@ -163,7 +163,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			// reads nothing: a second to take the final error event.
 			x.stopCut = context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
 			w := newStreamWriter(raw, keepAlive)
-			w.WriteRaw(head)
+			w.WriteHead(head)
 			x.writeStream(w, first, firstAt)
 			clean := w.err == nil && x.bodyEnded && !x.cut
 			w.release()

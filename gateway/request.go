@@ -108,6 +108,10 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 		return nil, schemas.BadRequest("model", "You must provide a model parameter.")
 	case m[0] != '"':
 		return nil, typeError("model", "a string", m)
+	case len(m) == 2: // ""
+		return nil, schemas.BadRequest("model", "You must provide a model parameter.")
+	case bytes.IndexByte(m, '\\') < 0: // no escapes (the body is valid JSON): the bytes are the string
+		r.Model = string(m[1 : len(m)-1])
 	default:
 		if err := json.Unmarshal(m, &r.Model); err != nil {
 			return nil, jsonError(err)

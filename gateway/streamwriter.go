@@ -17,6 +17,7 @@ import (
 type streamWriter struct {
 	conn    net.Conn
 	chunked bool
+	head    []byte // the response head, sent with the first burst
 	buf     []byte // chunkHeadroom bytes kept free for the chunk size, then the burst
 	err     error
 }
@@ -36,13 +37,9 @@ func newStreamWriter(conn net.Conn, chunked bool) *streamWriter {
 	return &streamWriter{conn: conn, chunked: chunked, buf: (*streamBufs.Get().(*[]byte))[:chunkHeadroom]}
 }
 
-// WriteRaw writes bytes outside the chunked framing (the response head). It
-// must come first.
-func (w *streamWriter) WriteRaw(p []byte) {
-	if w.err == nil {
-		_, w.err = w.conn.Write(p)
-	}
-}
+// WriteHead sets the response head: it goes out, outside the chunked
+// framing, in the same syscall as the first burst.
+func (w *streamWriter) WriteHead(p []byte) { w.head = p }
 
 // Write adds p to the burst.
 func (w *streamWriter) Write(p []byte) (int, error) {
@@ -79,7 +76,7 @@ func (w *streamWriter) flush(last bool) error {
 		return w.err
 	}
 	n := len(w.buf) - chunkHeadroom
-	if n == 0 && !(last && w.chunked) {
+	if n == 0 && !(last && w.chunked) && w.head == nil {
 		return nil
 	}
 	start := chunkHeadroom
@@ -96,7 +93,12 @@ func (w *streamWriter) flush(last bool) error {
 			w.buf = append(w.buf, "0\r\n\r\n"...)
 		}
 	}
-	_, w.err = w.conn.Write(w.buf[start:])
+	out := w.buf[start:]
+	if w.head != nil {
+		out = append(w.head, out...)
+		w.head = nil
+	}
+	_, w.err = w.conn.Write(out)
 	w.buf = w.buf[:chunkHeadroom]
 	return w.err
 }

@@ -43,7 +43,7 @@ func TestStreamWriterFraming(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		var out bytes.Buffer
 		w := newStreamWriter(&bufConn{Buffer: &out}, chunked)
-		w.WriteRaw([]byte("HEAD\r\n"))
+		w.WriteHead([]byte("HEAD\r\n"))
 		var want strings.Builder
 		for i, b := range bursts {
 			for _, s := range b {
@@ -105,7 +105,7 @@ func TestStreamWriterStickyError(t *testing.T) {
 func TestStreamResponseParses(t *testing.T) {
 	var out bytes.Buffer
 	w := newStreamWriter(&bufConn{Buffer: &out}, true)
-	w.WriteRaw([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+	w.WriteHead([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
 	_, _ = w.WriteString("data: {}\n\n")
 	_ = w.Flush()
 	_, _ = w.WriteString("data: [DONE]\n\n")

@@ -73,6 +73,9 @@ func ParseDeadline(v string) time.Time {
 
 // ParsePriority reads a HdrPriority value; anything unparsable is 0.
 func ParsePriority(v string) int {
+	if v == "" { // the usual case; Atoi would allocate its error
+		return 0
+	}
 	p, err := strconv.Atoi(v)
 	if err != nil {
 		return 0
