@@ -60,6 +60,14 @@
 // HTTP clients do not do that. No SSE comments or keep-alive events are sent
 // during silence: openai-go before v3.43 breaks on them.
 //
+// Streams and connections. A stream is written straight to the connection
+// (hijacked from fasthttp), each burst of chunks in one syscall: fasthttp's
+// body-stream writer costs a pipe and a second goroutine per flush. HTTP/1.1
+// streams use chunked encoding, and after a clean end the connection is handed
+// back to fasthttp (Server.ServeConn) for the client's next request, so the
+// connection pools of OpenAI clients work as against OpenAI; HTTP/1.0 and
+// Connection: close requests get a stream that ends with the connection.
+//
 // Shutdown. Shutdown closes the listener, lets open requests finish until its
 // context ends, then cuts the rest: every request's context derives from one
 // gateway-wide context, so writers blocked on a silent worker end at once with
