@@ -155,16 +155,25 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		// which made the SSE writes most of the gateway's CPU. After a clean
 		// end the connection goes back to fasthttp for the next request.
 		keepAlive := g.keepAlive(c)
-		head := streamHead(c, keepAlive)
 		raw := c.Context().Conn()
+		w := newStreamWriter(raw, keepAlive)
+		w.WriteHead(streamHead(c, keepAlive))
+		sent := 0
+		if first.Type == schemas.FrameChunk {
+			// The first token goes out from this goroutine: the hijack
+			// handler runs on a new one, and on a busy machine waiting for
+			// it to be scheduled showed in the time to first token.
+			sent, _ = writeChunkFrame(w, first.Payload)
+			if !st.Buffered() {
+				_ = w.Flush()
+			}
+		}
 		c.Context().HijackSetNoResponse(true)
 		c.Context().Hijack(func(hc net.Conn) {
 			// A cut (shutdown, deadline) must not wait long on a client that
 			// reads nothing: a second to take the final error event.
 			x.stopCut = context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
-			w := newStreamWriter(raw, keepAlive)
-			w.WriteHead(head)
-			x.writeStream(w, first, firstAt)
+			x.writeStream(w, first, firstAt, sent)
 			clean := w.err == nil && x.bodyEnded && !x.cut
 			w.release()
 			if clean && keepAlive && !g.draining.Load() {
@@ -220,8 +229,9 @@ func (x *exchange) unary() ([]byte, error) {
 // writeStream is the SSE body writer. It runs in its own goroutine after the
 // handler returned: it uses only x, recovers its panics (nothing else would),
 // and ends when the stream is done, fails, the client goes or the gateway
-// cuts it on shutdown.
-func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time) {
+// cuts it on shutdown. The handler already wrote f when it is a chunk
+// (sent events, counted here).
+func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int) {
 	g := x.g
 	finished, outcome := false, "done"
 	var streamErr error
@@ -250,13 +260,21 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 	}
 	itl := g.m.itl.WithLabelValues(x.label)
 	last := firstAt
+	written := f.Type == schemas.FrameChunk // by the handler
 	for {
 		switch f.Type {
 		case schemas.FrameChunk:
-			n, err := writeChunkFrame(w, f.Payload)
-			g.m.chunks.Add(float64(n))
-			if err == nil && !x.st.Buffered() {
-				err = w.Flush() // once per burst
+			var err error
+			if written {
+				written, err = false, w.err
+				g.m.chunks.Add(float64(sent))
+			} else {
+				var n int
+				n, err = writeChunkFrame(w, f.Payload)
+				g.m.chunks.Add(float64(n))
+				if err == nil && !x.st.Buffered() {
+					err = w.Flush() // once per burst
+				}
 			}
 			if err != nil {
 				x.writeFailed, outcome = true, "client_gone"
