@@ -221,8 +221,8 @@ func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
 }
 
 func (d *Dispatcher) onDone(m *nats.Msg) {
-	var n schemas.DoneNotice
-	if err := json.Unmarshal(m.Data, &n); err != nil {
+	n, ok := schemas.ParseDoneNotice(m.Data)
+	if !ok {
 		return
 	}
 	d.table.Finished(n.Worker, n.Running)

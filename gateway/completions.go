@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -350,11 +349,9 @@ func (x *exchange) usage(done []byte) {
 			x.g.log.Error("OnUsage panicked", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r))
 		}
 	}()
-	var info schemas.DoneInfo
-	_ = json.Unmarshal(done, &info)
 	var u schemas.Usage
-	if info.Usage != nil {
-		u = *info.Usage
+	if p := schemas.UsageOf(done); p != nil {
+		u = *p
 	}
 	x.g.cfg.OnUsage(x.caller, x.model, u)
 }

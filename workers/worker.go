@@ -75,6 +75,7 @@ type Worker struct {
 	log *slog.Logger
 
 	cancelSubject string // schemas.CancelSubject(cfg.ID)
+	doneSubject   string // schemas.DoneSubject(cfg.ID)
 
 	adapters *adapterManager
 
@@ -107,7 +108,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID), cancelSubject: schemas.CancelSubject(cfg.ID),
+	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID), cancelSubject: schemas.CancelSubject(cfg.ID), doneSubject: schemas.DoneSubject(cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = newAdapterManager(w)
@@ -318,6 +319,7 @@ func (w *Worker) finish(c *call) {
 	delete(w.inflight, c.req.ID)
 	w.mu.Unlock()
 	n := w.running.Add(-1)
-	b, _ := json.Marshal(schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n)})
-	_ = w.nc.Publish(schemas.DoneSubject(w.cfg.ID), b)
+	var buf [256]byte
+	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n)})
+	_ = w.nc.Publish(w.doneSubject, b)
 }

@@ -143,7 +143,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		return nil, engineError("the engine's response is larger than %d bytes", e.cfg.MaxResponseBytes)
 	}
 	res := &engine.Result{Response: body}
-	if u := usageOf(body); u != nil {
+	if u := schemas.UsageOf(body); u != nil {
 		res.Usage = *u
 	}
 	return res, nil
@@ -249,7 +249,7 @@ func (s *sseState) flush(sink engine.Sink, then error) error {
 
 func (s *sseState) usage() schemas.Usage {
 	if s.last != nil {
-		if u := usageOf(s.last); u != nil {
+		if u := schemas.UsageOf(s.last); u != nil {
 			return *u
 		}
 	}
@@ -362,25 +362,6 @@ func isErrorChunk(d []byte) bool {
 		return false
 	}
 	return len(v.Error) > 0 && !bytes.Equal(v.Error, []byte("null"))
-}
-
-// usageOf decodes only the usage member of a chunk or response: the scan
-// skips the rest (choices, a whole completion) without decoding it.
-func usageOf(b []byte) *schemas.Usage {
-	var raw []byte
-	if !jsonscan.Members(b, func(k, v []byte) bool {
-		if bytes.EqualFold(jsonscan.Key(k), []byte("usage")) {
-			raw = v // the last one wins, as in encoding/json
-		}
-		return true
-	}) || raw == nil || string(raw) == "null" {
-		return nil
-	}
-	var u schemas.Usage
-	if json.Unmarshal(raw, &u) != nil {
-		return nil
-	}
-	return &u
 }
 
 // activityReader restarts the stall timer whenever bytes arrive.

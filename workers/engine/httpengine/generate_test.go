@@ -577,7 +577,7 @@ func TestUsageOf(t *testing.T) {
 		{`{"usage":{"total_tokens":1}`, nil}, // truncated
 		{`[]`, nil},
 	} {
-		got := usageOf([]byte(tc.in))
+		got := schemas.UsageOf([]byte(tc.in))
 		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
 			t.Errorf("%s: got %+v want %+v", tc.in, got, tc.want)
 		}

@@ -1,0 +1,77 @@
+package schemas
+
+import (
+	"encoding/json"
+	"reflect"
+	"testing"
+)
+
+func TestAppendPayloads(t *testing.T) {
+	for _, a := range []Accepted{
+		{RequestID: "req-1", Worker: "w-1", Cancel: "tokenbus.v1.cancel.w-1"},
+		{RequestID: "a\"b\\c<d>&é\n", Worker: "", Cancel: "x"},
+	} {
+		want, _ := json.Marshal(a)
+		if got := AppendAccepted(nil, a); string(got) != string(want) {
+			t.Errorf("got %s want %s", got, want)
+		}
+	}
+	for _, n := range []DoneNotice{{Worker: "w1", RequestID: "r1", Running: 3}, {Worker: "\x01", Running: -1}} {
+		want, _ := json.Marshal(n)
+		if got := AppendDoneNotice(nil, n); string(got) != string(want) {
+			t.Errorf("got %s want %s", got, want)
+		}
+	}
+}
+
+// The readers agree with encoding/json on valid JSON (see the fuzz tests).
+func TestParsePayloads(t *testing.T) {
+	for _, in := range []string{
+		`{"request_id":"req-1","worker":"w-1","cancel":"c","running":2}`,
+		`{"Worker":"W","cancel":"c\u0041","extra":[1,{"worker":"no"}],"worker":"last"}`,
+		`{"request_id":null,"running":null}`,
+		`{"request_id":5}`,
+		`{"running":1.5}`,
+		`{"running":1e2}`,
+		`{"running":99999999999999999999}`,
+		`{"running":-0}`,
+		`{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":2}}`,
+		`{"prompt_tokens":3,"prompt_tokens_details":null}`,
+		`{"prompt_tokens_details":[]}`,
+		`[]`,
+		` { } `,
+	} {
+		checkPayloads(t, []byte(in))
+	}
+}
+
+func checkPayloads(t *testing.T, in []byte) {
+	t.Helper()
+	if !json.Valid(in) {
+		_, _ = ParseAccepted(in)
+		_, _ = ParseDoneNotice(in)
+		_, _ = ParseUsage(in)
+		return
+	}
+	check := func(name string, got any, ok bool, want any) {
+		t.Helper()
+		werr := json.Unmarshal(in, want)
+		w := reflect.ValueOf(want).Elem().Interface()
+		if ok != (werr == nil) || ok && !reflect.DeepEqual(got, w) {
+			t.Errorf("%s %q: got %+v %v, encoding/json %+v %v", name, in, got, ok, w, werr)
+		}
+	}
+	a, ok := ParseAccepted(in)
+	check("accepted", a, ok, &Accepted{})
+	n, ok := ParseDoneNotice(in)
+	check("done notice", n, ok, &DoneNotice{})
+	u, ok := ParseUsage(in)
+	check("usage", u, ok, &Usage{})
+}
+
+func FuzzParsePayloads(f *testing.F) {
+	f.Add([]byte(`{"request_id":"req-1","worker":"w-1","cancel":"c","running":1}`))
+	f.Add([]byte(`{"WORKER":"a\"b","cancel":null,"Running":-2}`))
+	f.Add([]byte(`{"prompt_tokens":3,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":2}}`))
+	f.Fuzz(func(t *testing.T, in []byte) { checkPayloads(t, in) })
+}
