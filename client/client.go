@@ -64,6 +64,14 @@ type Client struct {
 
 	mu      sync.Mutex
 	streams map[string]*Stream // by inbox token
+
+	later []entry // route's second pass; route runs on one goroutine
+}
+
+// entry is a frame of a multiplexed reply and its stream (nil: ended).
+type entry struct {
+	s     *Stream
+	frame []byte
 }
 
 // New subscribes to the reply prefix on nc.
@@ -207,12 +215,24 @@ func (c *Client) route(m *nats.Msg) {
 	tok := m.Subject[len(c.prefix):]
 	if tok == schemas.MuxToken {
 		// Frames of several streams in one message (see schemas.HdrMux).
+		// Streams still waiting for their first chunk get theirs first: a
+		// reader woken later waits behind every reader woken before it, and
+		// time to first token is what a busy gateway must not trade.
 		err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) {
 			c.mu.Lock()
 			s := c.streams[string(tok)] // no allocation for a map index
 			c.mu.Unlock()
-			c.deliver(s, frame)
+			if s != nil && !s.begun.Load() {
+				c.deliver(s, frame)
+				return
+			}
+			c.later = append(c.later, entry{s, frame})
 		})
+		for i, e := range c.later {
+			c.deliver(e.s, e.frame)
+			c.later[i] = entry{}
+		}
+		c.later = c.later[:0]
 		if err != nil {
 			c.opts.Logger.Warn("dropping the rest of a malformed multiplexed reply", "subject", m.Subject)
 		}

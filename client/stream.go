@@ -6,6 +6,7 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -30,6 +31,8 @@ type Stream struct {
 	closed   bool
 
 	timer *time.Timer
+
+	begun atomic.Bool // a chunk (or the end) was pushed: no longer waiting for a first token
 }
 
 func newStream(c *Client, tok string, r *Request) *Stream {
@@ -78,6 +81,9 @@ func (s *Stream) push(f schemas.Frame) {
 	}
 	s.pending = append(s.pending, f)
 	s.mu.Unlock()
+	if f.Type == schemas.FrameChunk || f.Type.Terminal() {
+		s.begun.Store(true)
+	}
 	s.wake()
 }
 

@@ -157,12 +157,16 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		raw := c.Context().Conn()
 		w := newStreamWriter(raw, keepAlive)
 		w.WriteHead(streamHead(c, keepAlive))
-		sent := 0
-		if first.Type == schemas.FrameChunk {
+		sent, pre := 0, false
+		if first.Type == schemas.FrameChunk && c.Context().ConnRequestNum() == 1 {
 			// The first token goes out from this goroutine: the hijack
 			// handler runs on a new one, and on a busy machine waiting for
-			// it to be scheduled showed in the time to first token.
+			// it to be scheduled showed in the time to first token. Only on
+			// a connection's first request: after others, fasthttp may still
+			// hold a pipelined response in its buffer, which must go first
+			// (it flushes it when the handler returns).
 			sent, _ = writeChunkFrame(w, first.Payload)
+			pre = true
 			if !st.Buffered() {
 				_ = w.Flush()
 			}
@@ -172,7 +176,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			// A cut (shutdown, deadline) must not wait long on a client that
 			// reads nothing: a second to take the final error event.
 			x.stopCut = context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
-			x.writeStream(w, first, firstAt, sent)
+			x.writeStream(w, first, firstAt, sent, pre)
 			clean := w.err == nil && x.bodyEnded && !x.cut
 			w.release()
 			if clean && keepAlive && !g.draining.Load() {
@@ -228,9 +232,9 @@ func (x *exchange) unary() ([]byte, error) {
 // writeStream is the SSE body writer. It runs in its own goroutine after the
 // handler returned: it uses only x, recovers its panics (nothing else would),
 // and ends when the stream is done, fails, the client goes or the gateway
-// cuts it on shutdown. The handler already wrote f when it is a chunk
-// (sent events, counted here).
-func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int) {
+// cuts it on shutdown. When pre is set the handler already wrote f, a chunk
+// of sent events (counted here).
+func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int, pre bool) {
 	g := x.g
 	finished, outcome := false, "done"
 	var streamErr error
@@ -259,7 +263,7 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 	}
 	itl := g.m.itl.WithLabelValues(x.label)
 	last := firstAt
-	written := f.Type == schemas.FrameChunk // by the handler
+	written := pre
 	for {
 		switch f.Type {
 		case schemas.FrameChunk:
