@@ -1,0 +1,101 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// A multiplexed reply that mixes streams still waiting for their first
+// chunk with streams already flowing (which the client delivers in a second
+// pass) reaches every stream complete and in order; plain replies interleave
+// with it on the same streams.
+func TestMuxDelivery(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	wc := testenv.Connect(t, ns)
+	reqs := make(chan *nats.Msg, 8)
+	if _, err := wc.Subscribe(schemas.ReqPrefix+">", func(m *nats.Msg) { reqs <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(nc, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+
+	const n = 3
+	var streams [n]*Stream
+	var replies [n]string
+	for i := range streams {
+		s, err := c.Start(&Request{ID: fmt.Sprintf("r%d", i), Kind: schemas.KindChat, Model: "m", Body: []byte(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		streams[i] = s
+		select {
+		case m := <-reqs:
+			replies[i] = m.Reply
+		case <-time.After(5 * time.Second):
+			t.Fatal("request not published")
+		}
+	}
+	frame := func(typ schemas.FrameType, seq uint64, payload string) []byte {
+		return schemas.AppendFrame(nil, typ, seq, []byte(payload))
+	}
+	prefix, _, _ := schemas.SplitReply(replies[0])
+	mux := func(entries ...any) {
+		var body []byte
+		for i := 0; i < len(entries); i += 2 {
+			_, tok, _ := schemas.SplitReply(replies[entries[i].(int)])
+			body = schemas.AppendMuxEntry(body, tok, entries[i+1].([]byte))
+		}
+		if err := wc.Publish(prefix+schemas.MuxToken, body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acc := func(i int) []byte {
+		return frame(schemas.FrameAccepted, 1, fmt.Sprintf(`{"request_id":"r%d","worker":"w","cancel":"c"}`, i))
+	}
+	// Stream 0 starts first; then one message has stream 0 flowing and
+	// streams 1 and 2 starting, interleaved.
+	mux(0, acc(0), 0, frame(schemas.FrameChunk, 2, "a0"))
+	mux(1, acc(1), 0, frame(schemas.FrameChunk, 3, "a1"), 2, acc(2), 1, frame(schemas.FrameChunk, 2, "b0"),
+		0, frame(schemas.FrameChunk, 4, "a2"), 2, frame(schemas.FrameChunk, 2, "c0"), 1, frame(schemas.FrameChunk, 3, "b1"))
+	_ = wc.Publish(replies[2], frame(schemas.FrameChunk, 3, "c1")) // plain, after the mux
+	mux(0, frame(schemas.FrameDone, 5, `{}`), 1, frame(schemas.FrameDone, 4, `{}`), 2, frame(schemas.FrameDone, 4, `{}`))
+
+	want := [n][]string{{"a0", "a1", "a2"}, {"b0", "b1"}, {"c0", "c1"}}
+	for i, s := range streams {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var got []string
+		for {
+			f, err := s.Next(ctx)
+			if err != nil {
+				cancel()
+				t.Fatalf("stream %d after %v: %v", i, got, err)
+			}
+			if f.Type == schemas.FrameDone {
+				break
+			}
+			got = append(got, string(f.Payload))
+		}
+		cancel()
+		if fmt.Sprint(got) != fmt.Sprint(want[i]) {
+			t.Errorf("stream %d: %v, want %v", i, got, want[i])
+		}
+		if s.Worker() != "w" {
+			t.Errorf("stream %d: worker %q", i, s.Worker())
+		}
+	}
+}
