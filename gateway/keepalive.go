@@ -56,8 +56,9 @@ func (g *Gateway) resume(hc, raw net.Conn) {
 			return
 		}
 	}
-	// Until the next request: fasthttp sets ReadTimeout once it starts.
-	if err := raw.SetReadDeadline(time.Now().Add(g.cfg.IdleTimeout)); err != nil {
+	// fasthttp serves a handed-back connection as a new one: its
+	// ReadTimeout bounds the wait for the next request.
+	if err := raw.SetReadDeadline(time.Time{}); err != nil {
 		_ = raw.Close()
 		return
 	}
