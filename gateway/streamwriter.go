@@ -53,18 +53,6 @@ func (w *streamWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// WriteString adds s to the burst.
-func (w *streamWriter) WriteString(s string) (int, error) {
-	if w.err != nil {
-		return 0, w.err
-	}
-	w.buf = append(w.buf, s...)
-	if len(w.buf)-chunkHeadroom >= streamBufSize {
-		return len(s), w.Flush()
-	}
-	return len(s), nil
-}
-
 // Flush sends the burst.
 func (w *streamWriter) Flush() error { return w.flush(false) }
 

@@ -47,7 +47,7 @@ func TestStreamWriterFraming(t *testing.T) {
 		var want strings.Builder
 		for i, b := range bursts {
 			for _, s := range b {
-				_, _ = w.WriteString(s)
+				_, _ = w.Write([]byte(s))
 				want.WriteString(s)
 			}
 			var err error
@@ -87,11 +87,11 @@ func TestStreamWriterFraming(t *testing.T) {
 
 func TestStreamWriterStickyError(t *testing.T) {
 	w := newStreamWriter(failConn{}, true)
-	_, _ = w.WriteString("data: a\n\n")
+	_, _ = w.Write([]byte("data: a\n\n"))
 	if err := w.Flush(); err == nil {
 		t.Fatal("flush to a failing conn succeeded")
 	}
-	if _, err := w.WriteString("more"); err == nil {
+	if _, err := w.Write([]byte("more")); err == nil {
 		t.Fatal("write after a failed flush succeeded")
 	}
 	if err := w.End(); err == nil {
@@ -106,9 +106,9 @@ func TestStreamResponseParses(t *testing.T) {
 	var out bytes.Buffer
 	w := newStreamWriter(&bufConn{Buffer: &out}, true)
 	w.WriteHead([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
-	_, _ = w.WriteString("data: {}\n\n")
+	_, _ = w.Write([]byte("data: {}\n\n"))
 	_ = w.Flush()
-	_, _ = w.WriteString("data: [DONE]\n\n")
+	_, _ = w.Write([]byte("data: [DONE]\n\n"))
 	_ = w.End()
 	out.WriteString("HTTP/1.1 204 No Content\r\n\r\n")
 	r := bufio.NewReader(&out)
