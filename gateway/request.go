@@ -131,15 +131,29 @@ func parseRequest(kind schemas.Kind, body []byte, pathModel string) (*apiRequest
 		if v[0] != '{' {
 			return nil, typeError("stream_options", "an object", v)
 		}
-		var so struct {
-			IncludeUsage *bool `json:"include_usage"`
-		}
-		if err := json.Unmarshal(v, &so); err != nil {
-			return nil, jsonErrorIn("stream_options", err)
+		// Only include_usage matters (keys fold case, the last one wins, as
+		// encoding/json reads them); anything but a boolean or null takes
+		// encoding/json's path for its error.
+		var inc []byte
+		jsonscan.Members(v, func(k, val []byte) bool {
+			if bytes.EqualFold(jsonscan.Key(k), []byte("include_usage")) {
+				inc = val
+			}
+			return true
+		})
+		switch string(inc) {
+		case "", "null", "true", "false":
+		default:
+			var so struct {
+				IncludeUsage *bool `json:"include_usage"`
+			}
+			if err := json.Unmarshal(v, &so); err != nil {
+				return nil, jsonErrorIn("stream_options", err)
+			}
 		}
 		streamOptions = true
 		// vLLM turns usage on for stream_options:{}; OpenAI needs include_usage:true.
-		r.IncludeUsage = so.IncludeUsage == nil || *so.IncludeUsage
+		r.IncludeUsage = string(inc) != "false"
 	}
 	if v := raw[fN]; v != nil && v[0] != 'n' {
 		if err := json.Unmarshal(v, &r.N); err != nil {
