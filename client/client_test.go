@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -97,5 +98,89 @@ func TestMuxDelivery(t *testing.T) {
 		if s.Worker() != "w" {
 			t.Errorf("stream %d: worker %q", i, s.Worker())
 		}
+	}
+}
+
+// The stall timer: no first frame, silence after accepted, and frames that
+// keep a stream alive past StallTimeout, including a queued frame's longer wait.
+func TestStall(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	wc := testenv.Connect(t, ns)
+	reqs := make(chan *nats.Msg, 8)
+	if _, err := wc.Subscribe(schemas.ReqPrefix+">", func(m *nats.Msg) { reqs <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const first, stall = 300 * time.Millisecond, 400 * time.Millisecond
+	c, err := New(nc, Options{FirstFrameTimeout: first, StallTimeout: stall})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	frame := func(typ schemas.FrameType, seq uint64, payload string) []byte {
+		return schemas.AppendFrame(nil, typ, seq, []byte(payload))
+	}
+	accepted := frame(schemas.FrameAccepted, 1, `{"request_id":"r","worker":"w","cancel":"c"}`)
+
+	for _, tc := range []struct {
+		name   string
+		worker func(reply string) // what the worker sends, from its own goroutine
+		code   string             // the error code Next ends with ("" = done)
+		min    time.Duration      // the least time it may take
+	}{
+		{"no first frame", func(string) {}, schemas.CodeNoDispatcher, first},
+		{"silent after accepted", func(r string) { _ = wc.Publish(r, accepted) }, schemas.CodeStreamLost, stall},
+		{"keepalives keep it alive", func(r string) {
+			_ = wc.Publish(r, accepted)
+			for i := uint64(2); i < 8; i++ { // 6 × 150 ms: past StallTimeout, never silent that long
+				time.Sleep(150 * time.Millisecond)
+				_ = wc.Publish(r, frame(schemas.FrameKeepalive, i, ""))
+			}
+			_ = wc.Publish(r, frame(schemas.FrameDone, 8, `{}`))
+		}, "", 900 * time.Millisecond},
+		{"queued waits its timeout", func(r string) {
+			_ = wc.Publish(r, frame(schemas.FrameQueued, 0, `{"position":1,"timeout_ms":500}`))
+			time.Sleep(700 * time.Millisecond) // past FirstFrameTimeout and StallTimeout, within 500 ms + StallTimeout
+			_ = wc.Publish(r, accepted)
+			_ = wc.Publish(r, frame(schemas.FrameDone, 2, `{}`))
+		}, "", 700 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			s, err := c.Start(&Request{ID: "r", Kind: schemas.KindChat, Model: "m", Body: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			select {
+			case m := <-reqs:
+				go tc.worker(m.Reply)
+			case <-time.After(5 * time.Second):
+				t.Fatal("request not published")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var code string
+			for {
+				f, err := s.Next(ctx)
+				if err != nil {
+					var e *schemas.Error
+					if !errors.As(err, &e) || e.Body.Code == nil {
+						t.Fatalf("Next: %v", err)
+					}
+					code = *e.Body.Code
+					break
+				}
+				if f.Type == schemas.FrameDone {
+					break
+				}
+			}
+			if d := time.Since(start); code != tc.code || d < tc.min || d > tc.min+2*time.Second {
+				t.Fatalf("ended with %q after %s; want %q after at least %s", code, d, tc.code, tc.min)
+			}
+		})
 	}
 }

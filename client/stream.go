@@ -19,7 +19,9 @@ type Stream struct {
 	req *Request
 
 	mu       sync.Mutex
-	pending  []schemas.Frame
+	pending  []schemas.Frame // frames not yet read start at head
+	head     int
+	last     time.Time     // when the last frame arrived (for the stall timer)
 	notify   chan struct{} // cap 1: "pending changed"
 	failed   *schemas.Error
 	worker   string
@@ -37,7 +39,7 @@ type Stream struct {
 
 func newStream(c *Client, tok string, r *Request) *Stream {
 	return &Stream{c: c, tok: tok, req: r, notify: make(chan struct{}, 1),
-		stallFor: c.opts.FirstFrameTimeout, nextSeq: 1}
+		stallFor: c.opts.FirstFrameTimeout, nextSeq: 1, last: time.Now()}
 }
 
 // ID is the request id.
@@ -74,12 +76,13 @@ func (s *Stream) push(f schemas.Frame) {
 	default:
 		s.nextSeq++
 	}
-	if len(s.pending) >= s.c.opts.MaxPending {
+	if len(s.pending)-s.head >= s.c.opts.MaxPending {
 		s.failLocked(schemas.Unavailable(schemas.CodeStreamLost, 1, "reader too slow: reply stream overflowed"))
 		s.mu.Unlock()
 		return
 	}
 	s.pending = append(s.pending, f)
+	s.last = time.Now()
 	s.mu.Unlock()
 	if f.Type == schemas.FrameChunk || f.Type.Terminal() {
 		s.begun.Store(true)
@@ -118,12 +121,15 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 			s.mu.Unlock()
 			return schemas.Frame{}, io.EOF
 		}
-		if len(s.pending) > 0 {
-			f := s.pending[0]
-			s.pending[0] = schemas.Frame{}
-			s.pending = s.pending[1:]
-			if len(s.pending) == 0 {
-				s.pending = s.pending[:0:0]
+		if s.head < len(s.pending) {
+			f := s.pending[s.head]
+			s.pending[s.head] = schemas.Frame{}
+			s.head++
+			if s.head == len(s.pending) { // drained: reuse the array, unless a burst grew it
+				s.pending, s.head = s.pending[:0], 0
+				if cap(s.pending) > 64 {
+					s.pending = nil
+				}
 			}
 			out, err, ok := s.handleLocked(f)
 			s.mu.Unlock()
@@ -138,21 +144,27 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 			s.mu.Unlock()
 			return schemas.Frame{}, err
 		}
-		stall := s.stallFor
+		stall, last := s.stallFor, s.last
 		s.mu.Unlock()
 
+		// The stall timer is armed once and re-armed only when it fires
+		// early (a frame came since): not reset for every frame, which cost
+		// two timer-heap operations per token.
 		if s.timer == nil {
-			s.timer = time.NewTimer(stall)
-		} else {
-			s.timer.Reset(stall)
+			s.timer = time.NewTimer(time.Until(last.Add(stall)))
 		}
 		select {
 		case <-s.notify:
-			s.timer.Stop()
 		case <-ctx.Done():
-			s.timer.Stop()
 			return schemas.Frame{}, ctx.Err()
 		case <-s.timer.C:
+			s.mu.Lock() // frames may have come while the timer fired
+			idle, stall := time.Since(s.last), s.stallFor
+			s.mu.Unlock()
+			if idle < stall {
+				s.timer.Reset(stall - idle)
+				continue
+			}
 			s.fail(s.stallError())
 		}
 	}
@@ -163,7 +175,7 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 func (s *Stream) Buffered() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.pending) > 0 || s.failed != nil
+	return s.head < len(s.pending) || s.failed != nil
 }
 
 func (s *Stream) stallError() *schemas.Error {
