@@ -51,9 +51,11 @@ type Catalog struct {
 	Registry *registry.Cache
 }
 
-// Known reports whether model is registered or served by a live worker.
+// Known reports whether model is registered or served by a live worker. The
+// registry cache is asked first: a map lookup, where the table is a scan
+// under the lock every routing decision takes.
 func (c *Catalog) Known(model string) bool {
-	return c.Table.Serving(model) > 0 || c.Registry != nil && c.Registry.Known(model)
+	return c.Registry != nil && c.Registry.Known(model) || c.Table.Serving(model) > 0
 }
 
 // WorkersUp is the number of live workers.

@@ -343,7 +343,7 @@ func (d *Dispatcher) replyAllowed(reply string) bool {
 // onBounce takes back a request that a full worker could not admit.
 func (d *Dispatcher) onBounce(m *nats.Msg) {
 	r, err := d.parse(m)
-	if err != nil || m.Reply == "" {
+	if err != nil || m.Reply == "" || !d.replyAllowed(m.Reply) { // as onRequest: frames go only to client inboxes
 		return
 	}
 	d.m.bounces.Inc()
@@ -431,7 +431,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	}
 	if q.Len() >= d.cfg.QueueSize {
 		d.m.rejected.WithLabelValues("queue_full").Inc()
-		go d.fail(r.span, r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
+		d.fail(r.span, r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
 			"all workers for model `%s` are busy and its queue is full; retry shortly", r.model))
 		return
 	}
@@ -582,6 +582,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 		}
 		if q.Len() == 0 {
 			delete(d.queues, model)
+			d.m.queueDepth.DeleteLabelValues(model) // a series per model name ever queued would only grow
 			for base, as := range d.adapterQueues {
 				delete(as, model)
 				if len(as) == 0 {
@@ -606,6 +607,7 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 		}
 	}
 	d.queues = map[string]*modelQueue{}
+	d.m.queueDepth.Reset()
 	d.byID = map[string]*queued{}
 	d.adapterQueues = map[string]map[string]struct{}{}
 	d.mu.Unlock()

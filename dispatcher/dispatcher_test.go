@@ -263,6 +263,9 @@ func TestReplySubjectMustBeAnInbox(t *testing.T) {
 	h.Set(schemas.HdrKind, "chat")
 	// A reply subject aimed at a worker's control subject must not be used.
 	nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{}`)})
+	// Nor one that comes back as a bounce (worker credentials may publish there).
+	h.Set(schemas.HdrModel, "m")
+	nc.PublishMsg(&nats.Msg{Subject: schemas.BounceSubject(d.cfg.ID), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{}`)})
 	sendRequest(t, nc, "m", "good")
 	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
 	w.mu.Lock()
