@@ -72,6 +72,29 @@ func ParseDoneNotice(p []byte) (DoneNotice, bool) {
 	return n, ok && (complete || isNull(p))
 }
 
+// AppendUsage appends the JSON of u, the same object json.Marshal writes.
+func AppendUsage(b []byte, u *Usage) []byte {
+	b = append(b, `{"prompt_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.PromptTokens), 10)
+	b = append(b, `,"completion_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.CompletionTokens), 10)
+	b = append(b, `,"total_tokens":`...)
+	b = strconv.AppendInt(b, int64(u.TotalTokens), 10)
+	if u.PromptTokensDetails != nil {
+		b = append(b, `,"prompt_tokens_details":{"cached_tokens":`...)
+		b = strconv.AppendInt(b, int64(u.PromptTokensDetails.CachedTokens), 10)
+		b = append(b, '}')
+	}
+	return append(b, '}')
+}
+
+// AppendDoneInfo appends the done payload of a stream: {"usage":{...}}, as
+// json.Marshal writes DoneInfo{Usage: &u}.
+func AppendDoneInfo(b []byte, u *Usage) []byte {
+	b = append(b, `{"usage":`...)
+	return append(AppendUsage(b, u), '}')
+}
+
 // ParseUsage reads a usage object.
 func ParseUsage(p []byte) (Usage, bool) {
 	var u Usage

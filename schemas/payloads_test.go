@@ -16,6 +16,16 @@ func TestAppendPayloads(t *testing.T) {
 			t.Errorf("got %s want %s", got, want)
 		}
 	}
+	for _, u := range []Usage{{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, PromptTokensDetails: &TokenDetails{CachedTokens: 16}}, {TotalTokens: -1}} {
+		want, _ := json.Marshal(u)
+		if got := AppendUsage(nil, &u); string(got) != string(want) {
+			t.Errorf("got %s want %s", got, want)
+		}
+		want, _ = json.Marshal(DoneInfo{Usage: &u})
+		if got := AppendDoneInfo(nil, &u); string(got) != string(want) {
+			t.Errorf("got %s want %s", got, want)
+		}
+	}
 	for _, n := range []DoneNotice{{Worker: "w1", RequestID: "r1", Running: 3}, {Worker: "\x01", Running: -1}} {
 		want, _ := json.Marshal(n)
 		if got := AppendDoneNotice(nil, n); string(got) != string(want) {

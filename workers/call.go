@@ -229,7 +229,6 @@ func (w *Worker) lingerLoop(stop <-chan struct{}) {
 	t.Stop()
 	var calls []*call
 	var boxes []*outbox
-	lastForget := time.Now()
 	flush := func() {
 		w.lingerMu.Lock()
 		calls, w.lingerCalls = w.lingerCalls, calls[:0]
@@ -242,10 +241,6 @@ func (w *Worker) lingerLoop(stop <-chan struct{}) {
 		for i, ob := range boxes {
 			ob.flushLinger()
 			boxes[i] = nil
-		}
-		if now := time.Now(); now.Sub(lastForget) > time.Minute {
-			lastForget = now
-			w.forgetIdleOutboxes(now)
 		}
 	}
 	for {

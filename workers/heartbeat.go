@@ -84,11 +84,16 @@ func (w *Worker) keepaliveLoop(stop <-chan struct{}) {
 	t := time.NewTicker(w.cfg.KeepaliveInterval / 2)
 	defer t.Stop()
 	var calls []*call
+	lastForget := time.Now()
 	for {
 		select {
 		case <-stop:
 			return
 		case now := <-t.C:
+			if now.Sub(lastForget) > time.Minute {
+				lastForget = now
+				w.forgetIdleOutboxes(now)
+			}
 			calls = calls[:0]
 			w.mu.Lock()
 			for _, c := range w.inflight {

@@ -87,7 +87,8 @@ func (ob *outbox) flushLinger() {
 }
 
 // forgetIdleOutboxes drops the outboxes of clients not heard of for a while
-// (a gateway that restarted has a new inbox prefix).
+// (a gateway that restarted has a new inbox prefix); the keepalive loop calls
+// it once a minute.
 func (w *Worker) forgetIdleOutboxes(now time.Time) {
 	w.outMu.Lock()
 	defer w.outMu.Unlock()

@@ -6,7 +6,6 @@ package workers
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -225,10 +224,9 @@ func (w *Worker) onRequest(m *nats.Msg) {
 	}
 	c, err := w.newCall(m)
 	if err != nil {
-		w.running.Add(-1)
 		c.sendError(schemas.AsError(err))
 		c.record("error", err, nil)
-		c.span.End()
+		w.finish(c) // the slot, the context's timer, the done notice that frees the dispatcher's count
 		return
 	}
 	w.wg.Add(1)
@@ -306,7 +304,8 @@ func (w *Worker) serve(c *call) {
 	w.m.e2e.Observe(time.Since(c.start).Seconds())
 	payload := res.Response
 	if payload == nil {
-		payload, _ = json.Marshal(schemas.DoneInfo{Usage: &res.Usage})
+		var buf [256]byte
+		payload = schemas.AppendDoneInfo(buf[:0], &res.Usage)
 	}
 	c.send(schemas.FrameDone, payload)
 	c.record("done", nil, &res.Usage)
@@ -316,7 +315,9 @@ func (w *Worker) finish(c *call) {
 	c.span.End() // after the last frame
 	c.cancel(nil)
 	w.mu.Lock()
-	delete(w.inflight, c.req.ID)
+	if w.inflight[c.req.ID] == c { // a call refused as a duplicate is not the one running
+		delete(w.inflight, c.req.ID)
+	}
 	w.mu.Unlock()
 	n := w.running.Add(-1)
 	var buf [256]byte

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -105,8 +106,8 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	statusOnSpan(span, resp.StatusCode)
 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		timer.Stop()
 		body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		timer.Stop() // after the body: a server that stalls in it is cut by the timer
 		if err != nil && len(body) == 0 {
 			return nil, e.failure(ctx, rctx, err, false)
 		}
@@ -152,10 +153,10 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 // stream reads an SSE answer; see the package doc.
 func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink) (*engine.Result, error) {
 	stall := e.cfg.StallTimeout
-	timer := time.AfterFunc(stall, func() { cancel(errStalled(stall)) })
-	defer timer.Stop()
+	idle := newIdleTimer(stall, func() { cancel(errStalled(stall)) })
+	defer idle.stop()
 	br := readerPool.Get().(*bufio.Reader)
-	br.Reset(&activityReader{r: body, t: timer, d: stall})
+	br.Reset(&activityReader{r: body, idle: idle})
 	defer func() { br.Reset(nil); readerPool.Put(br) }()
 	bp := batchPool.Get().(*[]byte)
 	defer func() {
@@ -364,20 +365,46 @@ func isErrorChunk(d []byte) bool {
 	return len(v.Error) > 0 && !bytes.Equal(v.Error, []byte("null"))
 }
 
-// activityReader restarts the stall timer whenever bytes arrive.
+// activityReader notes on its idle timer when bytes arrive.
 type activityReader struct {
-	r io.Reader
-	t *time.Timer
-	d time.Duration
+	r    io.Reader
+	idle *idleTimer
 }
 
 func (a *activityReader) Read(p []byte) (int, error) {
 	n, err := a.r.Read(p)
 	if n > 0 {
-		a.t.Reset(a.d)
+		a.idle.touch()
 	}
 	return n, err
 }
+
+// idleTimer calls fire after d without activity. Activity only records a
+// time; the timer is re-armed when it fires early, instead of being reset on
+// every read (one per token), which cost two timer-heap operations each.
+type idleTimer struct {
+	d     time.Duration
+	start time.Time
+	last  atomic.Int64 // time since start of the last activity, in nanoseconds
+	t     *time.Timer
+}
+
+func newIdleTimer(d time.Duration, fire func()) *idleTimer {
+	it := &idleTimer{d: d, start: time.Now()}
+	it.t = time.AfterFunc(time.Hour, func() {
+		if idle := time.Since(it.start) - time.Duration(it.last.Load()); idle < it.d {
+			it.t.Reset(it.d - idle)
+			return
+		}
+		fire()
+	})
+	it.t.Reset(d) // armed once it.t is set: the callback uses it
+	return it
+}
+
+func (it *idleTimer) touch() { it.last.Store(int64(time.Since(it.start))) }
+
+func (it *idleTimer) stop() { it.t.Stop() }
 
 func isEventStream(ct string) bool {
 	mt, _, _ := strings.Cut(ct, ";")

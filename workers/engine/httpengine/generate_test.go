@@ -583,3 +583,30 @@ func TestUsageOf(t *testing.T) {
 		}
 	}
 }
+
+// The idle timer fires only after d without activity, however long the
+// activity went on before.
+func TestIdleTimer(t *testing.T) {
+	const d = 150 * time.Millisecond
+	fired := make(chan time.Time, 1)
+	start := time.Now()
+	it := newIdleTimer(d, func() { fired <- time.Now() })
+	defer it.stop()
+	for time.Since(start) < 4*d { // active for 4d, a touch every d/3
+		select {
+		case <-fired:
+			t.Fatalf("fired after %s while active", time.Since(start))
+		case <-time.After(d / 3):
+			it.touch()
+		}
+	}
+	quiet := time.Now()
+	select {
+	case at := <-fired:
+		if idle := at.Sub(quiet); idle < d*2/3 || idle > 5*d {
+			t.Fatalf("fired %s after the last activity, want about %s", idle, d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("never fired")
+	}
+}

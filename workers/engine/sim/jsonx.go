@@ -1,11 +1,8 @@
 package sim
 
 import (
-	"strconv"
 	"unicode/utf8"
 	"unsafe"
-
-	"github.com/tokenbus/tokenbus/schemas"
 )
 
 const hexDigits = "0123456789abcdef"
@@ -65,22 +62,6 @@ func appendString[T string | []byte](dst []byte, s T) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
-}
-
-// appendUsage appends OpenAI's usage object.
-func appendUsage(dst []byte, u *schemas.Usage) []byte {
-	dst = append(dst, `{"prompt_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(u.PromptTokens), 10)
-	dst = append(dst, `,"completion_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(u.CompletionTokens), 10)
-	dst = append(dst, `,"total_tokens":`...)
-	dst = strconv.AppendInt(dst, int64(u.TotalTokens), 10)
-	if u.PromptTokensDetails != nil {
-		dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
-		dst = strconv.AppendInt(dst, int64(u.PromptTokensDetails.CachedTokens), 10)
-		dst = append(dst, '}')
-	}
-	return append(dst, '}')
 }
 
 // unsafeString views b as a string for a read that does not outlive b.

@@ -34,18 +34,6 @@ func FuzzAppendString(f *testing.F) {
 	})
 }
 
-func TestAppendUsage(t *testing.T) {
-	u := schemas.Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7, PromptTokensDetails: &schemas.TokenDetails{CachedTokens: 16}}
-	want, _ := json.Marshal(u)
-	if got := appendUsage(nil, &u); !bytes.Equal(got, want) {
-		t.Errorf("%s != %s", got, want)
-	}
-	u.PromptTokensDetails = nil
-	want, _ = json.Marshal(u)
-	if got := appendUsage(nil, &u); !bytes.Equal(got, want) {
-		t.Errorf("%s != %s", got, want)
-	}
-}
 
 // Names that need escaping end up intact in every chunk and response.
 func TestEscapedNames(t *testing.T) {

@@ -361,7 +361,7 @@ func (r *request) buildResponse() []byte {
 		b = append(b, '}')
 	}
 	b = append(b, `],"usage":`...)
-	b = appendUsage(b, &r.usage)
+	b = schemas.AppendUsage(b, &r.usage)
 	return append(b, '}')
 }
 
@@ -407,6 +407,6 @@ func appendText[T string | []byte](dst []byte, r *request, index int, text T, re
 func (r *request) appendUsageChunk(dst []byte) []byte {
 	dst = append(dst, r.prefix...)
 	dst = append(dst, `],"usage":`...)
-	dst = appendUsage(dst, &r.usage)
+	dst = schemas.AppendUsage(dst, &r.usage)
 	return append(dst, "}\n"...)
 }
