@@ -34,7 +34,6 @@ func FuzzAppendString(f *testing.F) {
 	})
 }
 
-
 // Names that need escaping end up intact in every chunk and response.
 func TestEscapedNames(t *testing.T) {
 	e := newEngine(t, fastConfig())
