@@ -9,6 +9,7 @@ package client
 
 import (
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -132,12 +133,6 @@ type Request struct {
 	Priority int          // optional; lower runs first
 	Tenant   string       // optional
 	Trace    string       // optional W3C traceparent
-	// Subject overrides where the request is published (default
-	// schemas.ReqSubject(Model)); a gateway with an embedded dispatcher
-	// publishes straight to a worker's subject.
-	Subject string
-	// Bounce is set with Subject: where a full worker hands the request back.
-	Bounce string
 }
 
 // Header builds the NATS headers of r.
@@ -150,16 +145,13 @@ func (r *Request) Header() nats.Header {
 		h[schemas.HdrDeadline] = []string{schemas.FormatDeadline(r.Deadline)}
 	}
 	if r.Priority != 0 {
-		h[schemas.HdrPriority] = []string{itoa(r.Priority)}
+		h[schemas.HdrPriority] = []string{strconv.Itoa(r.Priority)}
 	}
 	if r.Tenant != "" {
 		h[schemas.HdrTenant] = []string{r.Tenant}
 	}
 	if r.Trace != "" {
 		h[schemas.HdrTrace] = []string{r.Trace}
-	}
-	if r.Bounce != "" {
-		h[schemas.HdrBounce] = []string{r.Bounce}
 	}
 	h[schemas.HdrMux] = []string{"1"} // this client takes multiplexed replies
 	return h
@@ -179,7 +171,7 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 		return nil, schemas.BadRequest("", "invalid request kind %q", r.Kind)
 	}
 	tok := nuid.Next()
-	s := newStream(c, tok, r)
+	s := newStream(c, tok, r.ID)
 	c.mu.Lock()
 	if c.streams == nil {
 		c.mu.Unlock()
@@ -187,13 +179,9 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	}
 	c.streams[tok] = s
 	c.mu.Unlock()
-	subject := r.Subject
-	if subject == "" {
-		subject = schemas.ReqSubject(r.Model)
-	}
-	msg := &nats.Msg{Subject: subject, Reply: c.prefix + tok, Header: r.Header(), Data: r.Body}
+	msg := &nats.Msg{Subject: schemas.ReqSubject(r.Model), Reply: c.prefix + tok, Header: r.Header(), Data: r.Body}
 	send := c.nc.PublishMsg
-	if c.opts.Submit != nil && r.Subject == "" {
+	if c.opts.Submit != nil {
 		send = c.opts.Submit
 	}
 	if err := send(msg); err != nil {
@@ -222,7 +210,7 @@ func (c *Client) route(m *nats.Msg) {
 			c.mu.Lock()
 			s := c.streams[string(tok)] // no allocation for a map index
 			c.mu.Unlock()
-			if s != nil && !s.begun.Load() {
+			if s != nil && !s.begun {
 				c.deliver(s, frame)
 				return
 			}
@@ -269,7 +257,7 @@ func (c *Client) deliver(s *Stream, data []byte) {
 }
 
 func (c *Client) cancelLate(payload []byte) {
-	acc, ok := parseAccepted(payload)
+	acc, ok := schemas.ParseAccepted(payload)
 	if !ok || acc.Cancel == "" || acc.RequestID == "" {
 		return
 	}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -16,7 +14,7 @@ import (
 type Stream struct {
 	c   *Client
 	tok string
-	req *Request
+	id  string // the request id
 
 	mu       sync.Mutex
 	pending  []schemas.Frame // frames not yet read start at head
@@ -34,16 +32,16 @@ type Stream struct {
 
 	timer *time.Timer
 
-	begun atomic.Bool // a chunk (or the end) was pushed: no longer waiting for a first token
+	begun bool // a chunk (or the end) was pushed; only the client's route goroutine uses it
 }
 
-func newStream(c *Client, tok string, r *Request) *Stream {
-	return &Stream{c: c, tok: tok, req: r, notify: make(chan struct{}, 1),
+func newStream(c *Client, tok string, id string) *Stream {
+	return &Stream{c: c, tok: tok, id: id, notify: make(chan struct{}, 1),
 		stallFor: c.opts.FirstFrameTimeout, nextSeq: 1, last: time.Now()}
 }
 
 // ID is the request id.
-func (s *Stream) ID() string { return s.req.ID }
+func (s *Stream) ID() string { return s.id }
 
 // Worker is the id of the worker that accepted the request, or "".
 func (s *Stream) Worker() string {
@@ -85,7 +83,7 @@ func (s *Stream) push(f schemas.Frame) {
 	s.last = time.Now()
 	s.mu.Unlock()
 	if f.Type == schemas.FrameChunk || f.Type.Terminal() {
-		s.begun.Store(true)
+		s.begun = true
 	}
 	s.wake()
 }
@@ -131,7 +129,11 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 					s.pending = nil
 				}
 			}
+			before := s.stallFor
 			out, err, ok := s.handleLocked(f)
+			if s.stallFor != before && s.timer != nil { // queued or accepted: the timer may now be due sooner
+				s.timer.Reset(time.Until(s.last.Add(s.stallFor)))
+			}
 			s.mu.Unlock()
 			if ok {
 				return out, err
@@ -201,7 +203,7 @@ func (s *Stream) handleLocked(f schemas.Frame) (schemas.Frame, error, bool) {
 		}
 		return f, nil, false
 	case schemas.FrameAccepted:
-		if acc, ok := parseAccepted(f.Payload); ok {
+		if acc, ok := schemas.ParseAccepted(f.Payload); ok {
 			s.worker, s.cancel = acc.Worker, acc.Cancel
 		}
 		s.stallFor = s.c.opts.StallTimeout
@@ -237,12 +239,9 @@ func (s *Stream) Close() {
 		return
 	}
 	if cancel != "" {
-		_ = s.c.nc.Publish(cancel, []byte(s.req.ID))
+		_ = s.c.nc.Publish(cancel, []byte(s.id))
 	} else {
-		_ = s.c.nc.Publish(schemas.QueueCancel, []byte(s.req.ID))
+		_ = s.c.nc.Publish(schemas.QueueCancel, []byte(s.id))
 	}
 }
 
-func parseAccepted(b []byte) (schemas.Accepted, bool) { return schemas.ParseAccepted(b) }
-
-func itoa(i int) string { return strconv.Itoa(i) }

@@ -39,10 +39,6 @@ type exchange struct {
 	w      *watcher
 
 	writeFailed bool // the stream writer could not write: the client is gone
-	bodyEnded   bool // the SSE body ended with [DONE], written
-
-	stopCut func() bool // stops the write deadline a cut sets (see completions)
-	cut     bool        // it was set: the connection is not fit for reuse
 }
 
 // completions handles POST .../chat/completions and .../completions.
@@ -173,13 +169,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		c.Context().HijackSetNoResponse(true)
 		c.Context().Hijack(func(hc net.Conn) {
-			// A cut (shutdown, deadline) must not wait long on a client that
-			// reads nothing: a second to take the final error event.
-			x.stopCut = context.AfterFunc(x.ctx, func() { _ = raw.SetWriteDeadline(time.Now().Add(time.Second)) })
-			x.writeStream(w, first, firstAt, sent, pre)
-			clean := w.err == nil && x.bodyEnded && !x.cut
+			reuse := x.writeStream(w, first, firstAt, sent, pre)
 			w.release()
-			if clean && keepAlive && !g.draining.Load() {
+			if reuse && keepAlive && !g.draining.Load() {
 				g.resume(hc, raw)
 				return
 			}
@@ -233,11 +225,16 @@ func (x *exchange) unary() ([]byte, error) {
 // handler returned: it uses only x, recovers its panics (nothing else would),
 // and ends when the stream is done, fails, the client goes or the gateway
 // cuts it on shutdown. When pre is set the handler already wrote f, a chunk
-// of sent events (counted here).
-func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int, pre bool) {
+// of sent events (counted here). reuse reports that the body ended cleanly
+// and the connection may serve another request.
+func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int, pre bool) (reuse bool) {
 	g := x.g
 	finished, outcome := false, "done"
+	bodyEnded := false // [DONE] written
 	var streamErr error
+	// A cut (shutdown, deadline) must not wait long on a client that reads
+	// nothing: a second to take the final error event.
+	stopCut := context.AfterFunc(x.ctx, func() { _ = w.conn.SetWriteDeadline(time.Now().Add(time.Second)) })
 	defer func() {
 		if r := recover(); r != nil {
 			outcome = "panic"
@@ -252,9 +249,8 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			tracing.Fail(x.span, streamErr)
 		}
 		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
-		if x.stopCut != nil && !x.stopCut() {         // before end cancels ctx
-			x.cut = true
-		}
+		notCut := stopCut()                           // before end cancels ctx; a cut connection has a write deadline set
+		reuse = notCut && bodyEnded && w.err == nil
 		x.end(finished)
 	}()
 
@@ -288,7 +284,7 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			// Usage is accounted before the client sees [DONE]: once a
 			// client has its answer, its usage is counted.
 			x.usage(f.Payload)
-			x.bodyEnded = writeDone(w) == nil
+			bodyEnded = writeDone(w) == nil
 			return
 		}
 
@@ -306,7 +302,7 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
-			x.bodyEnded = writeErrorEvent(w, e) == nil
+			bodyEnded = writeErrorEvent(w, e) == nil
 			return
 		}
 		if f.Type == schemas.FrameChunk {

@@ -141,7 +141,9 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	}
 	app.Get("/health", g.health)
 	app.Get("/ready", g.ready)
-	app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{})))
+	// A gathering error panics before anything is written, so the recover
+	// middleware and the error handler answer it in OpenAI's shape.
+	app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.PanicOnError})))
 }
 
 // Serve serves HTTP on ln until Shutdown; it returns nil after Shutdown.

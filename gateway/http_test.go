@@ -518,7 +518,13 @@ func TestShutdown(t *testing.T) {
 		waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 1 })
 		shut := make(chan error, 1)
 		go func() { shut <- h.shutdown(5 * time.Second) }()
-		time.Sleep(100 * time.Millisecond) // Shutdown is waiting for the stream
+		waitFor(t, 2*time.Second, h.gw.draining.Load) // Shutdown has begun
+		time.Sleep(50 * time.Millisecond)
+		select {
+		case err := <-shut:
+			t.Fatalf("Shutdown returned %v with a stream open", err)
+		default:
+		}
 		close(release)
 		if err := <-shut; err != nil {
 			t.Fatalf("Shutdown: %v", err)

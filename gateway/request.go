@@ -254,12 +254,7 @@ func jsonKind(first byte) string {
 func jsonErrorIn(param string, err error) *schemas.Error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		field := param
-		if te.Field != "" {
-			field += "." + te.Field
-		}
-		return schemas.BadRequest(field, "Invalid type for '%s': expected %s, but got %s instead.",
-			field, goKind(te.Type), articled(te.Value))
+		te.Field = strings.TrimSuffix(param+"."+te.Field, ".")
 	}
 	return jsonError(err)
 }

@@ -14,7 +14,7 @@ var (
 
 // writeChunkFrame writes every line of a chunk payload as one SSE event,
 // "data: <line>\n\n", exactly as the worker sent it. It returns the number of
-// events and the first write error (bufio's errors are sticky).
+// events and the first write error (the writer's errors are sticky).
 func writeChunkFrame(w *streamWriter, payload []byte) (int, error) {
 	n := 0
 	err := schemas.ForEachLine(payload, func(line []byte) error {

@@ -104,7 +104,7 @@ func TestPeerGone(t *testing.T) {
 
 // BenchmarkSSEWrite measures the SSE write path: chunk frames as they come
 // off the bus (parsed, one or two chunk objects each) to bytes in the
-// response's buffered writer, flushing once per frame as an idle stream does.
+// response's stream writer, flushing once per frame as an idle stream does.
 func BenchmarkSSEWrite(b *testing.B) {
 	for _, bc := range []struct {
 		name  string
