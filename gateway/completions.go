@@ -112,7 +112,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		g.inflight.add()
 		x.st = st
-		x.w = startWatcher(c.Context().Conn(), g.cfg.ProbeInterval, x.cancel)
+		x.w = startWatcher(c.Context().Conn(), g.cfg.ProbeInterval, g.cfg.StuckTimeout, st.Buffered, x.cancel)
 
 		if !req.Stream {
 			finished := false

@@ -34,6 +34,7 @@ type Config struct {
 	BodyLimit       int           // bytes; past it 413. Default 8 MiB
 	RequestTimeout  time.Duration // whole-request deadline, also sent on the bus. Default 10m
 	ProbeInterval   time.Duration // how often a silent request checks its client is still there. Default 1s
+	StuckTimeout    time.Duration // a client that takes no bytes while frames wait this long is cut. Default 30s
 	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
@@ -62,6 +63,9 @@ func (c *Config) defaults() {
 	}
 	if c.ProbeInterval <= 0 {
 		c.ProbeInterval = time.Second
+	}
+	if c.StuckTimeout <= 0 {
+		c.StuckTimeout = 30 * time.Second
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second

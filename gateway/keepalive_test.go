@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Streams, unary requests and errors follow one another on one keep-alive
@@ -152,4 +156,46 @@ func TestShutdownClosesResumedConn(t *testing.T) {
 	if n, err := r.Read(make([]byte, 1)); err == nil {
 		t.Fatalf("connection still open after shutdown (read %d bytes)", n)
 	}
+}
+
+// A client that stops reading mid-stream is cut after StuckTimeout: its
+// worker is told to cancel, and the writer does not hang on until the
+// request's deadline.
+func TestStuckClientCut(t *testing.T) {
+	big := `{"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("a", 60<<10) + `"}}]}`
+	stop := make(chan struct{})
+	h := newHarness(t, harnessOptions{cfg: Config{StuckTimeout: 300 * time.Millisecond, ProbeInterval: 50 * time.Millisecond},
+		worker: func(h *harness, m *nats.Msg) {
+			h.accept(m)
+			go func() { // far more than the socket buffers hold
+				for i := uint64(2); i < 1000; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					h.reply(m, schemas.FrameChunk, i, big)
+				}
+			}()
+		}})
+	defer close(stop)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, rawPost(chatBody, "")); err != nil {
+		t.Fatal(err)
+	}
+	h.nextRequest(t)
+	// Read nothing. The gateway must give up and cancel at the worker.
+	select {
+	case m := <-h.cancels:
+		if len(m.Data) == 0 {
+			t.Fatal("empty cancel")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no cancel for a client that reads nothing")
+	}
+	waitFor(t, 5*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 0 })
 }

@@ -13,7 +13,9 @@ import (
 // watcher notices a client that hung up while its request is silent. fasthttp
 // gives handlers no cancel signal and a write error needs something to write,
 // so every interval without a frame the watcher probes the connection; when
-// the peer has gone it cancels the request's context with errClientGone.
+// the peer has gone it cancels the request's context with errClientGone. It
+// does the same when frames have waited StuckTimeout for a writer blocked on
+// a client that reads nothing.
 //
 // It runs from just after the request is published until the handler (stream
 // false, or an error before the first chunk) or the stream writer ends, and
@@ -21,6 +23,8 @@ import (
 type watcher struct {
 	conn     net.Conn
 	interval time.Duration
+	stuckFor time.Duration
+	waiting  func() bool // frames are waiting for the writer
 	cancel   context.CancelCauseFunc
 
 	last  atomic.Int64 // unix nanoseconds of the last frame
@@ -30,8 +34,8 @@ type watcher struct {
 	once  sync.Once
 }
 
-func startWatcher(conn net.Conn, interval time.Duration, cancel context.CancelCauseFunc) *watcher {
-	w := &watcher{conn: conn, interval: interval, cancel: cancel,
+func startWatcher(conn net.Conn, interval, stuckFor time.Duration, waiting func() bool, cancel context.CancelCauseFunc) *watcher {
+	w := &watcher{conn: conn, interval: interval, stuckFor: stuckFor, waiting: waiting, cancel: cancel,
 		stopc: make(chan struct{}), donec: make(chan struct{})}
 	w.last.Store(time.Now().UnixNano())
 	if conn == nil {
@@ -51,10 +55,13 @@ func (w *watcher) run() {
 		case <-w.stopc:
 			return
 		case now := <-t.C:
-			if now.UnixNano()-w.last.Load() < int64(w.interval) {
+			quiet := now.UnixNano() - w.last.Load()
+			if quiet < int64(w.interval) {
 				continue
 			}
-			if peerGone(w.conn) {
+			// A client that stopped reading blocks the writer in a write while
+			// frames pile up: its socket looks alive, so it is cut by time.
+			if quiet >= int64(w.stuckFor) && w.waiting() || peerGone(w.conn) {
 				w.gone.Store(true)
 				w.cancel(errClientGone)
 				return
