@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/tokenbus/tokenbus/internal/jsonscan"
 )
 
 // refChunk decodes a chunk with encoding/json, the reference for parseChunk.
@@ -94,10 +96,10 @@ func compareWithReference(t *testing.T, data []byte) {
 	if !bytes.Equal(bytes.ToLower(data), data) || !utf8.Valid(data) {
 		return // case-insensitive key matching or U+FFFD replacement: not comparable
 	}
-	if got, want := unescape(p.id), deref(ref.ID); got != want {
+	if got, want := string(jsonscan.Key(p.id)), deref(ref.ID); got != want {
 		t.Errorf("%q: id %q, want %q", data, got, want)
 	}
-	if got, want := unescape(p.object), deref(ref.Object); got != want {
+	if got, want := string(jsonscan.Key(p.object)), deref(ref.Object); got != want {
 		t.Errorf("%q: object %q, want %q", data, got, want)
 	}
 	if (p.errRaw != nil) != (ref.Error != nil) || (ref.Error != nil && (string(p.errRaw) == "null") != (string(ref.Error) == "null")) {
@@ -114,7 +116,7 @@ func compareWithReference(t *testing.T, data []byte) {
 		if c.hasIndex != (r.Index != nil) || (r.Index != nil && c.index != *r.Index) {
 			t.Errorf("%q: choice %d index %v/%d, want %v", data, i, c.hasIndex, c.index, r.Index)
 		}
-		if c.hasFin != (r.FinishReason != nil) || unescape(c.finish) != deref(r.FinishReason) {
+		if c.hasFin != (r.FinishReason != nil) || string(jsonscan.Key(c.finish)) != deref(r.FinishReason) {
 			t.Errorf("%q: choice %d finish %v/%q, want %v", data, i, c.hasFin, c.finish, r.FinishReason)
 		}
 		if r.Delta != nil && r.Message != nil {
@@ -134,7 +136,7 @@ func compareWithReference(t *testing.T, data []byte) {
 		if want == "" {
 			want = deref(m.ReasoningContent)
 		}
-		if got := unescape(c.content); got != want {
+		if got := string(jsonscan.Key(c.content)); got != want {
 			t.Errorf("%q: choice %d content %q, want %q", data, i, got, want)
 		}
 	}
