@@ -1,10 +1,10 @@
 package bench
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"strconv"
+
+	"github.com/tokenbus/tokenbus/internal/jsonscan"
 )
 
 // parsedChunk is what the benchmark reads from one stream chunk (or a whole
@@ -137,20 +137,6 @@ func (s *scanner) choice(c *parsedChoice) bool {
 	return ok
 }
 
-// unescape returns the string a raw JSON string body stands for.
-func unescape(raw []byte) string {
-	if bytes.IndexByte(raw, '\\') < 0 {
-		return string(raw)
-	}
-	var s string
-	q := make([]byte, 0, len(raw)+2)
-	q = append(append(append(q, '"'), raw...), '"')
-	if json.Unmarshal(q, &s) != nil {
-		return string(raw)
-	}
-	return s
-}
-
 // scanner walks JSON without building values.
 type scanner struct {
 	b []byte
@@ -160,14 +146,7 @@ type scanner struct {
 const maxDepth = 256
 
 func (s *scanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
-	}
+	s.i = jsonscan.SkipSpace(s.b, s.i)
 }
 
 func (s *scanner) peek() byte {
@@ -417,14 +396,14 @@ func (sc *streamCheck) check(p *parsedChunk) (kind, msg string) {
 		return "protocol_missing_id", "chunk without id"
 	}
 	if sc.id == "" {
-		sc.id = unescape(p.id)
+		sc.id = string(jsonscan.Key(p.id))
 	} else if string(p.id) != sc.id {
-		if id := unescape(p.id); id != sc.id {
+		if id := string(jsonscan.Key(p.id)); id != sc.id {
 			return "protocol_id_changed", "id " + strconv.Quote(id) + " after " + strconv.Quote(sc.id)
 		}
 	}
 	if string(p.object) != sc.object {
-		if obj := unescape(p.object); obj != sc.object {
+		if obj := string(jsonscan.Key(p.object)); obj != sc.object {
 			return "protocol_object", "object " + strconv.Quote(obj) + ", want " + strconv.Quote(sc.object)
 		}
 	}

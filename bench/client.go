@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/jsonscan"
 )
 
 // afterDoneGrace is how long a server may keep a response open after
@@ -327,7 +329,7 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 	if ch.usage != nil {
 		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.usage.CompletionTokens, ch.usage.PromptTokens, true
 	} else {
-		rec.Tokens = len(strings.Fields(unescape(ch.choices[0].content)))
+		rec.Tokens = len(strings.Fields(string(jsonscan.Key(ch.choices[0].content))))
 	}
 }
 

@@ -137,9 +137,7 @@ func summarizeRecords(s *Summary, recs []record, dur time.Duration) {
 		if r.E2E > 0 {
 			perReq = append(perReq, float64(r.Tokens)/r.E2E.Seconds())
 		}
-		for j := 1; j < len(r.Chunks); j++ {
-			itl = append(itl, float64(r.Chunks[j]-r.Chunks[j-1])/1000)
-		}
+		itl = appendITLs(itl, r.Chunks)
 		if s.Stream && r.Tokens > 1 {
 			tpot = append(tpot, ms(r.E2E-t)/float64(r.Tokens-1))
 		}
@@ -257,4 +255,13 @@ func compare(t, b *Summary) *Comparison {
 		row(m.name+" max", "ms", m.t.Max, m.b.Max, true)
 	}
 	return c
+}
+
+// appendITLs appends to dst the gaps between consecutive chunk arrivals
+// (µs after send), in milliseconds.
+func appendITLs(dst []float64, chunks []uint32) []float64 {
+	for j := 1; j < len(chunks); j++ {
+		dst = append(dst, float64(chunks[j]-chunks[j-1])/1000)
+	}
+	return dst
 }

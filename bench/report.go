@@ -178,9 +178,7 @@ func writeJSON(path string, rep *Report, withRequests bool) error {
 					TTFTms: ms(r.TTFT()), E2Ems: ms(r.E2E), OutputTokens: r.Tokens, PromptTokens: r.PromptTokens,
 					Error: r.Err, ErrorMessage: r.ErrMsg, Cancelled: r.Cancelled,
 				}
-				for j := 1; j < len(r.Chunks); j++ {
-					rj.ITLms = append(rj.ITLms, float64(r.Chunks[j]-r.Chunks[j-1])/1000)
-				}
+				rj.ITLms = appendITLs(nil, r.Chunks)
 				out.Requests = append(out.Requests, rj)
 			}
 		}

@@ -358,9 +358,12 @@ func arrivals(n int, rate float64, rng *rand.Rand) []time.Duration {
 // --concurrency in flight, and waits for them. A budget > 0 caps the phase:
 // requests still in flight then are cancelled, later ones never sent.
 func runPhase(ctx context.Context, e *endpoint, cfg *config, lo, hi int, arr []time.Duration, budget time.Duration, prog *progress) {
-	pctx, cancel := context.WithCancel(ctx)
+	var pctx context.Context
+	var cancel context.CancelFunc
 	if budget > 0 {
 		pctx, cancel = context.WithTimeout(ctx, budget)
+	} else {
+		pctx, cancel = context.WithCancel(ctx)
 	}
 	defer cancel()
 	start := time.Now()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"testing"
 )
 
@@ -43,7 +44,7 @@ func TestParseFrameRejects(t *testing.T) {
 func TestForEachLine(t *testing.T) {
 	var got []string
 	_ = ForEachLine([]byte("a\n\nb\nc"), func(l []byte) error { got = append(got, string(l)); return nil })
-	if want := []string{"a", "b", "c"}; len(got) != 3 || got[0] != want[0] || got[2] != want[2] {
+	if want := []string{"a", "b", "c"}; !slices.Equal(got, want) {
 		t.Fatalf("got %q", got)
 	}
 }

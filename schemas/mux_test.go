@@ -3,6 +3,7 @@ package schemas
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"testing"
 )
 
@@ -65,9 +66,10 @@ func FuzzForEachMuxEntry(f *testing.F) {
 		if ForEachMuxEntry(body, func(tok, frame []byte) { again = AppendMuxEntry(again, string(tok), frame) }) != nil {
 			return
 		}
-		var n1, n2 int
-		_ = ForEachMuxEntry(body, func(_, _ []byte) { n1++ })
-		if err := ForEachMuxEntry(again, func(_, _ []byte) { n2++ }); err != nil || n1 != n2 {
+		type entry struct{ tok, frame string }
+		var e1, e2 []entry
+		_ = ForEachMuxEntry(body, func(tok, frame []byte) { e1 = append(e1, entry{string(tok), string(frame)}) })
+		if err := ForEachMuxEntry(again, func(tok, frame []byte) { e2 = append(e2, entry{string(tok), string(frame)}) }); err != nil || !slices.Equal(e1, e2) {
 			t.Fatalf("re-encoding %q gave %q (%v)", body, again, err)
 		}
 	})

@@ -2,6 +2,7 @@ package jsonscan
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -51,14 +52,19 @@ func FuzzMembers(f *testing.F) {
 		if !Members(b, func(k, v []byte) bool { seen[string(Key(k))] = string(v); return true }) {
 			t.Fatalf("valid object %s not scanned to its end", b)
 		}
+		rewritten := false
 		for k, v := range m {
 			if strings.ContainsRune(k, utf8.RuneError) {
+				rewritten = true
 				continue // encoding/json rewrites invalid UTF-8 in keys; the scanner keeps bytes
 			}
 			var a, c any
-			if json.Unmarshal([]byte(seen[k]), &a) != nil || json.Unmarshal(v, &c) != nil {
+			if json.Unmarshal([]byte(seen[k]), &a) != nil || json.Unmarshal(v, &c) != nil || !reflect.DeepEqual(a, c) {
 				t.Fatalf("%s: key %q: value %q vs %q", b, k, seen[k], v)
 			}
+		}
+		if !rewritten && len(seen) != len(m) {
+			t.Fatalf("%s: %d members scanned, encoding/json has %d", b, len(seen), len(m))
 		}
 	})
 }
