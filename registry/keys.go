@@ -219,10 +219,7 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 }
 
 // AnnounceKeys tells every KeyCache that keys changed (body: the key id).
-// It flushes, so the event has left when it returns.
+// It flushes (for up to a second), so the event has left when it returns.
 func AnnounceKeys(nc *nats.Conn, id string) error {
-	if err := nc.Publish(EventKeys, []byte(id)); err != nil {
-		return err
-	}
-	return nc.Flush()
+	return announce(nc, EventKeys, id)
 }
