@@ -22,7 +22,6 @@ type Cache struct {
 
 	mu     sync.RWMutex
 	models map[string]Model
-	synced time.Time
 }
 
 // NewCache makes a cache; call Run to keep it fresh.
@@ -46,7 +45,7 @@ func (c *Cache) Refresh(ctx context.Context) error {
 		m[x.Name] = x
 	}
 	c.mu.Lock()
-	c.models, c.synced = m, time.Now()
+	c.models = m
 	c.mu.Unlock()
 	return nil
 }
