@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/nats-io/nats.go"
@@ -236,14 +235,10 @@ func (s *Server) removed(name string, models []registry.Model) deleted {
 	return d
 }
 
-// announceModels tells caches the models changed, and flushes so the event
-// is on its way before the response.
+// announceModels tells caches the models changed; registry.Announce flushes,
+// so the event is on its way before the response.
 func (s *Server) announceModels(name string) {
-	err := registry.Announce(s.cfg.NC, name)
-	if err == nil {
-		err = s.cfg.NC.FlushTimeout(time.Second)
-	}
-	if err != nil {
+	if err := registry.Announce(s.cfg.NC, name); err != nil {
 		// Caches still resync on their timer.
 		s.log.Warn("could not announce a model change", "model", name, "err", err)
 	}

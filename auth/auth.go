@@ -26,7 +26,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -64,7 +63,6 @@ type Auth struct {
 	cfg     Config
 	log     *slog.Logger
 	pending chan struct{} // a slot per usage write in flight
-	writes  atomic.Int64  // usage writes in flight
 
 	decisions *prometheus.CounterVec
 	failOpen  prometheus.Counter
@@ -158,9 +156,8 @@ func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
 		a.log.Warn("usage dropped: too many usage writes pending", "key_id", p.KeyID, "model", model)
 		return
 	}
-	a.writes.Add(1)
 	go func() {
-		defer func() { <-a.pending; a.writes.Add(-1) }()
+		defer func() { <-a.pending }()
 		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 		defer cancel()
 		if err := a.cfg.Limiter.Record(ctx, p.KeyID, model, u); err != nil {
@@ -172,11 +169,11 @@ func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
 
 // Wait waits until the usage writes in flight are done, or ctx ends.
 func (a *Auth) Wait(ctx context.Context) error {
-	// A counter, not a WaitGroup: usage writes start while others are waited
+	// The slots, not a WaitGroup: usage writes start while others are waited
 	// for, which a WaitGroup does not allow.
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
-	for a.writes.Load() > 0 {
+	for len(a.pending) > 0 {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()

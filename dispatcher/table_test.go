@@ -73,6 +73,22 @@ func TestAcquireCountsAndSpreads(t *testing.T) {
 	if id, _, _ := tb.Acquire("m", ""); id != "b" {
 		t.Fatalf("a bounced, so b should get it, got %q", id)
 	}
+
+	// With capacity to spare, a first-fit choice would pile onto one worker.
+	tb = NewTable()
+	tb.Observe(hb("a", 0, 10, "m"), time.Now())
+	tb.Observe(hb("b", 0, 10, "m"), time.Now())
+	got = map[string]int{}
+	for range 6 {
+		id, _, ok := tb.Acquire("m", "")
+		if !ok {
+			t.Fatal("ran out of capacity early")
+		}
+		got[id]++
+	}
+	if got["a"] != 3 || got["b"] != 3 {
+		t.Fatalf("spread with spare capacity %v, want 3 each", got)
+	}
 }
 
 func TestExpireAfterMissedBeats(t *testing.T) {

@@ -22,7 +22,6 @@ type Cache struct {
 
 	mu     sync.RWMutex
 	models map[string]Model
-	synced time.Time
 }
 
 // NewCache makes a cache; call Run to keep it fresh.
@@ -46,7 +45,7 @@ func (c *Cache) Refresh(ctx context.Context) error {
 		m[x.Name] = x
 	}
 	c.mu.Lock()
-	c.models, c.synced = m, time.Now()
+	c.models = m
 	c.mu.Unlock()
 	return nil
 }
@@ -97,7 +96,16 @@ func (c *Cache) Get(model string) (Model, bool) {
 	return m, ok
 }
 
-// Announce tells every cache that the registry changed.
+// Announce tells every cache that the registry changed. It flushes (for up
+// to a second), so the event has left when it returns.
 func Announce(nc *nats.Conn, name string) error {
-	return nc.Publish(EventModels, []byte(name))
+	return announce(nc, EventModels, name)
+}
+
+// announce publishes body on subject and flushes for up to a second.
+func announce(nc *nats.Conn, subject, body string) error {
+	if err := nc.Publish(subject, []byte(body)); err != nil {
+		return err
+	}
+	return nc.FlushTimeout(time.Second)
 }

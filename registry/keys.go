@@ -132,16 +132,25 @@ func (s *Store) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 	return k, secret, nil
 }
 
+// keyByHashScript: KEYS[1] the hash index, KEYS[2] the keys hash; ARGV[1]
+// the secret's hash. Returns the key's record, or nil if there is none.
+var keyByHashScript = redis.NewScript(`
+local id = redis.call('HGET', KEYS[1], ARGV[1])
+if not id then return false end
+return redis.call('HGET', KEYS[2], id)
+`)
+
 // KeyByHash returns the key whose secret hashes to hash; ErrNotFound if none.
+// It is one round trip to Redis: a script reads the index and the record.
 func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, error) {
-	id, err := s.rdb.HGet(ctx, keyKeyHash, hash).Result()
+	b, err := keyByHashScript.Run(ctx, s.rdb, []string{keyKeyHash, keyKeys}, hash).Text()
 	if errors.Is(err, redis.Nil) {
 		return Key{}, keyNotFound("")
 	}
 	if err != nil {
 		return Key{}, storeErr(err)
 	}
-	return s.Key(ctx, id)
+	return decodeKey([]byte(b))
 }
 
 // Key returns a key by id; ErrNotFound if none.
@@ -210,10 +219,7 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 }
 
 // AnnounceKeys tells every KeyCache that keys changed (body: the key id).
-// It flushes, so the event has left when it returns.
+// It flushes (for up to a second), so the event has left when it returns.
 func AnnounceKeys(nc *nats.Conn, id string) error {
-	if err := nc.Publish(EventKeys, []byte(id)); err != nil {
-		return err
-	}
-	return nc.Flush()
+	return announce(nc, EventKeys, id)
 }

@@ -60,15 +60,27 @@ func TestCacheFollowsEventsAndSurvivesOutage(t *testing.T) {
 	}
 	defer s.Close()
 	c := registry.NewCache(s, nil)
+	// Run refreshes fully at start: m0 shows that refresh is done, so m1,
+	// written after it, can only arrive through the event.
+	if err := s.PutModel(ctx, registry.Model{Name: "m0"}); err != nil {
+		t.Fatal(err)
+	}
 	// Poll rarely: only the event can make the change visible quickly.
 	go c.Run(ctx, nc, time.Hour)
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if err := s.PutModel(ctx, registry.Model{Name: "m1"}); err != nil {
+		if !c.Known("m0") {
+			return fmt.Errorf("first refresh not done yet")
+		}
+		return nil
+	})
+	if err := s.PutModel(ctx, registry.Model{Name: "m1"}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		// Announce on every pass: the subscription may not be active yet.
+		if err := registry.Announce(nc, "m1"); err != nil {
 			return err
 		}
-		return registry.Announce(nc, "m1")
-	})
-	testenv.WaitFor(t, 5*time.Second, func() error {
 		if !c.Known("m1") {
 			return fmt.Errorf("m1 not in cache yet")
 		}
