@@ -31,6 +31,10 @@ const (
 
 	// DispatcherQueue is the queue group of all dispatchers on ReqPrefix + ">".
 	DispatcherQueue = "tokenbus-dispatchers"
+
+	// WorkerInboxPrefix is the inbox prefix of workers' own requests (the
+	// start-up ping of their id), apart from every client's inbox.
+	WorkerInboxPrefix = "_INBOX.workers"
 )
 
 // ReqSubject is the subject a client publishes a request for model to.

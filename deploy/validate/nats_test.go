@@ -563,6 +563,16 @@ func TestNATSPermissions(t *testing.T) {
 		}
 	})
 
+	t.Run("a starting worker pings its id", func(t *testing.T) {
+		// As tokenbus worker does before it serves: a reply means the id is taken.
+		w := connect(t, ns, "worker-start", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]),
+			nats.CustomInboxPrefix("_INBOX.workers"))
+		if _, err := w.Request("tokenbus.v1.ctl.w1.ping", nil, 3*time.Second); err != nil {
+			t.Fatalf("ping: %v", err)
+		}
+		w.noErrors(t)
+	})
+
 	t.Run("operator drives a worker's control subject", func(t *testing.T) {
 		op := connect(t, ns, "operator", nats.UserInfo("operator", testPasswords["NATS_OPERATOR_PASSWORD"]))
 		m, err := op.Request("tokenbus.v1.ctl.w1.drain", []byte("{}"), 3*time.Second)

@@ -12,6 +12,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers"
 )
 
@@ -55,6 +56,11 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer eng.Close()
+	if nopts.Inbox == "" {
+		// Its own inbox namespace: NATS permissions let workers read their
+		// replies (the start-up ping) without reading any client's inbox.
+		nopts.Inbox = schemas.WorkerInboxPrefix
+	}
 	nc, err := nopts.Connect("tokenbus-worker", 30*time.Second, log)
 	if err != nil {
 		return err
