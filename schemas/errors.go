@@ -127,7 +127,7 @@ func AsError(err error) *Error {
 // ParseErrorPayload decodes an error frame payload; a malformed one becomes a 502.
 func ParseErrorPayload(b []byte) *Error {
 	var e Error
-	if err := json.Unmarshal(b, &e); err != nil || e.Status < 400 || e.Status > 599 && e.Status != 0 {
+	if err := json.Unmarshal(b, &e); err != nil || e.Status < 400 || e.Status > 599 {
 		return NewError(http.StatusBadGateway, TypeServer, CodeEngineError, "", "malformed error from worker")
 	}
 	if e.Body.Type == "" {

@@ -54,7 +54,7 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer stop()
-	nc, err := nopts.Connect("tokenbus-dispatcher", 30*time.Second, log)
+	nc, err := nopts.Connect(ctx, "tokenbus-dispatcher", 30*time.Second, log)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,8 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := d.Run(ctx); err != nil {
 		return err
 	}
-	return nc.Drain()
+	natsconn.Drain(nc, 5*time.Second)
+	return nil
 }
 
 func newRegistry() *prometheus.Registry {

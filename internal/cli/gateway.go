@@ -82,9 +82,6 @@ type runningGateway struct {
 // startGateway starts the gateway on its own listener, with API keys when
 // o.auth, usage counting when there is a store, and the admin API on o.admin.
 func startGateway(ctx context.Context, o gatewayOptions, deps gatewayDeps) (*runningGateway, error) {
-	if err := o.check(deps.store != nil); err != nil {
-		return nil, err
-	}
 	copts := client.Options{Logger: deps.log}
 	var table *dispatcher.Table
 	if deps.dispatcher != nil {
@@ -193,7 +190,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer stop()
-	nc, err := nopts.Connect("tokenbus-gateway", 30*time.Second, log)
+	nc, err := nopts.Connect(ctx, "tokenbus-gateway", 30*time.Second, log)
 	if err != nil {
 		return err
 	}
@@ -245,5 +242,6 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	gw.stop()
 	stopDispatcher()
 	<-dispatcherDone
-	return nc.Drain()
+	natsconn.Drain(nc, 5*time.Second)
+	return nil
 }

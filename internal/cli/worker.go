@@ -61,7 +61,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		// replies (the start-up ping) without reading any client's inbox.
 		nopts.Inbox = schemas.WorkerInboxPrefix
 	}
-	nc, err := nopts.Connect("tokenbus-worker", 30*time.Second, log)
+	nc, err := nopts.Connect(ctx, "tokenbus-worker", 30*time.Second, log)
 	if err != nil {
 		return err
 	}
@@ -86,7 +86,8 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := w.Run(ctx); err != nil {
 		return err
 	}
-	return nc.Drain()
+	natsconn.Drain(nc, 5*time.Second)
+	return nil
 }
 
 // registerModels records the models a worker serves, so that they stay known

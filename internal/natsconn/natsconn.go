@@ -3,6 +3,7 @@
 package natsconn
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"time"
@@ -92,7 +93,7 @@ func (o *Options) NatsOptions(name string, log *slog.Logger) ([]nats.Option, err
 
 // Connect dials the server, retrying for up to wait (a server that starts a
 // little after us, as under docker compose, is normal).
-func (o *Options) Connect(name string, wait time.Duration, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
+func (o *Options) Connect(ctx context.Context, name string, wait time.Duration, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
 	opts, err := o.NatsOptions(name, log)
 	if err != nil {
 		return nil, err
@@ -108,6 +109,25 @@ func (o *Options) Connect(name string, wait time.Duration, log *slog.Logger, ext
 			return nil, fmt.Errorf("connect to NATS at %s: %w", o.URL, err)
 		}
 		log.Warn("NATS not reachable yet; retrying", "url", o.URL, "err", err)
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-ctx.Done(): // SIGTERM while NATS is away
+			return nil, fmt.Errorf("connect to NATS at %s: %w (last error: %v)", o.URL, ctx.Err(), err)
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
+}
+
+// Drain drains nc (subscriptions finish what they hold, publishes are
+// flushed) and waits, at most timeout, for it to close. A connection that
+// cannot drain (reconnecting, closed) is closed.
+func Drain(nc *nats.Conn, timeout time.Duration) {
+	if err := nc.Drain(); err != nil {
+		nc.Close()
+		return
+	}
+	deadline := time.Now().Add(timeout)
+	for !nc.IsClosed() && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	nc.Close()
 }

@@ -18,21 +18,16 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tokenbus/tokenbus/internal/embedded"
 )
 
 // NATS starts a NATS server with JetStream on a random port; it stops with the test.
 func NATS(t testing.TB) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		NoSigs: true, NoLog: true, MaxPayload: 8 << 20,
-	})
+	ns, err := embedded.NATS("127.0.0.1:0", t.TempDir()) // the server `tokenbus dev` runs
 	if err != nil {
 		t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server did not start")
 	}
 	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
 	return ns
