@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/internal/embedded"
+	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/workers"
@@ -65,7 +66,11 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 	connect := func(name string) (*nats.Conn, error) {
-		return nats.Connect("", nats.InProcessServer(ns), nats.Name(name), nats.MaxReconnects(-1))
+		opts, err := (&natsconn.Options{}).NatsOptions(name, log) // the async-error logging every process has
+		if err != nil {
+			return nil, err
+		}
+		return nats.Connect("", append(opts, nats.InProcessServer(ns))...)
 	}
 
 	url := *redisURL
