@@ -43,10 +43,14 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	eopts.register(fs)
 	dopts.register(fs)
 	popts.register(fs)
+	// Ctrl-C on a laptop should not wait 10 s: dev's own default, shown in --help.
+	if f := fs.Lookup("shutdown-timeout"); f != nil {
+		_ = f.Value.Set("1.5s")
+		f.DefValue = f.Value.String()
+	}
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	gopts.shutdownTimeout = min(gopts.shutdownTimeout, 1500*time.Millisecond)
 	log, stop, err := popts.start(ctx, stderr, "dev")
 	if err != nil {
 		return err
