@@ -31,8 +31,6 @@ var (
 	batchPool  = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 )
 
-func bytesReader(b []byte) io.Reader { return bytes.NewReader(b) }
-
 // Generate passes req to the server and its answer to sink (see the package
 // doc), in a client span that ends with the stream.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
@@ -190,8 +188,7 @@ func (e *sinkError) Error() string { return e.err.Error() }
 
 // sseState is one stream's reading state.
 type sseState struct {
-	batch   []byte // data lines not yet handed to the sink, '\n'-separated
-	lines   int    // how many
+	batch   []byte // data lines (never empty) not yet handed to the sink, '\n'-separated
 	long    []byte // a line longer than the reader's buffer, put together
 	maxLine int
 	last    []byte // copy of the last chunk with a usage object
@@ -216,11 +213,10 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			} else {
 				s.counted++
 			}
-			if s.lines > 0 {
+			if len(s.batch) > 0 {
 				s.batch = append(s.batch, '\n')
 			}
 			s.batch = append(s.batch, data...)
-			s.lines++
 		}
 		if rerr != nil {
 			if rerr == io.EOF {
@@ -228,7 +224,7 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			}
 			return s.flush(sink, rerr)
 		}
-		if s.lines > 0 && (len(s.batch) >= maxBatch || !lineReady(br)) {
+		if len(s.batch) > 0 && (len(s.batch) >= maxBatch || !lineReady(br)) {
 			if err := s.flush(sink, nil); err != nil {
 				return err
 			}
@@ -238,9 +234,9 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 
 // flush hands the batch to the sink, then returns then (or the sink's error).
 func (s *sseState) flush(sink engine.Sink, then error) error {
-	if s.lines > 0 {
+	if len(s.batch) > 0 {
 		err := sink.Chunks(s.batch)
-		s.batch, s.lines = s.batch[:0], 0
+		s.batch = s.batch[:0]
 		if err != nil {
 			return &sinkError{err}
 		}

@@ -36,6 +36,7 @@
 package httpengine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -236,9 +237,6 @@ func (e *Engine) Name() string { return e.name }
 // URL is the server's root URL.
 func (e *Engine) URL() string { return e.base }
 
-// Client is the HTTP client the engine uses (one tuned transport).
-func (e *Engine) Client() *http.Client { return e.client }
-
 // Logger is the engine's logger.
 func (e *Engine) Logger() *slog.Logger { return e.log }
 
@@ -344,13 +342,11 @@ func (e *Engine) abortAll(cause error) {
 
 // newRequest makes a request to path on the server with the API key set.
 func (e *Engine) newRequest(ctx context.Context, method, path string, body []byte) (*http.Request, error) {
-	var r *http.Request
-	var err error
+	var rd io.Reader // a nil []byte must stay a nil body, not an empty one
 	if body != nil {
-		r, err = http.NewRequestWithContext(ctx, method, e.base+path, bytesReader(body))
-	} else {
-		r, err = http.NewRequestWithContext(ctx, method, e.base+path, nil)
+		rd = bytes.NewReader(body)
 	}
+	r, err := http.NewRequestWithContext(ctx, method, e.base+path, rd)
 	if err != nil {
 		return nil, err
 	}

@@ -41,13 +41,6 @@ type Metrics struct {
 	At time.Time // when it was scraped; zero if never
 }
 
-// Metrics is the last /metrics scrape (zero if none succeeded).
-func (e *Engine) Metrics() Metrics {
-	if m := e.metrics.Load(); m != nil {
-		return *m
-	}
-	return Metrics{}
-}
 
 // freshMetrics is the last scrape if it is recent enough to trust.
 func (e *Engine) freshMetrics() *Metrics {
