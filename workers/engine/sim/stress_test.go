@@ -47,7 +47,7 @@ func TestStress(t *testing.T) {
 				body := fmt.Sprintf(`{"prompt":"shared prefix shared prefix shared prefix %d","max_tokens":%d,"n":%d,"stream":%v,"ignore_eos":%v,"stop":%q}`,
 					rng.IntN(4), 1+rng.IntN(60), 1+rng.IntN(3), rng.IntN(2) == 0, rng.IntN(2) == 0, []string{"zz", " the", "q"}[rng.IntN(3)])
 				_, err := e.Generate(ctx, &engine.Request{Kind: schemas.KindCompletion, Body: []byte(body)}, sink)
-				if err != nil && stopAt > 2 {
+				if err != nil && stopAt != 1 && stopAt != 2 {
 					t.Errorf("%s: %v", body, err)
 				}
 				cancel()

@@ -254,6 +254,9 @@ func (k *streamSink) state() (accepted, running bool, err error) {
 	return k.accepted, k.running, k.err
 }
 
+// streamWriteTimeout bounds a write of a stream to a client that stopped reading.
+const streamWriteTimeout = 30 * time.Second
+
 var (
 	doneEvent = []byte("data: [DONE]\n\n")
 	sseType   = []string{"text/event-stream; charset=utf-8"}
@@ -275,7 +278,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, req *engine
 	rc := http.NewResponseController(w)
 	out := k.out
 	headers, broken := false, false
+	var deadline time.Time // of writes; moved on every few seconds, not per write
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection may serve another request
 	write := func(b []byte) {
+		if now := time.Now(); deadline.Sub(now) < streamWriteTimeout/2 {
+			deadline = now.Add(streamWriteTimeout)
+			_ = rc.SetWriteDeadline(deadline) // a client that reads nothing does not hold the handler forever
+		}
 		if !headers {
 			headers = true
 			w.Header()["Content-Type"] = sseType
