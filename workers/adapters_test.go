@@ -99,13 +99,23 @@ func wantDone(t *testing.T, f *frames) {
 	if last := ended(t, f); last.Type != schemas.FrameDone {
 		t.Fatalf("ended with %s %s", last.Type, last.Payload)
 	}
-	// The chunks came from the adapter.
+	// The chunks came from the engine, all of them: at least one, and the
+	// stream's finish among them.
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	chunks, finishes := 0, 0
 	for _, fr := range f.got {
-		if fr.Type == schemas.FrameChunk && !strings.Contains(string(fr.Payload), `"model":`) {
+		if fr.Type != schemas.FrameChunk {
+			continue
+		}
+		chunks++
+		if !strings.Contains(string(fr.Payload), `"model":`) {
 			t.Fatalf("chunk %s", fr.Payload)
 		}
+		finishes += strings.Count(string(fr.Payload), `"finish_reason":"`)
+	}
+	if chunks == 0 || finishes != 1 {
+		t.Fatalf("%d chunk frames with %d finishes: %v", chunks, finishes, f.types())
 	}
 }
 

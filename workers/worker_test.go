@@ -320,10 +320,17 @@ func TestDuplicateIDRefused(t *testing.T) {
 // A client that takes multiplexed replies gets every frame of every stream,
 // in order, whether alone or batched with other streams' frames.
 func TestMultiplexedReplies(t *testing.T) {
+	t.Run("linger 50ms", func(t *testing.T) { testMultiplexedReplies(t, 50*time.Millisecond, true) })
+	// With a linger far past the waits below, only the urgent path (a
+	// stream's first chunk is never held) can deliver the first chunks.
+	t.Run("first chunk not held", func(t *testing.T) { testMultiplexedReplies(t, time.Minute, false) })
+}
+
+func testMultiplexedReplies(t *testing.T, linger time.Duration, finish bool) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	eng := &gateEngine{release: make(chan struct{})}
-	startWorker(t, nc, eng, Config{ID: "w1", ChunkLinger: 50 * time.Millisecond})
+	startWorker(t, nc, eng, Config{ID: "w1", ChunkLinger: linger})
 	var mu sync.Mutex
 	got := map[string][]schemas.Frame{}
 	muxed := 0
@@ -371,6 +378,10 @@ func TestMultiplexedReplies(t *testing.T) {
 		}
 		return nil
 	})
+	if !finish {
+		close(eng.release)
+		return
+	}
 	close(eng.release)
 	testenv.WaitFor(t, 3*time.Second, func() error {
 		mu.Lock()
