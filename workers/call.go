@@ -36,7 +36,6 @@ type call struct {
 	pending   []byte    // chunk lines held back (see Chunks), '\n'-separated
 	lingering bool      // c is on the worker's linger list
 	ended     bool
-	sentChunk bool // a chunk frame went out (the first one is never held back)
 
 	mux   *outbox // the client takes multiplexed replies: every frame goes through it
 	token string  // last token of the reply subject, for mux entries
@@ -92,7 +91,8 @@ func (c *call) Chunks(b []byte) error {
 	if err := c.ctx.Err(); err != nil {
 		return err
 	}
-	if !c.firstChunk { // engines call Chunks from one goroutine per request
+	first := !c.firstChunk // a stream's first chunk is never held back
+	if first {             // engines call Chunks from one goroutine per request
 		c.firstChunk = true
 		c.w.m.ttft.Observe(time.Since(c.start).Seconds())
 		c.span.AddEvent(tracing.EventFirstToken)
@@ -111,7 +111,7 @@ func (c *call) Chunks(b []byte) error {
 	// stream instead of one per token, which is most of the bus's CPU.
 	if c.mux != nil || len(c.pending) == 0 && (linger <= 0 || now.Sub(c.lastChunk) >= linger) {
 		c.lastChunk = now
-		return c.publishLocked(schemas.FrameChunk, b, now)
+		return c.publishLocked(schemas.FrameChunk, b, now, first)
 	}
 	if len(c.pending) > 0 {
 		c.pending = append(c.pending, '\n')
@@ -136,7 +136,7 @@ func (c *call) flushLocked(now time.Time) error {
 		return nil
 	}
 	c.lastChunk = now
-	err := c.publishLocked(schemas.FrameChunk, c.pending, now)
+	err := c.publishLocked(schemas.FrameChunk, c.pending, now, false)
 	c.pending = c.pending[:0]
 	return err
 }
@@ -164,18 +164,16 @@ func (c *call) send(t schemas.FrameType, payload []byte) error {
 	if t.Terminal() {
 		c.ended = true
 	}
-	return c.publishLocked(t, payload, now)
+	return c.publishLocked(t, payload, now, false)
 }
 
-func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time) error {
+// publishLocked sends one frame; urgent (a stream's first chunk) is not
+// held back in a multiplexed outbox.
+func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time, urgent bool) error {
 	c.seq++
 	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	c.lastSend = now
 	if c.mux != nil {
-		urgent := t == schemas.FrameChunk && !c.sentChunk
-		if t == schemas.FrameChunk {
-			c.sentChunk = true
-		}
 		return c.mux.add(c.reply, c.token, c.buf, urgent, now)
 	}
 	return c.w.nc.Publish(c.reply, c.buf)
@@ -200,21 +198,14 @@ func (c *call) keepalive(now time.Time, d time.Duration) {
 	}
 }
 
-// linger puts c on the list the linger loop flushes.
-func (w *Worker) linger(c *call) {
-	w.lingerMu.Lock()
-	w.lingerCalls = append(w.lingerCalls, c)
-	w.lingerMu.Unlock()
-	select {
-	case w.lingerKick <- struct{}{}:
-	default:
-	}
-}
+// lingerer holds frames back for at most ChunkLinger: a stream (call) or a
+// client's outbox.
+type lingerer interface{ flushLinger() }
 
-// lingerOutbox puts ob on the list the linger loop flushes.
-func (w *Worker) lingerOutbox(ob *outbox) {
+// linger puts l on the list the linger loop flushes.
+func (w *Worker) linger(l lingerer) {
 	w.lingerMu.Lock()
-	w.lingerOutboxs = append(w.lingerOutboxs, ob)
+	w.lingering = append(w.lingering, l)
 	w.lingerMu.Unlock()
 	select {
 	case w.lingerKick <- struct{}{}:
@@ -227,20 +218,14 @@ func (w *Worker) lingerOutbox(ob *outbox) {
 func (w *Worker) lingerLoop(stop <-chan struct{}) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	var calls []*call
-	var boxes []*outbox
+	var held []lingerer
 	flush := func() {
 		w.lingerMu.Lock()
-		calls, w.lingerCalls = w.lingerCalls, calls[:0]
-		boxes, w.lingerOutboxs = w.lingerOutboxs, boxes[:0]
+		held, w.lingering = w.lingering, held[:0]
 		w.lingerMu.Unlock()
-		for i, c := range calls {
-			c.flushLinger()
-			calls[i] = nil
-		}
-		for i, ob := range boxes {
-			ob.flushLinger()
-			boxes[i] = nil
+		for i, l := range held {
+			l.flushLinger()
+			held[i] = nil
 		}
 	}
 	for {

@@ -59,7 +59,7 @@ func (ob *outbox) add(reply, token string, frame []byte, urgent bool, now time.T
 	}
 	if !ob.lingering {
 		ob.lingering = true
-		ob.w.lingerOutbox(ob)
+		ob.w.linger(ob)
 	}
 	return nil
 }

@@ -85,10 +85,9 @@ type Worker struct {
 	wake     chan struct{} // asks the heartbeat loop for an early beat
 	ready    chan struct{} // closed once Run has subscribed
 
-	lingerMu      sync.Mutex
-	lingerCalls   []*call       // streams holding chunks back
-	lingerOutboxs []*outbox     // outboxes holding frames back
-	lingerKick    chan struct{} // cap 1: the linger loop has work
+	lingerMu   sync.Mutex
+	lingering  []lingerer    // streams and outboxes holding frames back
+	lingerKick chan struct{} // cap 1: the linger loop has work
 
 	outMu    sync.Mutex
 	outboxes map[string]*outbox // by reply prefix
