@@ -33,10 +33,6 @@ func readFile(t testing.TB, rel ...string) []byte {
 	return b
 }
 
-// plannedFlags are flags the deployment already sets for features that are
-// announced but not written yet; flagenv ignores their variables until then.
-var plannedFlags = map[string][]string{}
-
 // tokenbusFlags returns the flags of every tokenbus subcommand, read from
 // docs/configuration.md. That file is generated from each command's --help and
 // a test in internal/cli fails when it is stale, so this list cannot drift
@@ -89,21 +85,6 @@ func checkTokenbusEnv(t *testing.T, where, cmd string, env []string) {
 		if slices.Contains(flags, f) {
 			continue
 		}
-		if slices.Contains(plannedFlags[cmd], f) {
-			t.Logf("%s: %s is for the planned flag --%s of tokenbus %s", where, e, f, cmd)
-			continue
-		}
 		t.Errorf("%s: %s names no flag of `tokenbus %s` (flags: %s)", where, e, cmd, strings.Join(flags, ", "))
-	}
-}
-
-func TestPlannedFlagsAreStillPlanned(t *testing.T) {
-	all := tokenbusFlags(t)
-	for cmd, flags := range plannedFlags {
-		for _, f := range flags {
-			if slices.Contains(all[cmd], f) {
-				t.Errorf("planned flag --%s of %s now exists: remove it from plannedFlags", f, cmd)
-			}
-		}
 	}
 }

@@ -23,8 +23,8 @@ var knownMetrics = map[string]bool{
 	"tokenbus_dispatcher_rejected_total":                  true,
 	"tokenbus_dispatcher_queue_depth":                     true,
 	"tokenbus_dispatcher_queue_wait_seconds_bucket":       true,
-	"tokenbus_worker_running":                             true, // planned: workers have no metrics listener yet
-	"tokenbus_worker_waiting":                             true, // planned
+	"tokenbus_worker_running":                             true,
+	"tokenbus_worker_waiting":                             true,
 	"vllm:num_requests_running":                           true,
 	"vllm:num_requests_waiting":                           true,
 }
@@ -39,6 +39,8 @@ var knownLabels = map[string][]string{
 	"tokenbus_dispatcher_rejected_total":                  {"reason"},
 	"tokenbus_dispatcher_queue_depth":                     {"model"},
 	"tokenbus_dispatcher_queue_wait_seconds_bucket":       {"le"},
+	"tokenbus_worker_running":                             {"worker"},
+	"tokenbus_worker_waiting":                             {"worker"},
 }
 
 // checkPromQL parses a query as Prometheus does and checks every series it

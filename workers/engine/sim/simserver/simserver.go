@@ -95,7 +95,6 @@ type Server struct {
 	maxLen  int
 	keys    [][32]byte // sha256 of the API keys
 	closed  atomic.Bool
-	started int64        // unix seconds
 	flushes atomic.Int64 // SSE writes, for the benchmarks
 
 	reg     *prometheus.Registry
@@ -143,7 +142,6 @@ func New(cfg Config, eng *sim.Engine, log *slog.Logger) *Server {
 		base:       map[string]bool{ec.Model: true},
 		names:      []string{ec.Model},
 		maxLen:     ec.MaxModelLen,
-		started:    time.Now().Unix(),
 		loraLoad:   map[string]*loraCount{},
 		loraSeries: map[loraLabels]float64{},
 	}
@@ -161,9 +159,6 @@ func New(cfg Config, eng *sim.Engine, log *slog.Logger) *Server {
 	s.initMetrics()
 	return s
 }
-
-// Registry is the Prometheus registry /metrics serves.
-func (s *Server) Registry() *prometheus.Registry { return s.reg }
 
 // Close makes /health answer 503; requests keep being served (Serve's
 // shutdown ends them).
