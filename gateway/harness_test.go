@@ -15,12 +15,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -90,7 +90,6 @@ type workerFunc func(h *harness, m *nats.Msg)
 // gateway serving on a real 127.0.0.1 listener.
 type harness struct {
 	t    testing.TB
-	ns   *server.Server
 	nc   *nats.Conn // the gateway's
 	wc   *nats.Conn // the fake worker's
 	cl   *client.Client
@@ -117,22 +116,10 @@ type harnessOptions struct {
 
 func newHarness(t testing.TB, o harnessOptions) *harness {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	if !ns.ReadyForConnections(5 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	h := &harness{t: t, ns: ns, cat: &fakeCatalog{models: []string{testModel, testSlashedModel}, workers: 1},
+	ns := testenv.NATS(t) // closes after the cleanup below, which runs first
+	h := &harness{t: t, cat: &fakeCatalog{models: []string{testModel, testSlashedModel}, workers: 1},
 		reg: prometheus.NewRegistry(), reqs: make(chan *nats.Msg, 100), cancels: make(chan *nats.Msg, 100)}
-	if h.nc, err = nats.Connect(ns.ClientURL(), nats.Name("gateway")); err != nil {
-		t.Fatal(err)
-	}
-	if h.wc, err = nats.Connect(ns.ClientURL(), nats.Name("fake-worker")); err != nil {
-		t.Fatal(err)
-	}
+	h.nc, h.wc = testenv.Connect(t, ns), testenv.Connect(t, ns)
 	worker := o.worker
 	if worker == nil {
 		worker = standardWorker
@@ -153,6 +140,7 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 	if err := h.wc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	if h.cl, err = client.New(h.nc, client.Options{}); err != nil {
 		t.Fatal(err)
 	}
@@ -194,10 +182,6 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 		}
 		h.http.CloseIdleConnections()
 		_ = h.cl.Close()
-		h.nc.Close()
-		h.wc.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
 	})
 	return h
 }
