@@ -2,7 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"encoding/json"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -11,19 +10,12 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Watch keeps t up to date from heartbeats and done notices on nc until ctx
-// ends. Gateways use it; a Dispatcher feeds its own table in Run.
+// Watch keeps t up to date from heartbeats on nc until ctx ends (loads as
+// of the last heartbeat). Gateways without an embedded dispatcher use it; a
+// Dispatcher feeds its own table in Run.
 func Watch(ctx context.Context, nc *nats.Conn, t *Table) error {
 	hb, err := nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
-		var h schemas.Heartbeat
-		if json.Unmarshal(m.Data, &h) != nil || !schemas.ValidToken(h.Worker) {
-			return
-		}
-		if h.Draining && h.Running == 0 {
-			t.Remove(h.Worker)
-			return
-		}
-		t.Observe(h, time.Now())
+		t.Heartbeat(m.Data, time.Now())
 	})
 	if err != nil {
 		return err

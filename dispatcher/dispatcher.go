@@ -205,16 +205,14 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
-	var hb schemas.Heartbeat
-	if err := json.Unmarshal(m.Data, &hb); err != nil || !schemas.ValidToken(hb.Worker) {
+	hb, joined, ok := d.table.Heartbeat(m.Data, time.Now())
+	switch {
+	case !ok:
 		d.log.Warn("bad heartbeat", "subject", m.Subject)
 		return
-	}
-	if hb.Draining && hb.Running == 0 {
-		d.table.Remove(hb.Worker)
-		return
-	}
-	if d.table.Observe(hb, time.Now()) {
+	case hb.Draining && hb.Running == 0:
+		return // it left the table
+	case joined:
 		d.log.Info("worker joined", "worker", hb.Worker, "models", hb.Models, "max_concurrency", hb.MaxConcurrency)
 	}
 	d.drain(hb.Models)

@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"encoding/json"
 	"slices"
 	"sync"
 	"time"
@@ -39,6 +40,20 @@ type workerState struct {
 func NewTable() *Table {
 	return &Table{MissedBeats: 3, AdapterSpill: 0.5, workers: map[string]*workerState{},
 		pending: map[string]map[string]time.Time{}}
+}
+
+// Heartbeat applies a heartbeat message: a draining worker with nothing
+// running leaves the table, any other is observed. ok is false for a message
+// that is not a heartbeat; joined reports a worker new to the table.
+func (t *Table) Heartbeat(data []byte, now time.Time) (hb schemas.Heartbeat, joined, ok bool) {
+	if json.Unmarshal(data, &hb) != nil || !schemas.ValidToken(hb.Worker) {
+		return hb, false, false
+	}
+	if hb.Draining && hb.Running == 0 {
+		t.Remove(hb.Worker)
+		return hb, false, true
+	}
+	return hb, t.Observe(hb, now), true
 }
 
 // Observe records a heartbeat; it reports whether the worker is new.
