@@ -118,21 +118,12 @@ type Model struct {
 
 // FetchModels reads GET /v1/models.
 func (e *Engine) FetchModels(ctx context.Context) ([]Model, error) {
-	req, err := e.newRequest(ctx, http.MethodGet, "/v1/models", nil)
+	status, body, err := e.Call(ctx, http.MethodGet, "/v1/models", nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes))
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode/100 != 2 {
-		return nil, UpstreamError(resp.StatusCode, body)
+	if status/100 != 2 {
+		return nil, UpstreamError(status, body)
 	}
 	var list struct {
 		Data []Model `json:"data"`
