@@ -25,8 +25,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 	// refreshes, an adapter loads elsewhere): beat at once when they do.
 	check := time.NewTicker(100 * time.Millisecond)
 	defer check.Stop()
-	models := w.eng.Models()
-	w.publishHeartbeat()
+	models := w.publishHeartbeat()
 	for {
 		select {
 		case <-stop:
@@ -40,8 +39,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 			}
 			continue
 		}
-		models = w.eng.Models()
-		w.publishHeartbeat()
+		models = w.publishHeartbeat()
 	}
 }
 
@@ -70,11 +68,14 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 	}
 }
 
-func (w *Worker) publishHeartbeat() {
-	b, _ := json.Marshal(w.Heartbeat())
+// publishHeartbeat sends one heartbeat and returns the models it listed.
+func (w *Worker) publishHeartbeat() []string {
+	hb := w.Heartbeat()
+	b, _ := json.Marshal(hb)
 	if err := w.nc.Publish(schemas.HeartbeatSubject(w.cfg.ID), b); err != nil {
 		w.log.Warn("heartbeat not sent", "err", err)
 	}
+	return hb.Models
 }
 
 // keepaliveLoop sends keepalives on streams that have been silent (long
