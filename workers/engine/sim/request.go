@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -272,10 +273,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 }
 
 func contextError(param, msg string) *schemas.Error {
-	e := schemas.BadRequest(param, "%s", msg)
-	code := "context_length_exceeded"
-	e.Body.Code = &code
-	return e
+	return schemas.NewError(http.StatusBadRequest, schemas.TypeInvalidRequest, "context_length_exceeded", param, msg)
 }
 
 // abort cancels every sequence of r: from the context's AfterFunc, from the
