@@ -68,6 +68,19 @@ func ModelFromReqSubject(subject string) (string, bool) {
 	return m, err == nil
 }
 
+// SafeToken turns s into something that can stand as one subject token: each
+// character ValidToken refuses becomes '-'. Workers' default ids are their
+// host name made safe this way.
+func SafeToken(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c <= ' ' || c == '.' || c == '*' || c == '>' || c == 0x7f {
+			b[i] = '-'
+		}
+	}
+	return string(b)
+}
+
 // ValidToken reports whether s can stand as one subject token: non-empty, and
 // none of '.', '*', '>', whitespace or control characters.
 func ValidToken(s string) bool {

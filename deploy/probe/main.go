@@ -113,7 +113,7 @@ func probeHeartbeat(ctx context.Context, args []string, stdout io.Writer, getenv
 		if err != nil || host == "" {
 			return errors.New("no --id and no host name to match worker ids against")
 		}
-		prefix := hostID(host) + "-"
+		prefix := schemas.SafeToken(host) + "-" // the worker's default id prefix
 		match = func(w string) bool { return strings.HasPrefix(w, prefix) }
 		subject = schemas.HeartbeatPrefix + "*"
 	}
@@ -161,17 +161,4 @@ func probeHeartbeat(ctx context.Context, args []string, stdout io.Writer, getenv
 			hb.Worker, hb.Running, hb.MaxConcurrency, hb.Healthy, hb.Draining)
 		return nil
 	}
-}
-
-// hostID is the worker's default id prefix: the host name with characters
-// that cannot stand in a subject token replaced (as internal/cli does).
-func hostID(h string) string {
-	var b strings.Builder
-	for _, c := range h {
-		if c == '.' || c == '*' || c == '>' || c <= ' ' {
-			c = '-'
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
 }

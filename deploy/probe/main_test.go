@@ -71,7 +71,7 @@ func TestHeartbeat(t *testing.T) {
 	stop := make(chan struct{})
 	defer close(stop)
 	go beat("w-explicit", true, stop)
-	go beat(hostID(host)+"-abc123", false, stop)
+	go beat(schemas.SafeToken(host)+"-abc123", false, stop)
 	go beat("someone-else", true, stop)
 
 	env := map[string]string{"TOKENBUS_NATS_URL": ns.ClientURL()}

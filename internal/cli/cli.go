@@ -20,6 +20,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
@@ -203,12 +204,5 @@ func hostID(prefix string) string {
 	if err != nil || h == "" {
 		h = prefix
 	}
-	var b strings.Builder
-	for _, c := range h {
-		if c == '.' || c == '*' || c == '>' || c <= ' ' {
-			c = '-'
-		}
-		b.WriteRune(c)
-	}
-	return b.String()
+	return schemas.SafeToken(h)
 }

@@ -17,8 +17,8 @@ import (
 
 	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/internal/embedded"
-	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/internal/flagenv"
+	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/workers"
 	"github.com/tokenbus/tokenbus/workers/engine"
