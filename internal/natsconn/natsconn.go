@@ -37,7 +37,7 @@ func (o *Options) Register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.TLSCA, "nats-tls-ca", "", "CA certificate file to verify the NATS server")
 	fs.StringVar(&o.TLSCert, "nats-tls-cert", "", "client certificate file for NATS mutual TLS")
 	fs.StringVar(&o.TLSKey, "nats-tls-key", "", "client key file for NATS mutual TLS")
-	fs.StringVar(&o.Inbox, "nats-inbox-prefix", "", "reply subject prefix (default _INBOX); a tenant restricted by NATS permissions sets its own")
+	fs.StringVar(&o.Inbox, "nats-inbox-prefix", "", "reply subject prefix (default _INBOX; workers _INBOX.workers); a tenant restricted by NATS permissions sets its own")
 }
 
 // NatsOptions turns the flags into nats.go options.
