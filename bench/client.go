@@ -16,7 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tokenbus/tokenbus/internal/jsonscan"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // afterDoneGrace is how long a server may keep a response open after
@@ -193,7 +193,7 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 	}
 	rec.Chunks = make([]uint32, 0, c.maxChunks)
 	var (
-		ch        parsedChunk
+		ch        schemas.Chunk
 		sawDone   bool
 		gotUsage  bool
 		long      []byte
@@ -252,7 +252,7 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 			continue
 		}
 		now := time.Since(t0)
-		if err := parseChunk(payload, &ch); err != nil {
+		if err := schemas.ReadChunk(payload, &ch); err != nil {
 			rec.fail("protocol_bad_json", "bad chunk: "+strconv.Quote(clip(payload)))
 			break
 		}
@@ -260,8 +260,8 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 			rec.fail(kind, msg)
 			break
 		}
-		for i := range ch.choices {
-			if len(ch.choices[i].content) > 0 {
+		for i := range ch.Choices {
+			if len(ch.Choices[i].Content) > 0 {
 				rec.Chunks = append(rec.Chunks, uint32(now/time.Microsecond))
 				if c.onChunk != nil {
 					c.onChunk()
@@ -269,10 +269,10 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 				break
 			}
 		}
-		if ch.usage != nil {
+		if ch.Usage != nil {
 			gotUsage = true
-			rec.Tokens = ch.usage.CompletionTokens
-			rec.PromptTokens = ch.usage.PromptTokens
+			rec.Tokens = ch.Usage.CompletionTokens
+			rec.PromptTokens = ch.Usage.PromptTokens
 		}
 	}
 	if rec.Err != "" || rec.Cancelled {
@@ -305,8 +305,8 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.fail("protocol_content_type", "Content-Type "+strconv.Quote(resp.Header.Get("Content-Type")))
 		return
 	}
-	var ch parsedChunk
-	if err := parseChunk(b, &ch); err != nil {
+	var ch schemas.Chunk
+	if err := schemas.ReadChunk(b, &ch); err != nil {
 		rec.fail("protocol_bad_json", "bad response body: "+strconv.Quote(clip(b)))
 		return
 	}
@@ -318,18 +318,18 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.fail(kind, msg)
 		return
 	}
-	if len(ch.choices) != 1 {
-		rec.fail("protocol_choices", strconv.Itoa(len(ch.choices))+" choices, want 1")
+	if len(ch.Choices) != 1 {
+		rec.fail("protocol_choices", strconv.Itoa(len(ch.Choices))+" choices, want 1")
 		return
 	}
 	if !chk.finished {
 		rec.fail("protocol_missing_finish_reason", "choice 0 has no finish_reason")
 		return
 	}
-	if ch.usage != nil {
-		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.usage.CompletionTokens, ch.usage.PromptTokens, true
+	if ch.Usage != nil {
+		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, true
 	} else {
-		rec.Tokens = len(strings.Fields(string(jsonscan.Key(ch.choices[0].content))))
+		rec.Tokens = len(strings.Fields(schemas.String(ch.Choices[0].Content)))
 	}
 }
 

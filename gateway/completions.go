@@ -60,7 +60,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		// The raw body: fiber's c.Body() would inflate a compressed one, with
 		// no limit on what it inflates to.
 		body := c.Request().Body()
-		req, perr := parseRequest(kind, body, pathModel)
+		req, perr := schemas.ReadRequest(kind, body, pathModel)
 		if perr != nil {
 			return perr
 		}
@@ -99,7 +99,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			ID:       id,
 			Kind:     kind,
 			Model:    req.Model,
-			Body:     req.payload(body),
+			Body:     payload(req),
 			Deadline: deadline,
 			Priority: req.Priority,
 			Tenant:   caller.Tenant,

@@ -394,7 +394,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 
 	h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
 	h.post(t, "/v1/chat/completions", "application/json", unaryBody, nil)
-	h.post(t, "/v1/chat/completions", "application/json", `{"model":"secret-model-name","messages":[{}]}`, nil)
+	h.post(t, "/v1/chat/completions", "application/json", `{"model":"secret-model-name","messages":[{"role":"user","content":"hi"}]}`, nil)
 	h.get(t, "/v1/models/"+testSlashedModel)
 	h.get(t, "/some/random/path")
 	waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 0 })

@@ -1,18 +1,17 @@
 package schemas
 
 import (
-	"bytes"
 	"encoding/json"
 	"strconv"
-
-	"github.com/tokenbus/tokenbus/internal/jsonscan"
 )
 
 // The payloads every request carries (accepted frame, done notice, usage)
 // are written and read without reflection: encoding/json cost several
-// percent of a worker's and a gateway's CPU per request. Each reader agrees
-// with json.Unmarshal on valid JSON (keys case-insensitive, the last one
-// wins, unknown keys ignored; fuzzed); it does not validate members it skips.
+// percent of a worker's and a gateway's CPU per request. The readers use the
+// one JSON scanner (json.go): keys match exactly, the last of a repeated key
+// wins, unknown keys are skipped, and they agree with an exact-key decoding
+// by encoding/json (fuzzed); a repeated known key makes the payload invalid,
+// as a repeated field does for ReadRequest.
 
 // AppendAccepted appends the JSON of a, the same object json.Marshal writes.
 func AppendAccepted(b []byte, a Accepted) []byte {
@@ -28,19 +27,18 @@ func AppendAccepted(b []byte, a Accepted) []byte {
 // ParseAccepted reads an accepted payload.
 func ParseAccepted(p []byte) (Accepted, bool) {
 	var a Accepted
-	ok := true
-	complete := jsonscan.Members(p, func(k, v []byte) bool {
-		switch key := jsonscan.Key(k); {
-		case bytes.EqualFold(key, []byte("request_id")):
-			ok = readString(v, &a.RequestID)
-		case bytes.EqualFold(key, []byte("worker")):
-			ok = readString(v, &a.Worker)
-		case bytes.EqualFold(key, []byte("cancel")):
-			ok = readString(v, &a.Cancel)
+	ok := readPayload(p, func(s *scanner, key []byte, once func(int) bool) bool {
+		switch {
+		case keyIs(key, "request_id"):
+			return once(0) && s.readString(&a.RequestID)
+		case keyIs(key, "worker"):
+			return once(1) && s.readString(&a.Worker)
+		case keyIs(key, "cancel"):
+			return once(2) && s.readString(&a.Cancel)
 		}
-		return ok
+		return s.skip(1)
 	})
-	return a, ok && (complete || isNull(p))
+	return a, ok
 }
 
 // AppendDoneNotice appends the JSON of n, the same object json.Marshal writes.
@@ -57,19 +55,18 @@ func AppendDoneNotice(b []byte, n DoneNotice) []byte {
 // ParseDoneNotice reads a done notice.
 func ParseDoneNotice(p []byte) (DoneNotice, bool) {
 	var n DoneNotice
-	ok := true
-	complete := jsonscan.Members(p, func(k, v []byte) bool {
-		switch key := jsonscan.Key(k); {
-		case bytes.EqualFold(key, []byte("worker")):
-			ok = readString(v, &n.Worker)
-		case bytes.EqualFold(key, []byte("request_id")):
-			ok = readString(v, &n.RequestID)
-		case bytes.EqualFold(key, []byte("running")):
-			ok = readInt(v, &n.Running)
+	ok := readPayload(p, func(s *scanner, key []byte, once func(int) bool) bool {
+		switch {
+		case keyIs(key, "worker"):
+			return once(0) && s.readString(&n.Worker)
+		case keyIs(key, "request_id"):
+			return once(1) && s.readString(&n.RequestID)
+		case keyIs(key, "running"):
+			return once(2) && s.readInt(&n.Running)
 		}
-		return ok
+		return s.skip(1)
 	})
-	return n, ok && (complete || isNull(p))
+	return n, ok
 }
 
 // AppendUsage appends the JSON of u, the same object json.Marshal writes.
@@ -97,81 +94,125 @@ func AppendDoneInfo(b []byte, u *Usage) []byte {
 
 // ParseUsage reads a usage object.
 func ParseUsage(p []byte) (Usage, bool) {
+	s := scanner{b: p}
 	var u Usage
-	ok := true
-	complete := jsonscan.Members(p, func(k, v []byte) bool {
-		switch key := jsonscan.Key(k); {
-		case bytes.EqualFold(key, []byte("prompt_tokens")):
-			ok = readInt(v, &u.PromptTokens)
-		case bytes.EqualFold(key, []byte("completion_tokens")):
-			ok = readInt(v, &u.CompletionTokens)
-		case bytes.EqualFold(key, []byte("total_tokens")):
-			ok = readInt(v, &u.TotalTokens)
-		case bytes.EqualFold(key, []byte("prompt_tokens_details")):
-			ok = json.Unmarshal(v, &u.PromptTokensDetails) == nil // rare, and null when there
+	ok := s.readUsage(&u, 0) && s.end()
+	return u, ok
+}
+
+// readUsage reads a usage object (null leaves u) at depth containers deep.
+func (s *scanner) readUsage(u *Usage, depth int) bool {
+	if s.null() {
+		return true
+	}
+	var seen seenKeys
+	return s.object(func(key []byte) bool {
+		switch {
+		case keyIs(key, "prompt_tokens"):
+			return seen.once(0) && s.readInt(&u.PromptTokens)
+		case keyIs(key, "completion_tokens"):
+			return seen.once(1) && s.readInt(&u.CompletionTokens)
+		case keyIs(key, "total_tokens"):
+			return seen.once(2) && s.readInt(&u.TotalTokens)
+		case keyIs(key, "prompt_tokens_details"):
+			if !seen.once(3) {
+				return false
+			}
+			if s.null() {
+				u.PromptTokensDetails = nil
+				return true
+			}
+			d := &TokenDetails{}
+			u.PromptTokensDetails = d
+			var seenDetail seenKeys
+			return s.object(func(key []byte) bool {
+				if keyIs(key, "cached_tokens") {
+					return seenDetail.once(0) && s.readInt(&d.CachedTokens)
+				}
+				return s.skip(depth + 2)
+			})
 		}
-		return ok
+		return s.skip(depth + 1)
 	})
-	return u, ok && (complete || isNull(p))
 }
 
 // UsageOf reads the top-level usage member of a chunk, a response or a done
 // payload (nil when there is none, or it is null or malformed); the scan skips
 // the rest (choices, a whole completion) without decoding it.
 func UsageOf(b []byte) *Usage {
-	var raw []byte
-	if !jsonscan.Members(b, func(k, v []byte) bool {
-		if bytes.EqualFold(jsonscan.Key(k), []byte("usage")) {
-			raw = v // the last one wins, as in encoding/json
+	s := scanner{b: b}
+	var u *Usage
+	ok := s.object(func(key []byte) bool {
+		if !keyIs(key, "usage") {
+			return s.skip(1)
 		}
-		return true
-	}) || raw == nil || isNull(raw) {
+		if u != nil || s.null() {
+			u = nil
+			return false // null, or repeated: no usage to trust
+		}
+		u = &Usage{}
+		return s.readUsage(u, 1)
+	})
+	if !ok || !s.end() {
 		return nil
 	}
-	u, ok := ParseUsage(raw)
-	if !ok {
-		return nil
-	}
-	return &u
+	return u
 }
 
-// readString sets *dst from a JSON value as json.Unmarshal would (null
-// leaves it); ASCII strings without escapes are taken as they are.
-func readString(v []byte, dst *string) bool {
-	if len(v) >= 2 && v[0] == '"' && plainASCII(v) {
-		*dst = string(v[1 : len(v)-1])
-		return true
+// readPayload reads an object (or null) whose members fn reads; fn calls
+// once(i) for its i-th known key, which fails the second time.
+func readPayload(p []byte, fn func(s *scanner, key []byte, once func(int) bool) bool) bool {
+	s := scanner{b: p}
+	if s.null() {
+		return s.end()
 	}
-	if string(v) == "null" {
-		return true
-	}
-	return json.Unmarshal(v, dst) == nil
+	var seen seenKeys
+	once := seen.once
+	return s.object(func(key []byte) bool { return fn(&s, key, once) }) && s.end()
 }
 
-// isNull: a JSON null, which json.Unmarshal takes as "nothing to set".
-func isNull(p []byte) bool { return string(bytes.TrimSpace(p)) == "null" }
+// seenKeys records the known keys of an object read so far.
+type seenKeys uint32
 
-func plainASCII(v []byte) bool {
-	for _, c := range v {
-		if c == '\\' || c >= 0x80 {
-			return false
-		}
-	}
-	return true
-}
-
-// readInt sets *dst from a JSON value as json.Unmarshal would (null leaves
-// it; a fraction, an exponent or an overflow is an error).
-func readInt(v []byte, dst *int) bool {
-	if string(v) == "null" {
-		return true
-	}
-	n, err := strconv.ParseInt(string(v), 10, strconv.IntSize)
-	if err != nil {
+// once marks key i seen and reports whether it was not already.
+func (k *seenKeys) once(i int) bool {
+	if *k&(1<<i) != 0 {
 		return false
 	}
-	*dst = int(n)
+	*k |= 1 << i
 	return true
+}
+
+// readString reads a string, or null (which leaves dst).
+func (s *scanner) readString(dst *string) bool {
+	switch s.peek() {
+	case 'n':
+		return s.lit("null")
+	case '"':
+		raw, ok := s.rawString()
+		if ok {
+			*dst = jsonString(raw)
+		}
+		return ok
+	}
+	return false
+}
+
+// readInt reads an integer as encoding/json reads one into an int, or null
+// (which leaves dst).
+func (s *scanner) readInt(dst *int) bool {
+	if s.null() {
+		return true
+	}
+	text, ok := s.number()
+	if !ok {
+		return false
+	}
+	n, ok := parseInt(text)
+	if ok {
+		*dst = n
+	}
+	return ok
 }
 
 // appendJSONString appends s quoted; strings that need escaping (never ids

@@ -1,8 +1,11 @@
 package schemas
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -34,11 +37,14 @@ func TestAppendPayloads(t *testing.T) {
 	}
 }
 
-// The readers agree with encoding/json on valid JSON (see the fuzz tests).
+// The readers agree with an exact-key decoding by encoding/json on valid JSON
+// (see the fuzz tests).
 func TestParsePayloads(t *testing.T) {
 	for _, in := range []string{
 		`{"request_id":"req-1","worker":"w-1","cancel":"c","running":2}`,
 		`{"Worker":"W","cancel":"c\u0041","extra":[1,{"worker":"no"}],"worker":"last"}`,
+		`{"worker":"a","worker":"b","wor\u006ber":"c"}`,
+		`{"prompt_tokens_details":{"cached_tokens":1},"prompt_tokens_details":{"Cached_Tokens":2}}`,
 		`{"request_id":null,"running":null}`,
 		`{"request_id":5}`,
 		`{"running":1.5}`,
@@ -65,7 +71,7 @@ func checkPayloads(t *testing.T, in []byte) {
 	}
 	check := func(name string, got any, ok bool, want any) {
 		t.Helper()
-		werr := json.Unmarshal(in, want)
+		werr := exactDecode(in, want)
 		w := reflect.ValueOf(want).Elem().Interface()
 		if ok != (werr == nil) || ok && !reflect.DeepEqual(got, w) {
 			t.Errorf("%s %q: got %+v %v, encoding/json %+v %v", name, in, got, ok, w, werr)
@@ -84,4 +90,52 @@ func FuzzParsePayloads(f *testing.F) {
 	f.Add([]byte(`{"WORKER":"a\"b","cancel":null,"Running":-2}`))
 	f.Add([]byte(`{"prompt_tokens":3,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":2}}`))
 	f.Fuzz(func(t *testing.T, in []byte) { checkPayloads(t, in) })
+}
+
+// exactDecode decodes in into the struct dst points to as encoding/json
+// would with exact key matching (a map decoding per level, then each
+// field's value), refusing a repeated field.
+func exactDecode(in []byte, dst any) error {
+	v := reflect.ValueOf(dst).Elem()
+	var members map[string]json.RawMessage
+	if err := json.Unmarshal(in, &members); err != nil {
+		return err
+	}
+	if members == nil { // null
+		return nil
+	}
+	var root node
+	if d := json.NewDecoder(bytes.NewReader(in)); true {
+		root, _ = decodeNode(d)
+	}
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ",")
+		if len(root.get(name)) > 1 {
+			return fmt.Errorf("repeated key %q", name)
+		}
+		raw, ok := members[name]
+		if !ok {
+			continue
+		}
+		f := v.Field(i)
+		switch {
+		case f.Kind() == reflect.Pointer && f.Type().Elem().Kind() == reflect.Struct:
+			if string(raw) == "null" {
+				f.SetZero()
+				continue
+			}
+			if f.IsNil() {
+				f.Set(reflect.New(f.Type().Elem()))
+			}
+			if err := exactDecode(raw, f.Interface()); err != nil {
+				return err
+			}
+		default:
+			if err := json.Unmarshal(raw, f.Addr().Interface()); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

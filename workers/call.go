@@ -76,6 +76,14 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	case !c.req.Deadline.IsZero() && time.Now().After(c.req.Deadline):
 		return c, schemas.Timeout("the request's deadline passed before a worker took it")
 	}
+	// The body is read here once, by the reader every process uses; the
+	// engine decides on this view (a gateway has checked the body already,
+	// a NATS-native client's gets its 400 here).
+	view, rerr := schemas.ReadRequest(c.req.Kind, m.Data, c.req.Model)
+	if rerr != nil {
+		return c, rerr
+	}
+	c.req.View = view
 	w.mu.Lock()
 	if _, dup := w.inflight[c.req.ID]; dup {
 		w.mu.Unlock()

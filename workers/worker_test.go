@@ -120,7 +120,7 @@ func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string
 	for k, v := range hdr {
 		h.Set(k, v)
 	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(`{}`)}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -187,7 +187,7 @@ func TestCapBouncesOrRefuses(t *testing.T) {
 	second := send(t, nc, schemas.WorkSubject("w1"), "r2", map[string]string{schemas.HdrBounce: "bounce.here"})
 	select {
 	case m := <-bounced:
-		if m.Header.Get(schemas.HdrRequestID) != "r2" || string(m.Data) != `{}` || m.Reply == "" {
+		if m.Header.Get(schemas.HdrRequestID) != "r2" || !strings.HasPrefix(string(m.Data), `{"model":"m"`) || m.Reply == "" {
 			t.Fatalf("bounced message %+v", m)
 		}
 	case <-time.After(2 * time.Second):
@@ -366,7 +366,7 @@ func testMultiplexedReplies(t *testing.T, linger time.Duration, finish bool) {
 		h.Set(schemas.HdrKind, "chat")
 		h.Set(schemas.HdrModel, "m")
 		h.Set(schemas.HdrMux, "1")
-		nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: fmt.Sprintf("_INBOX.gw.s%d", i), Header: h, Data: []byte(`{}`)})
+		nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: fmt.Sprintf("_INBOX.gw.s%d", i), Header: h, Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)})
 	}
 	testenv.WaitFor(t, 3*time.Second, func() error {
 		mu.Lock()

@@ -12,12 +12,17 @@ import (
 
 // Request is one OpenAI request as the worker hands it to an engine.
 type Request struct {
-	ID          string       // tokenbus request id
-	Kind        schemas.Kind // chat or completion
-	Model       string       // the model the client named (a base model or an adapter)
-	Body        []byte       // the client's JSON, byte for byte; unknown fields must survive
-	Deadline    time.Time    // zero: none
-	TraceParent string       // W3C trace context, to pass on to HTTP engines
+	ID    string       // tokenbus request id
+	Kind  schemas.Kind // chat or completion
+	Model string       // the model the client named (a base model or an adapter)
+	Body  []byte       // the client's JSON, byte for byte; unknown fields must survive
+	// View is Body as schemas.ReadRequest read it: the worker reads each
+	// body once and engines decide on the view, never on a reading of their
+	// own. Nil only when an engine is called directly (tests); engines then
+	// read Body with schemas.ReadRequest themselves.
+	View        *schemas.Request
+	Deadline    time.Time // zero: none
+	TraceParent string    // W3C trace context, to pass on to HTTP engines
 }
 
 // Sink receives a request's output. An engine calls it from one goroutine at

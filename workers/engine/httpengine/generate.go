@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/tokenbus/tokenbus/internal/jsonscan"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -78,6 +76,10 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		cancel(nil)
 	}()
 
+	stream, err := isStream(req)
+	if err != nil {
+		return nil, err
+	}
 	hreq, err := e.newRequest(rctx, http.MethodPost, path, req.Body)
 	if err != nil {
 		return nil, schemas.Internal("building the engine request: %v", err)
@@ -92,7 +94,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	// A streaming server sends its headers at once, a non-stream one only
 	// with the whole completion: the wait for them differs.
 	wait, why := e.cfg.ResponseTimeout, errSlow
-	if topLevelTrue(req.Body, "stream") {
+	if stream {
 		wait, why = e.cfg.StallTimeout, errStalled
 	}
 	timer := time.AfterFunc(wait, func() { cancel(why(wait)) })
@@ -352,13 +354,11 @@ func quoted(d, pat []byte) int {
 
 // isErrorChunk tells an error object from a chunk with "error": null.
 func isErrorChunk(d []byte) bool {
-	var v struct {
-		Error json.RawMessage `json:"error"`
-	}
-	if json.Unmarshal(d, &v) != nil {
+	var c schemas.Chunk
+	if schemas.ReadChunk(d, &c) != nil {
 		return false
 	}
-	return len(v.Error) > 0 && !bytes.Equal(v.Error, []byte("null"))
+	return len(c.Error) > 0 && !bytes.Equal(c.Error, []byte("null"))
 }
 
 // activityReader notes on its idle timer when bytes arrive.
@@ -437,15 +437,15 @@ func (e *Engine) failure(ctx, rctx context.Context, err error, started bool) err
 	return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s is unreachable: %v", e.name, e.base, err)
 }
 
-// topLevelTrue reports whether the JSON object b has key set to true at its
-// top level, without decoding it.
-func topLevelTrue(b []byte, key string) bool {
-	found := false
-	jsonscan.Members(b, func(k, v []byte) bool {
-		if string(k) == key {
-			found = string(v) == "true"
-		}
-		return true // the last one wins, as in encoding/json
-	})
-	return found
+// isStream is the request's stream flag, from the worker's reading of the
+// body (or, when called directly, a reading of its own by the same reader).
+func isStream(req *engine.Request) (bool, error) {
+	if req.View != nil {
+		return req.View.Stream, nil
+	}
+	v, err := schemas.ReadRequest(req.Kind, req.Body, req.Model)
+	if err != nil {
+		return false, err
+	}
+	return v.Stream, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -127,6 +128,12 @@ func chat(body string) *engine.Request {
 	reqSeq.n++
 	id := fmt.Sprintf("req-%d", reqSeq.n)
 	reqSeq.Unlock()
+	// These tests are about the transport: a body that names no messages
+	// gets one, so that it is a chat request every reader accepts.
+	if strings.HasPrefix(body, "{") && !strings.Contains(body, `"messages"`) {
+		body = `{"messages":[{"role":"user","content":"hi"}],` + strings.TrimPrefix(body, "{")
+		body = strings.Replace(body, `,}`, `}`, 1)
+	}
 	return &engine.Request{ID: id, Kind: schemas.KindChat, Model: "base", Body: []byte(body)}
 }
 

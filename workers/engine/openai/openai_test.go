@@ -63,7 +63,7 @@ func TestOpenAI(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		e.Generate(ctx, &engine.Request{ID: "slow", Kind: schemas.KindChat, Model: "llama",
-			Body: []byte(`{"model":"llama","stream":true,"x_fake":{"mode":"slow"}}`)}, &countSink{})
+			Body: []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true,"x_fake":{"mode":"slow"}}`)}, &countSink{})
 		close(done)
 	}()
 	eventually(t, func() bool { return e.Stats().Running == 1 }, "stats %+v", e.Stats())
@@ -95,7 +95,7 @@ func TestOpenAIWrongKeyAndStaticModels(t *testing.T) {
 	if !slices.Equal(e.Models(), []string{"served-name"}) {
 		t.Errorf("models %v", e.Models())
 	}
-	_, err = e.Generate(t.Context(), &engine.Request{ID: "y", Kind: schemas.KindChat, Model: "llama", Body: []byte(`{"model":"llama"}`)}, &countSink{})
+	_, err = e.Generate(t.Context(), &engine.Request{ID: "y", Kind: schemas.KindChat, Model: "llama", Body: []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)}, &countSink{})
 	if se, ok := err.(*schemas.Error); !ok || se.Status != 401 || se.Body.Type != schemas.TypeAuthentication {
 		t.Errorf("%v", err)
 	}

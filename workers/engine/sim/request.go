@@ -2,7 +2,6 @@ package sim
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -94,13 +93,20 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	default:
 		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
 	}
-	var b body
-	if err := json.Unmarshal(req.Body, &b); err != nil {
-		return nil, typeError("", err)
+	b := req.View
+	if b == nil { // called directly, not by a worker or the sim-server
+		dflt := req.Model
+		if dflt == "" {
+			dflt = e.cfg.Model
+		}
+		var rerr *schemas.Error
+		if b, rerr = schemas.ReadRequest(req.Kind, req.Body, dflt); rerr != nil {
+			return nil, rerr
+		}
 	}
 	model := req.Model
-	if model == "" && b.Model != nil {
-		model = *b.Model
+	if model == "" {
+		model = b.Model
 	}
 	adapterName, err := e.resolve(model)
 	if err != nil {
@@ -110,55 +116,27 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		model = e.cfg.Model
 	}
 
-	n := 1
-	if b.N != nil {
-		switch {
-		case *b.N < 1:
-			return nil, schemas.BadRequest("n", "n must be at least 1, got %d.", *b.N)
-		case *b.N > int64(e.cfg.MaxN):
-			return nil, schemas.BadRequest("n", "n must be at most %d, got %d.", e.cfg.MaxN, *b.N)
-		}
-		n = int(*b.N)
+	// The view's values are valid for any engine; these are this model's limits.
+	n := b.N
+	if n > e.cfg.MaxN {
+		return nil, schemas.BadRequest("n", "n must be at most %d, got %d.", e.cfg.MaxN, n)
 	}
-	maxTokens, mtParam := b.MaxTokens, "max_tokens"
-	if chat && b.MaxCompletionTokens != nil {
-		maxTokens, mtParam = b.MaxCompletionTokens, "max_completion_tokens"
+	maxTokens := b.MaxTokens // 0: none
+	if !chat && maxTokens == 0 {
+		maxTokens = 16 // vLLM's default for completions
 	}
-	if maxTokens != nil && *maxTokens < 1 {
-		return nil, schemas.BadRequest(mtParam, "%s must be at least 1, got %d.", mtParam, *maxTokens)
+	if maxTokens > 0 && b.MinTokens > maxTokens {
+		return nil, schemas.BadRequest("min_tokens", "min_tokens must be less than or equal to max_tokens=%d, got %d.", maxTokens, b.MinTokens)
 	}
-	if !chat && maxTokens == nil {
-		sixteen := int64(16) // vLLM's default for completions
-		maxTokens = &sixteen
-	}
-	minTokens := 0
-	if b.MinTokens != nil {
-		if *b.MinTokens < 0 {
-			return nil, schemas.BadRequest("min_tokens", "min_tokens must be greater than or equal to 0, got %d.", *b.MinTokens)
-		}
-		if maxTokens != nil && *b.MinTokens > *maxTokens {
-			return nil, schemas.BadRequest("min_tokens", "min_tokens must be less than or equal to max_tokens=%d, got %d.", *maxTokens, *b.MinTokens)
-		}
-		minTokens = int(*b.MinTokens)
-	}
-	stopList, serr := stops(b.Stop)
-	if serr != nil {
-		return nil, serr
-	}
-	stream := b.Stream != nil && *b.Stream
-	if b.StreamOptions != nil && !stream {
-		return nil, schemas.BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
-	}
+	minTokens := b.MinTokens
+	stopList := b.Stop
+	stream := b.Stream
 
 	var promptIDs [][]uint32
 	promptParam := "prompt"
 	if chat {
 		promptParam = "messages"
-		ids, perr := chatPrompt(b.Messages)
-		if perr != nil {
-			return nil, perr
-		}
-		promptIDs = [][]uint32{ids}
+		promptIDs = [][]uint32{chatPrompt(b.Messages)}
 	} else {
 		var perr *schemas.Error
 		if promptIDs, perr = completionPrompts(b.Prompt); perr != nil {
@@ -168,15 +146,15 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	limit := e.cfg.MaxModelLen
 	for _, ids := range promptIDs {
 		p := len(ids)
-		if maxTokens == nil && p >= limit {
+		if maxTokens == 0 && p >= limit {
 			return nil, contextError(promptParam, fmt.Sprintf(
 				"This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.",
 				limit, p))
 		}
-		if maxTokens != nil && int64(p)+*maxTokens > int64(limit) {
+		if maxTokens > 0 && p+maxTokens > limit {
 			return nil, contextError(promptParam, fmt.Sprintf(
 				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				limit, int64(p)+*maxTokens, p, *maxTokens))
+				limit, p+maxTokens, p, maxTokens))
 		}
 	}
 
@@ -186,8 +164,8 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		sink:         sink,
 		chat:         chat,
 		stream:       stream,
-		includeUsage: stream && b.StreamOptions != nil && (b.StreamOptions.IncludeUsage == nil || *b.StreamOptions.IncludeUsage),
-		includeStop:  b.IncludeStopStr != nil && *b.IncludeStopStr,
+		includeUsage: b.IncludeUsage,
+		includeStop:  b.IncludeStopStr,
 		stops:        stopList,
 		n:            n,
 		model:        model,
@@ -229,7 +207,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	if adapterName != "" {
 		root = hashString("lora:" + adapterName) // adapters do not share KV blocks with the base model
 	}
-	ignoreEOS := b.IgnoreEOS != nil && *b.IgnoreEOS
+	ignoreEOS := b.IgnoreEOS
 	span := uint64(e.cfg.MaxEOS - e.cfg.MinEOS + 1)
 	for pi, ids := range promptIDs {
 		pr := &r.prompts[pi]
@@ -241,14 +219,14 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			pr.hashes[i] = h
 		}
 		var seed uint64
-		if b.Seed != nil {
-			seed = uint64(*b.Seed)
+		if b.HasSeed {
+			seed = uint64(b.Seed)
 		} else {
 			seed = blockHash(0, ids)
 		}
 		mt := limit - len(ids)
-		if maxTokens != nil {
-			mt = int(*maxTokens)
+		if maxTokens > 0 {
+			mt = maxTokens
 		}
 		for o := 0; o < n; o++ {
 			idx := pi*n + o

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"encoding/json"
 	"strings"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -11,19 +10,16 @@ import (
 // prompt string (cl100k_base); "" has none.
 func (e *Engine) TokenizePrompt(s string) []uint32 { return encode(nil, s) }
 
-// TokenizeChat returns the token ids the engine counts for chat messages:
-// the ChatML template, and with addGenerationPrompt the assistant's
-// generation prompt that Generate always adds. A bad message is a 400
-// *schemas.Error.
-func (e *Engine) TokenizeChat(messages json.RawMessage, addGenerationPrompt bool) ([]uint32, error) {
-	ids, err := chatPrompt(messages)
-	if err != nil {
-		return nil, err
-	}
+// TokenizeChat returns the token ids the engine counts for chat messages
+// (read by schemas.ReadMessages): the ChatML template, and with
+// addGenerationPrompt the assistant's generation prompt that Generate always
+// adds.
+func (e *Engine) TokenizeChat(messages []schemas.Message, addGenerationPrompt bool) []uint32 {
+	ids := chatPrompt(messages)
 	if !addGenerationPrompt {
 		ids = ids[:len(ids)-len(roleTokens()["assistant"])-2] // <|im_start|>assistant\n
 	}
-	return ids, nil
+	return ids
 }
 
 // specialTokens are cl100k_base's special tokens, which the codec does not

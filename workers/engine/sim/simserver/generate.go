@@ -91,11 +91,19 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 	defer s.putBody(bp)
-	model, stream := scanTop(*bp)
-	req := engine.Request{ID: r.Header.Get("X-Request-Id"), Kind: schemas.KindCompletion, Model: model, Body: *bp}
+	kind := schemas.KindCompletion
 	if chat {
-		req.Kind = schemas.KindChat
+		kind = schemas.KindChat
 	}
+	// Read once, with the reader every part of tokenbus uses; the engine
+	// decides on this view. vLLM's "model" is optional: the base model.
+	view, rerr := schemas.ReadRequest(kind, *bp, s.model)
+	if rerr != nil {
+		s.writeError(w, fromError(rerr))
+		return
+	}
+	model, stream := view.Model, view.Stream
+	req := engine.Request{ID: r.Header.Get("X-Request-Id"), Kind: kind, Model: model, Body: *bp, View: view}
 	adapter := ""
 	if model != "" && !s.base[model] {
 		adapter = model

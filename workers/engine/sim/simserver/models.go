@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine/sim"
 )
 
@@ -188,11 +189,12 @@ func (s *Server) serveTokenize(w http.ResponseWriter, r *http.Request) {
 	var ids []uint32
 	switch {
 	case len(req.Messages) > 0 && string(req.Messages) != "null":
-		var err error
-		if ids, err = s.eng.TokenizeChat(req.Messages, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt); err != nil {
+		msgs, err := schemas.ReadMessages(req.Messages)
+		if err != nil {
 			s.writeError(w, fromError(err))
 			return
 		}
+		ids = s.eng.TokenizeChat(msgs, req.AddGenerationPrompt == nil || *req.AddGenerationPrompt)
 	case req.Prompt != nil:
 		ids = s.eng.TokenizePrompt(*req.Prompt)
 	default:

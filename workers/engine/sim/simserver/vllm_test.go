@@ -111,8 +111,8 @@ func TestVLLMEngine(t *testing.T) {
 			status       int
 			msg          string
 		}{
-			{"base", `,"n":0`, 400, "n must be at least 1, got 0."},
-			{"base", `,"n":0,"stream":true`, 400, "n must be at least 1, got 0."},
+			{"base", `,"n":0`, 400, "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."},
+			{"base", `,"n":0,"stream":true`, 400, "Invalid 'n': integer below minimum value. Expected a value >= 1, but got 0 instead."},
 			{"nope", `,"stream":true`, 404, "The model `nope` does not exist."},
 		} {
 			_, err := e.Generate(ctx, req(tc.model, tc.extra), &recSink{})
@@ -175,7 +175,9 @@ func TestVLLMEngine(t *testing.T) {
 		sink := &recSink{}
 		errc := make(chan error, 1)
 		go func() {
-			_, err := e.Generate(gctx, req("base", `,"stream":true,"max_tokens":5000`), sink)
+			long := &engine.Request{ID: "t-long", Kind: schemas.KindChat, Model: "base", Body: []byte(
+				`{"model":"base","messages":[{"role":"user","content":"Say something."}],"max_tokens":5000,"ignore_eos":true,"stream":true}`)}
+			_, err := e.Generate(gctx, long, sink)
 			errc <- err
 		}()
 		eventually(t, 5*time.Second, func() bool { return len(sink.all()) > 0 && ts.eng.Stats().Running == 1 }, "not streaming")

@@ -1,0 +1,861 @@
+package schemas
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+)
+
+// Request is what tokenbus reads of an OpenAI chat or completion request: a
+// typed view of every field some part of tokenbus acts on, next to the body
+// itself, which travels on byte for byte (fields tokenbus does not read reach
+// the engine untouched).
+//
+// ReadRequest is the only reader of request bodies: the gateway reads a body
+// once to route, authorise and account it, and the worker, the sim engine,
+// the HTTP engines and the sim-server read it with the same function, so
+// every process gives a body the same meaning. Keys are matched exactly, as
+// OpenAI's and vLLM's parsers match them ("Stream" is not "stream"), and a
+// body that repeats one of the keys below is refused, so no process can take
+// {"max_tokens":5,"max_tokens":300} for 5 while another generates 300.
+type Request struct {
+	Kind Kind
+	Body []byte // the body read; the view's raw parts alias it
+
+	// Model is "model", or the default given to ReadRequest when the body
+	// names none (then ModelDefaulted is set).
+	Model          string
+	ModelDefaulted bool
+
+	Stream bool
+	// StreamOptions: "stream_options" is an object. IncludeUsage: the stream
+	// ends with a usage chunk; as in vLLM, stream_options turns it on unless
+	// include_usage is false.
+	StreamOptions bool
+	IncludeUsage  bool
+
+	// MaxTokens is the completion's length limit, 0 when none is set: for
+	// chat max_completion_tokens, else the deprecated max_tokens (vLLM's
+	// order); MaxTokensParam names the field it came from.
+	MaxTokens      int
+	MaxTokensParam string
+	MinTokens      int
+	N              int // choices per prompt, at least 1
+	Seed           int
+	HasSeed        bool
+	Stop           []string
+	IgnoreEOS      bool
+	IncludeStopStr bool // include_stop_str_in_output
+	Priority       int  // vLLM's priority: lower runs first
+	User           string
+
+	Messages []Message // chat: at least one
+	Prompt   Prompt    // completion
+}
+
+// Message is one chat message: its role, and its content as it came (a
+// string, null, or an array of content parts), read by Text.
+type Message struct {
+	Role    string
+	content []byte // raw JSON value; nil when absent or null
+}
+
+// Prompt is a completion request's prompt: a string, an array of strings,
+// an array of token ids or an array of arrays of token ids.
+type Prompt struct {
+	shape promptShape
+	n     int
+	raw   []byte
+}
+
+type promptShape uint8
+
+const (
+	promptNone promptShape = iota
+	promptString
+	promptStrings
+	promptTokens
+	promptTokenLists
+)
+
+// The fields ReadRequest reads, in the order of the bits of its duplicate check.
+type field uint8
+
+const (
+	fModel field = iota
+	fStream
+	fStreamOptions
+	fMaxTokens
+	fMaxCompletionTokens
+	fMinTokens
+	fN
+	fSeed
+	fStop
+	fIgnoreEOS
+	fIncludeStopStr
+	fPriority
+	fUser
+	fMessages
+	fPrompt
+)
+
+var fieldNames = [...]string{
+	fModel: "model", fStream: "stream", fStreamOptions: "stream_options", fMaxTokens: "max_tokens",
+	fMaxCompletionTokens: "max_completion_tokens", fMinTokens: "min_tokens", fN: "n", fSeed: "seed",
+	fStop: "stop", fIgnoreEOS: "ignore_eos", fIncludeStopStr: "include_stop_str_in_output",
+	fPriority: "priority", fUser: "user", fMessages: "messages", fPrompt: "prompt",
+}
+
+// lookupField returns the field a raw key names for kind, or false: keys
+// match exactly, escapes decoded, and a field of the other kind (messages in
+// a completion) is not one.
+func lookupField(kind Kind, raw []byte) (field, bool) {
+	key := raw
+	if hasEscape(raw) {
+		var buf [64]byte
+		key = appendUnescaped(buf[:0], raw)
+	}
+	var f field
+	switch string(key) { // no allocation
+	case "model":
+		f = fModel
+	case "stream":
+		f = fStream
+	case "stream_options":
+		f = fStreamOptions
+	case "max_tokens":
+		f = fMaxTokens
+	case "max_completion_tokens":
+		f = fMaxCompletionTokens
+	case "min_tokens":
+		f = fMinTokens
+	case "n":
+		f = fN
+	case "seed":
+		f = fSeed
+	case "stop":
+		f = fStop
+	case "ignore_eos":
+		f = fIgnoreEOS
+	case "include_stop_str_in_output":
+		f = fIncludeStopStr
+	case "priority":
+		f = fPriority
+	case "user":
+		f = fUser
+	case "messages":
+		f = fMessages
+	case "prompt":
+		f = fPrompt
+	default:
+		return 0, false
+	}
+	switch f {
+	case fMessages, fMaxCompletionTokens:
+		return f, kind == KindChat
+	case fPrompt:
+		return f, kind == KindCompletion
+	}
+	return f, true
+}
+
+// ReadRequest reads body, a request of kind, into its view, or says with a
+// 400 what is wrong with it: malformed JSON, not an object, a repeated key,
+// a field of the wrong type, a missing required field (model unless
+// defaultModel is set, messages or prompt), a value out of range (n,
+// max_tokens, min_tokens below their minimum, an empty messages or prompt
+// array, an empty stop string) or stream_options without stream. Limits of
+// one engine (context length, vocabulary, the largest n) are the engine's to
+// check. A body with several faults gets the first type or duplicate error,
+// else the first missing or out-of-range one; a malformed body is always
+// reported as malformed.
+func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error) {
+	if !kind.Valid() {
+		return nil, BadRequest("", "Unknown request kind %q.", kind)
+	}
+	r := reader{s: scanner{b: body}}
+	switch r.s.peek() {
+	case 0:
+		return nil, BadRequest("", "The request body is empty; expected a JSON object.")
+	case '{':
+	default:
+		if validJSON(body) {
+			return nil, BadRequest("", "The request body must be a JSON object.")
+		}
+		return nil, malformed(body)
+	}
+	req := &Request{Kind: kind, Body: body, N: 1}
+	var seen uint32
+	var maxTokens, maxCompletion int
+	var hasMin bool
+	ok := r.s.object(func(key []byte) bool {
+		f, known := lookupField(kind, key)
+		if !known {
+			return r.s.skip(1)
+		}
+		if seen&(1<<f) != 0 {
+			r.fail(BadRequest(fieldNames[f], "Duplicate key '%s' in the request body.", fieldNames[f]))
+			return r.s.skip(1)
+		}
+		seen |= 1 << f
+		name := fieldNames[f]
+		switch f {
+		case fModel:
+			return r.str(f, &req.Model)
+		case fStream:
+			return r.boolean(f, name, 1, &req.Stream)
+		case fStreamOptions:
+			return r.streamOptions(req)
+		case fMaxTokens:
+			return r.integer(f, &maxTokens, nil)
+		case fMaxCompletionTokens:
+			return r.integer(f, &maxCompletion, nil)
+		case fMinTokens:
+			return r.integer(f, &req.MinTokens, &hasMin)
+		case fN:
+			return r.integer(f, &req.N, nil)
+		case fSeed:
+			return r.integer(f, &req.Seed, &req.HasSeed)
+		case fStop:
+			return r.stop(&req.Stop)
+		case fIgnoreEOS:
+			return r.boolean(f, name, 1, &req.IgnoreEOS)
+		case fIncludeStopStr:
+			return r.boolean(f, name, 1, &req.IncludeStopStr)
+		case fPriority:
+			return r.integer(f, &req.Priority, nil)
+		case fUser:
+			return r.str(f, &req.User)
+		case fMessages:
+			return r.messages(&req.Messages)
+		case fPrompt:
+			return r.prompt(&req.Prompt)
+		}
+		return r.s.skip(1)
+	})
+	if !ok || !r.s.end() {
+		return nil, malformed(body)
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+
+	// The types are right; now what is missing or out of range.
+	absent := func(f field) bool { return seen&(1<<f) == 0 || r.nulls[f] }
+	switch {
+	case seen&(1<<fModel) != 0 && req.Model == "": // "" or null: named, but nothing
+		return nil, BadRequest("model", "You must provide a model parameter.")
+	case req.Model != "":
+	case defaultModel != "":
+		req.Model, req.ModelDefaulted = defaultModel, true
+	default:
+		return nil, BadRequest("model", "You must provide a model parameter.")
+	}
+	switch {
+	case kind == KindChat && absent(fMessages):
+		return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+	case kind == KindChat && len(req.Messages) == 0:
+		return nil, emptyArray("messages")
+	case kind == KindCompletion && absent(fPrompt):
+		return nil, BadRequest("prompt", "Missing required parameter: 'prompt'.")
+	case kind == KindCompletion && req.Prompt.n == 0:
+		return nil, emptyArray("prompt")
+	case r.later != nil:
+		return nil, r.later
+	case req.StreamOptions && !req.Stream:
+		return nil, BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+	case req.N < 1:
+		return nil, belowMin("n", req.N, 1)
+	case !absent(fMaxTokens) && maxTokens < 1:
+		return nil, belowMin("max_tokens", maxTokens, 1)
+	case !absent(fMaxCompletionTokens) && maxCompletion < 1:
+		return nil, belowMin("max_completion_tokens", maxCompletion, 1)
+	}
+	if !req.Stream {
+		req.IncludeUsage = false
+	}
+	switch {
+	case !absent(fMaxCompletionTokens):
+		req.MaxTokens, req.MaxTokensParam = maxCompletion, "max_completion_tokens"
+	case !absent(fMaxTokens):
+		req.MaxTokens, req.MaxTokensParam = maxTokens, "max_tokens"
+	}
+	if hasMin {
+		if req.MinTokens < 0 {
+			return nil, belowMin("min_tokens", req.MinTokens, 0)
+		}
+		if req.MaxTokens > 0 && req.MinTokens > req.MaxTokens {
+			return nil, BadRequest("min_tokens", "Invalid 'min_tokens': it must be at most %s=%d, but got %d instead.",
+				req.MaxTokensParam, req.MaxTokens, req.MinTokens)
+		}
+	}
+	return req, nil
+}
+
+// ReadMessages reads a chat messages array on its own, with ReadRequest's
+// rules: bodies that are not completion requests (vLLM's /tokenize) carry
+// one too.
+func ReadMessages(raw []byte) ([]Message, *Error) {
+	r := reader{s: scanner{b: raw}}
+	var msgs []Message
+	if !r.messages(&msgs) || !r.s.end() {
+		return nil, malformed(raw)
+	}
+	switch {
+	case r.err != nil:
+		return nil, r.err
+	case r.nulls[fMessages]:
+		return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+	case len(msgs) == 0:
+		return nil, emptyArray("messages")
+	case r.later != nil:
+		return nil, r.later
+	}
+	return msgs, nil
+}
+
+// reader is ReadRequest's state: the scanner and the first error found on
+// the way, reported once the whole body is known to be well formed: err for
+// a wrong type or a repeated key, later for a missing or empty value inside
+// messages or stop (reported after the top-level checks).
+type reader struct {
+	s     scanner
+	err   *Error
+	later *Error
+	nulls [fPrompt + 1]bool // the field was null
+}
+
+// notTop stands for "not a top-level field" where a helper takes a field.
+const notTop field = 255
+
+func (r *reader) fail(e *Error) {
+	if r.err == nil {
+		r.err = e
+	}
+}
+
+func (r *reader) failLater(e *Error) {
+	if r.later == nil {
+		r.later = e
+	}
+}
+
+// mismatch records that the value at param (depth containers deep) is not
+// of the type want and consumes it; false only if it is malformed.
+func (r *reader) mismatch(param, want string, depth int) bool {
+	v, ok := r.s.value(depth)
+	if !ok {
+		return false
+	}
+	r.fail(BadRequest(param, "Invalid type for '%s': expected %s, but got %s instead.", param, want, kindOf(v[0])))
+	return true
+}
+
+// null consumes a null if one is next and records it for field f.
+func (r *reader) null(f field) bool {
+	if !r.s.null() {
+		return false
+	}
+	if f != notTop {
+		r.nulls[f] = true
+	}
+	return true
+}
+
+// str reads a top-level string field.
+func (r *reader) str(f field, dst *string) bool {
+	if r.null(f) {
+		return true
+	}
+	if r.s.peek() != '"' {
+		return r.mismatch(fieldNames[f], "a string", 1)
+	}
+	raw, ok := r.s.rawString()
+	if ok {
+		*dst = jsonString(raw)
+	}
+	return ok
+}
+
+// boolean reads a boolean; param names it, f is its field (or notTop).
+func (r *reader) boolean(f field, param string, depth int, dst *bool) bool {
+	switch r.s.peek() {
+	case 't':
+		*dst = true
+		return r.s.lit("true")
+	case 'f':
+		*dst = false
+		return r.s.lit("false")
+	case 'n':
+		if r.null(f) {
+			return true
+		}
+	}
+	return r.mismatch(param, "a boolean", depth)
+}
+
+// integer reads a top-level integer field; has, if set, reports that one
+// was there (not null).
+func (r *reader) integer(f field, dst *int, has *bool) bool {
+	param := fieldNames[f]
+	c := r.s.peek()
+	if c == 'n' && r.null(f) {
+		return true
+	}
+	if c != '-' && (c < '0' || c > '9') {
+		return r.mismatch(param, "an integer", 1)
+	}
+	text, ok := r.s.number()
+	if !ok {
+		return false
+	}
+	n, isInt := parseInt(text)
+	switch {
+	case isInt:
+		*dst = n
+		if has != nil {
+			*has = true
+		}
+	case isDecimal(text):
+		r.fail(BadRequest(param, "Invalid type for '%s': expected an integer, but got a decimal number instead.", param))
+	default:
+		r.fail(BadRequest(param, "Invalid '%s': integer out of range.", param))
+	}
+	return true
+}
+
+func isDecimal(text []byte) bool {
+	for _, c := range text {
+		if c == '.' || c == 'e' || c == 'E' {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *reader) streamOptions(req *Request) bool {
+	if r.null(fStreamOptions) {
+		return true
+	}
+	if r.s.peek() != '{' {
+		return r.mismatch("stream_options", "an object", 1)
+	}
+	req.StreamOptions, req.IncludeUsage = true, true
+	seen := false
+	return r.s.object(func(key []byte) bool {
+		if !keyIs(key, "include_usage") {
+			return r.s.skip(2)
+		}
+		const param = "stream_options.include_usage"
+		if seen {
+			r.fail(BadRequest(param, "Duplicate key 'include_usage' in 'stream_options'."))
+			return r.s.skip(2)
+		}
+		seen = true
+		inc := true // null: vLLM's default, usage on
+		if !r.boolean(notTop, param, 2, &inc) {
+			return false
+		}
+		req.IncludeUsage = inc
+		return true
+	})
+}
+
+// stop reads a string or an array of strings; none may be empty.
+func (r *reader) stop(dst *[]string) bool {
+	const param = "stop"
+	const want = "a string or an array of strings"
+	switch r.s.peek() {
+	case 'n':
+		if r.null(fStop) {
+			return true
+		}
+	case '"':
+		raw, ok := r.s.rawString()
+		if !ok {
+			return false
+		}
+		*dst = []string{jsonString(raw)}
+	case '[':
+		var out []string
+		bad := false
+		ok := r.s.array(func() bool {
+			if r.s.peek() != '"' {
+				bad = true
+				return r.s.skip(2)
+			}
+			raw, ok := r.s.rawString()
+			out = append(out, jsonString(raw))
+			return ok
+		})
+		if !ok {
+			return false
+		}
+		if bad {
+			r.fail(BadRequest(param, "Invalid type for 'stop': expected %s.", want))
+			return true
+		}
+		*dst = out
+	default:
+		return r.mismatch(param, want, 1)
+	}
+	for _, s := range *dst {
+		if s == "" {
+			r.failLater(BadRequest(param, "Invalid 'stop': stop strings cannot be empty."))
+		}
+	}
+	return true
+}
+
+// messages reads the chat messages: objects with a role (a non-empty
+// string) and a content (a string, null, or an array of content parts, each
+// an object whose type and text are strings when present).
+func (r *reader) messages(dst *[]Message) bool {
+	if r.null(fMessages) {
+		return true
+	}
+	if r.s.peek() != '[' {
+		return r.mismatch("messages", "an array of objects", 1)
+	}
+	out := make([]Message, 0, 8)
+	i := 0
+	ok := r.s.array(func() bool {
+		defer func() { i++ }()
+		if r.s.peek() != '{' {
+			return r.mismatch(indexed("messages", i, ""), "an object", 2)
+		}
+		var m Message
+		var hasRole, hasContent bool
+		ok := r.s.object(func(key []byte) bool {
+			switch {
+			case keyIs(key, "role"):
+				if hasRole {
+					r.fail(BadRequest(indexed("messages", i, "role"), "Duplicate key 'role' in 'messages[%d]'.", i))
+					return r.s.skip(3)
+				}
+				hasRole = true
+				if r.s.peek() != '"' {
+					return r.mismatch(indexed("messages", i, "role"), "a string", 3)
+				}
+				raw, ok := r.s.rawString()
+				m.Role = role(raw)
+				return ok
+			case keyIs(key, "content"):
+				if hasContent {
+					r.fail(BadRequest(indexed("messages", i, "content"), "Duplicate key 'content' in 'messages[%d]'.", i))
+					return r.s.skip(3)
+				}
+				hasContent = true
+				return r.content(i, &m)
+			}
+			return r.s.skip(3)
+		})
+		if ok && m.Role == "" {
+			param := indexed("messages", i, "role")
+			if hasRole {
+				r.failLater(BadRequest(param, "Invalid '%s': empty string.", param))
+			} else {
+				r.failLater(BadRequest(param, "Missing required parameter: '%s'.", param))
+			}
+		}
+		out = append(out, m)
+		return ok
+	})
+	if !ok {
+		return false
+	}
+	*dst = out
+	return true
+}
+
+// content reads the content of message i. Parameter names are made only
+// for errors: most bodies have none, and many messages.
+func (r *reader) content(i int, m *Message) bool {
+	switch r.s.peek() {
+	case 'n':
+		return r.s.lit("null")
+	case '"':
+		start := r.s.i
+		_, ok := r.s.rawString()
+		m.content = r.s.b[start:r.s.i]
+		return ok
+	case '[':
+	default:
+		return r.mismatch(indexed("messages", i, "content"), "a string or an array of content parts", 3)
+	}
+	start := r.s.i
+	j := 0
+	ok := r.s.array(func() bool {
+		defer func() { j++ }()
+		part := func(member string) string { return indexed(indexed("messages", i, "content"), j, member) }
+		if r.s.peek() != '{' {
+			return r.mismatch(part(""), "an object", 4)
+		}
+		var seenType, seenText bool
+		return r.s.object(func(key []byte) bool {
+			var seen *bool
+			var name string
+			switch {
+			case keyIs(key, "type"):
+				seen, name = &seenType, "type"
+			case keyIs(key, "text"):
+				seen, name = &seenText, "text"
+			default:
+				return r.s.skip(5)
+			}
+			if *seen {
+				r.fail(BadRequest(part(name), "Duplicate key '%s' in '%s'.", name, part("")))
+				return r.s.skip(5)
+			}
+			*seen = true
+			if r.s.peek() != '"' {
+				return r.mismatch(part(name), "a string", 5)
+			}
+			_, ok := r.s.rawString()
+			return ok
+		})
+	})
+	m.content = r.s.b[start:r.s.i]
+	return ok
+}
+
+// prompt reads a completion prompt and checks its shape; token ids must be
+// integers (which ones exist is the engine's to say).
+func (r *reader) prompt(p *Prompt) bool {
+	const want = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
+	if r.null(fPrompt) {
+		return true
+	}
+	start := r.s.i
+	switch r.s.peek() {
+	case '"':
+		start = r.s.i
+		_, ok := r.s.rawString()
+		*p = Prompt{shape: promptString, n: 1, raw: r.s.b[start:r.s.i]}
+		return ok
+	case '[':
+	default:
+		return r.mismatch("prompt", want, 1)
+	}
+	start = r.s.i
+	shape, n, bad := promptNone, 0, false
+	ok := r.s.array(func() bool {
+		var s promptShape
+		var ok bool
+		switch r.s.peek() {
+		case '"':
+			s = promptStrings
+			_, ok = r.s.rawString()
+		case '[':
+			s = promptTokenLists
+			ok = r.s.array(func() bool {
+				if !r.tokenID() {
+					bad = true
+					return r.s.skip(3)
+				}
+				return true
+			})
+		default:
+			s = promptTokens
+			if !r.tokenID() {
+				bad = true
+				ok = r.s.skip(2)
+			} else {
+				ok = true
+			}
+		}
+		if shape == promptNone {
+			shape = s
+		} else if s != shape {
+			bad = true
+		}
+		n++
+		return ok
+	})
+	if !ok {
+		return false
+	}
+	if bad {
+		r.fail(BadRequest("prompt", "Invalid type for 'prompt': expected %s.", want))
+		return true
+	}
+	*p = Prompt{shape: shape, n: n, raw: r.s.b[start:r.s.i]}
+	return true
+}
+
+// tokenID consumes an integer; false (nothing consumed) if the next value
+// is not one.
+func (r *reader) tokenID() bool {
+	c := r.s.peek()
+	if c != '-' && (c < '0' || c > '9') {
+		return false
+	}
+	save := r.s.i
+	text, ok := r.s.number()
+	if ok {
+		if _, isInt := parseInt(text); isInt {
+			return true
+		}
+	}
+	r.s.i = save
+	return false
+}
+
+// role is a role's value without allocating for the usual ones.
+func role(raw []byte) string {
+	switch string(raw) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	case "developer":
+		return "developer"
+	case "tool":
+		return "tool"
+	}
+	return jsonString(raw)
+}
+
+func indexed(param string, i int, member string) string {
+	s := param + "[" + itoa(i) + "]"
+	if member != "" {
+		s += "." + member
+	}
+	return s
+}
+
+func itoa(i int) string {
+	var b [20]byte
+	n := len(b)
+	for {
+		n--
+		b[n] = byte('0' + i%10)
+		i /= 10
+		if i == 0 {
+			return string(b[n:])
+		}
+	}
+}
+
+// Text is a message's text: its content if a string, the text of its text
+// parts joined with newlines (as vLLM does for text-only models), or "".
+func (m Message) Text() string {
+	if len(m.content) == 0 {
+		return ""
+	}
+	s := scanner{b: m.content}
+	if s.peek() == '"' {
+		raw, _ := s.rawString()
+		return jsonString(raw)
+	}
+	var out []byte
+	first := true
+	s.array(func() bool {
+		var typ, text []byte
+		var hasText bool
+		s.object(func(key []byte) bool {
+			switch {
+			case keyIs(key, "type"):
+				typ, _ = s.rawString()
+				return true
+			case keyIs(key, "text"):
+				text, _ = s.rawString()
+				hasText = true
+				return true
+			}
+			return s.skip(1)
+		})
+		if hasText && (typ == nil || keyIs(typ, "text")) {
+			if !first {
+				out = append(out, '\n')
+			}
+			first = false
+			out = appendUnescaped(out, text)
+		}
+		return true
+	})
+	return string(out)
+}
+
+// Len is the number of prompts (1 for a string or a list of token ids).
+func (p Prompt) Len() int {
+	switch p.shape {
+	case promptString, promptTokens:
+		return 1
+	}
+	return p.n
+}
+
+// IsText reports whether the prompt is text (a string or strings), not token ids.
+func (p Prompt) IsText() bool { return p.shape == promptString || p.shape == promptStrings }
+
+// Texts returns the prompts of a text prompt, nil for token ids.
+func (p Prompt) Texts() []string {
+	s := scanner{b: p.raw}
+	switch p.shape {
+	case promptString:
+		raw, _ := s.rawString()
+		return []string{jsonString(raw)}
+	case promptStrings:
+		out := make([]string, 0, p.n)
+		s.array(func() bool {
+			s.ws()
+			raw, _ := s.rawString()
+			out = append(out, jsonString(raw))
+			return true
+		})
+		return out
+	}
+	return nil
+}
+
+// TokenIDs returns the prompts of a token-id prompt, nil for text.
+func (p Prompt) TokenIDs() [][]int {
+	s := scanner{b: p.raw}
+	list := func() []int {
+		var ids []int
+		s.array(func() bool {
+			text, _ := s.number()
+			n, _ := parseInt(text)
+			ids = append(ids, n)
+			return true
+		})
+		return ids
+	}
+	switch p.shape {
+	case promptTokens:
+		return [][]int{list()}
+	case promptTokenLists:
+		out := make([][]int, 0, p.n)
+		s.array(func() bool {
+			out = append(out, list())
+			return true
+		})
+		return out
+	}
+	return nil
+}
+
+func belowMin(param string, got, min int) *Error {
+	return BadRequest(param, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", param, min, got)
+}
+
+func emptyArray(param string) *Error {
+	return BadRequest(param, "Invalid '%s': empty array. Expected an array with minimum length 1, but got an empty array instead.", param)
+}
+
+// malformed is the 400 for a body that is not JSON, with encoding/json's
+// description of where it breaks.
+func malformed(body []byte) *Error {
+	var v struct{}
+	err := json.Unmarshal(body, &v)
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return BadRequest("", "We could not parse the JSON body of your request (%v at byte %d). "+
+			"The API expects a JSON payload.", se, se.Offset)
+	}
+	return NewError(http.StatusBadRequest, TypeInvalidRequest, "", "",
+		"We could not parse the JSON body of your request. The API expects a JSON payload.")
+}
