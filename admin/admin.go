@@ -1,5 +1,5 @@
 // Package admin is tokenbus's management API: models and LoRA adapters, the
-// live worker table, API keys and usage. It listens on its own address (like
+// live workers (a fleet.View), API keys and usage. It listens on its own address (like
 // TorchServe's management port), apart from the OpenAI API, and every request
 // needs "Authorization: Bearer <admin token>". JSON in and out; every error
 // is OpenAI's {"error":{"message","type","param","code"}} with its status:
@@ -31,17 +31,17 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/nats-io/nats.go"
 
-	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Config configures the admin API. Token, Store, NC and Table are required.
+// Config configures the admin API. Token, Store, NC and Fleet are required.
 type Config struct {
 	Token string          // the admin bearer token
 	Store *registry.Store // models, adapters, keys, usage
 	NC    *nats.Conn      // events and worker control
-	Table *dispatcher.Table
+	Fleet fleet.View      // the live workers
 	// StoreTimeout bounds each Redis call. Default 5s.
 	StoreTimeout time.Duration
 	// CtlTimeout bounds each control request to a worker (drain, unload).
@@ -63,8 +63,8 @@ func New(cfg Config) (*Server, error) {
 	switch {
 	case cfg.Token == "":
 		return nil, errors.New("admin: an admin token is required")
-	case cfg.Store == nil || cfg.NC == nil || cfg.Table == nil:
-		return nil, errors.New("admin: Store, NC and Table are required")
+	case cfg.Store == nil || cfg.NC == nil || cfg.Fleet == nil:
+		return nil, errors.New("admin: Store, NC and Fleet are required")
 	}
 	if cfg.StoreTimeout <= 0 {
 		cfg.StoreTimeout = 5 * time.Second

@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/admin"
-	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -33,13 +33,13 @@ type world struct {
 	ns    *server.Server
 	nc    *nats.Conn
 	store *registry.Store
-	table *dispatcher.Table
+	fleet *fleet.Fleet
 	url   string
 }
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	w := &world{t: t, redis: testenv.StartRedis(t), ns: testenv.NATS(t), table: dispatcher.NewTable()}
+	w := &world{t: t, redis: testenv.StartRedis(t), ns: testenv.NATS(t), fleet: fleet.New()}
 	w.nc = testenv.Connect(t, w.ns)
 	var err error
 	if w.store, err = registry.Open(context.Background(), w.redis.URL); err != nil {
@@ -48,10 +48,10 @@ func newWorld(t *testing.T) *world {
 	t.Cleanup(func() { w.store.Close() })
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	if err := dispatcher.Watch(ctx, w.nc, w.table); err != nil {
+	if err := fleet.Watch(ctx, w.nc, w.fleet); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := admin.New(admin.Config{Token: token, Store: w.store, NC: w.nc, Table: w.table, CtlTimeout: time.Second})
+	srv, err := admin.New(admin.Config{Token: token, Store: w.store, NC: w.nc, Fleet: w.fleet, CtlTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,19 +98,19 @@ func (w *world) worker(id string, models, adapters []string, mute, fail bool) *f
 	}
 	f.beat(t, models, adapters)
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		for _, x := range w.table.Snapshot() {
+		for _, x := range w.fleet.Workers() {
 			if x.Worker == id && len(x.Models) == len(models) {
 				return nil
 			}
 		}
-		return fmt.Errorf("worker %s not in the table", id)
+		return fmt.Errorf("worker %s not in the fleet", id)
 	})
 	return f
 }
 
 var beatSeq uint64
 
-// beat publishes one heartbeat; a long interval keeps the worker in the table.
+// beat publishes one heartbeat; a long interval keeps the worker in the fleet.
 func (f *fakeWorker) beat(t *testing.T, models, adapters []string) {
 	beatSeq++
 	b, _ := json.Marshal(schemas.Heartbeat{Worker: f.id, Models: models, Adapters: adapters, MaxConcurrency: 8,
@@ -373,7 +373,7 @@ func TestModelsAndAdapters(t *testing.T) {
 	event("lora-b")
 	w1.beat(t, []string{"llama-8b", "lora-b"}, []string{"lora-b"})
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if ms := w.table.ModelsOf("w1"); len(ms) != 2 || ms[1] != "lora-b" {
+		if ms := w.fleet.ModelsOf("w1"); len(ms) != 2 || ms[1] != "lora-b" {
 			return fmt.Errorf("w1 serves %v", ms)
 		}
 		return nil

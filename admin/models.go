@@ -33,10 +33,10 @@ type modelView struct {
 	Workers []string `json:"workers"` // live workers serving it (for an adapter: with it loaded)
 }
 
-// view adds status to registry models, from one snapshot of the table.
+// view adds status to registry models, from one listing of the live workers.
 func (s *Server) view(models ...registry.Model) []modelView {
 	serving := map[string][]string{}
-	for _, w := range s.cfg.Table.Snapshot() {
+	for _, w := range s.cfg.Fleet.Workers() {
 		if w.Draining || !w.Healthy {
 			continue
 		}
@@ -208,7 +208,7 @@ func (s *Server) removed(name string, models []registry.Model) deleted {
 	s.announceModels(name)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	for _, w := range s.cfg.Table.Snapshot() {
+	for _, w := range s.cfg.Fleet.Workers() {
 		for _, a := range adapters {
 			if !slices.Contains(w.Models, a) && !slices.Contains(w.Adapters, a) {
 				continue

@@ -13,7 +13,7 @@ import (
 // max_concurrency, kv_cache_usage, draining, healthy, engine, version) with
 // the load estimate and when it was last heard from.
 func (s *Server) listWorkers(c *fiber.Ctx) error {
-	return c.JSON(newList(s.cfg.Table.Snapshot()))
+	return c.JSON(newList(s.cfg.Fleet.Workers()))
 }
 
 // drained is the answer to a drain.
@@ -37,7 +37,7 @@ func (s *Server) drainWorker(c *fiber.Ctx) error {
 }
 
 func (s *Server) live(id string) bool {
-	for _, w := range s.cfg.Table.Snapshot() {
+	for _, w := range s.cfg.Fleet.Workers() {
 		if w.Worker == id {
 			return true
 		}

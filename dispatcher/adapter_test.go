@@ -16,7 +16,7 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// fakeRegistry is a Models that is also a Registry, as registry.Cache is.
+// fakeRegistry is a Registry with adapters, as registry.Cache may be.
 type fakeRegistry map[string]registry.Model
 
 func (r fakeRegistry) Known(m string) bool { _, ok := r[m]; return ok }
@@ -72,7 +72,7 @@ func (w *fakeWorker) msgs() []*nats.Msg {
 func waitWorkers(t *testing.T, d *Dispatcher, n int) {
 	t.Helper()
 	testenv.WaitFor(t, 2*time.Second, func() error {
-		if got := d.Table().Serving("b"); got != n {
+		if got := d.Fleet().Serving("b"); got != n {
 			return fmt.Errorf("%d workers seen, want %d", got, n)
 		}
 		return nil
@@ -99,7 +99,7 @@ func TestAdapterRoutingPrefersHolder(t *testing.T) {
 			t.Fatalf("forwarded headers %v", m.Header)
 		}
 	}
-	if p := d.Table().Pending("x"); len(p) != 0 {
+	if p := d.Fleet().Pending("x"); len(p) != 0 {
 		t.Fatalf("a load is pending for an adapter already loaded: %v", p)
 	}
 	// A client cannot make a worker load weights of its choosing: the
@@ -162,7 +162,7 @@ func TestAdapterFirstRequestsCoalesce(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("first requests spread over workers %v: each would load the adapter", got)
 	}
-	if p := d.Table().Pending("x"); len(p) != 1 || !strings.HasPrefix(got[0], p[0]+":") {
+	if p := d.Fleet().Pending("x"); len(p) != 1 || !strings.HasPrefix(got[0], p[0]+":") {
 		t.Fatalf("pending %v, routed %v", p, got)
 	}
 }

@@ -1,8 +1,8 @@
 // Package dispatcher routes requests to workers. Any number of dispatchers
-// share the request subjects in a queue group; each keeps its own live worker
-// table from heartbeats and done notices, forwards every request to the
-// least-loaded worker serving its model, and queues it (bounded, priority then
-// FIFO) when every such worker is full.
+// share the request subjects in a queue group; each keeps its own live view of
+// the workers (a fleet.Fleet) from heartbeats and done notices, forwards every
+// request to the least-loaded worker serving its model, and queues it
+// (bounded, priority then FIFO) when every such worker is full.
 package dispatcher
 
 import (
@@ -20,27 +20,25 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Models tells whether a model is known at all, which decides between 404
-// (unknown) and 503 (known, but no worker up). The registry implements it.
+// Registry is the model registry as a dispatcher reads it; registry.Cache
+// implements it.
 //
-// A Models that also implements Registry (registry.Cache does) turns on
-// adapter-aware routing: a request for a registered LoRA adapter goes to a
+// Known tells whether a model is known at all, which decides between 404
+// (unknown) and 503 (known, but no worker up).
+//
+// Get turns on adapter-aware routing: an entry with a Base is a LoRA adapter
+// on that base model, with its weights at Path; a request for it goes to a
 // worker of its base model, preferably one that has it loaded (see
-// Table.AcquireAdapter), and carries the adapter's base and path so that the
-// worker can load it.
-type Models interface {
-	Known(model string) bool
-}
-
-// Registry looks up a registered model; registry.Cache implements it. An
-// entry with a Base is a LoRA adapter on that base model, with its weights
-// at Path.
+// fleet.Fleet.AcquireAdapter), and carries the adapter's base and path so
+// that the worker can load it.
 type Registry interface {
+	Known(model string) bool
 	Get(name string) (registry.Model, bool)
 }
 
@@ -66,7 +64,7 @@ type Config struct {
 	// with Submit; it does not join the queue group on the request subjects
 	// (standalone dispatchers serve NATS-native clients).
 	Embedded bool
-	// AdapterSpill: see Table.AdapterSpill; default 0.5.
+	// AdapterSpill: see fleet.Fleet.AdapterSpill; default 0.5.
 	AdapterSpill float64
 }
 
@@ -98,15 +96,13 @@ func (c *Config) defaults() {
 type Dispatcher struct {
 	cfg    Config
 	nc     *nats.Conn
-	models Models
+	models Registry // nil: every model with no worker is unknown, and no adapter routing
 	log    *slog.Logger
-	table  *Table
+	fleet  *fleet.Fleet
 	m      *metrics
 
 	ready   chan struct{} // closed once Run has subscribed
-	started time.Time     // when Run subscribed: the table fills in the first heartbeat interval
-
-	reg Registry // nil: no adapter-aware routing
+	started time.Time     // when Run subscribed: the fleet fills in the first heartbeat interval
 
 	mu     sync.Mutex
 	queues map[string]*modelQueue
@@ -117,20 +113,17 @@ type Dispatcher struct {
 	adapterQueues map[string]map[string]struct{}
 }
 
-// New makes a dispatcher; Run starts it. models may be nil (every model with
-// no worker is then unknown).
-func New(cfg Config, nc *nats.Conn, models Models, reg prometheus.Registerer, log *slog.Logger) *Dispatcher {
+// New makes a dispatcher; Run starts it. models may be nil: every model with
+// no worker is then unknown, and adapters are not routed as such.
+func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, log *slog.Logger) *Dispatcher {
 	cfg.defaults()
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		table: NewTable(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
+		fleet: fleet.New(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
-	d.table.AdapterSpill = cfg.AdapterSpill
-	if r, ok := models.(Registry); ok {
-		d.reg = r
-	}
+	d.fleet.AdapterSpill = cfg.AdapterSpill
 	return d
 }
 
@@ -140,8 +133,8 @@ func (d *Dispatcher) ID() string { return d.cfg.ID }
 // Ready is closed once the dispatcher takes requests.
 func (d *Dispatcher) Ready() <-chan struct{} { return d.ready }
 
-// Table is the dispatcher's live worker table.
-func (d *Dispatcher) Table() *Table { return d.table }
+// Fleet is the dispatcher's live view of the workers, which it routes on.
+func (d *Dispatcher) Fleet() *fleet.Fleet { return d.fleet }
 
 // Run serves until ctx ends. Requests still queued then are answered 503 so
 // their clients can retry elsewhere at once.
@@ -205,13 +198,13 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
-	hb, joined, ok := d.table.Heartbeat(m.Data, time.Now())
+	hb, joined, ok := d.fleet.Heartbeat(m.Data, time.Now())
 	switch {
 	case !ok:
 		d.log.Warn("bad heartbeat", "subject", m.Subject)
 		return
 	case hb.Draining && hb.Running == 0:
-		return // it left the table
+		return // it left the fleet
 	case joined:
 		d.log.Info("worker joined", "worker", hb.Worker, "models", hb.Models, "max_concurrency", hb.MaxConcurrency)
 	}
@@ -219,12 +212,11 @@ func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
 }
 
 func (d *Dispatcher) onDone(m *nats.Msg) {
-	n, ok := schemas.ParseDoneNotice(m.Data)
+	n, ok := d.fleet.Done(m.Data)
 	if !ok {
 		return
 	}
-	d.table.Finished(n.Worker, n.Running)
-	d.drain(d.table.ModelsOf(n.Worker))
+	d.drain(d.fleet.ModelsOf(n.Worker))
 }
 
 func (d *Dispatcher) onQueueCancel(m *nats.Msg) {
@@ -252,10 +244,10 @@ type request struct {
 // resolve looks the requested model up in the registry: a LoRA adapter
 // comes back with its base and path, anything else as nil.
 func (d *Dispatcher) resolve(model string) *adapterRef {
-	if d.reg == nil {
+	if d.models == nil {
 		return nil
 	}
-	m, ok := d.reg.Get(model)
+	m, ok := d.models.Get(model)
 	if !ok || !m.IsAdapter() || m.Base == model {
 		return nil
 	}
@@ -265,9 +257,9 @@ func (d *Dispatcher) resolve(model string) *adapterRef {
 // acquire picks a worker for r: adapter-aware for an adapter.
 func (d *Dispatcher) acquire(model string, ad *adapterRef, exclude string) (id string, serving int, ok bool) {
 	if ad == nil {
-		return d.table.Acquire(model, exclude)
+		return d.fleet.Acquire(model, exclude)
 	}
-	id, serving, how, ok := d.table.AcquireAdapter(model, ad.base, exclude, time.Now())
+	id, serving, how, ok := d.fleet.AcquireAdapter(model, ad.base, exclude, time.Now())
 	if ok {
 		d.m.adapterRouted.WithLabelValues(how.String()).Inc()
 	}
@@ -350,7 +342,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	d.startSpan(r)
 	from := m.Header.Get(schemas.HdrWorker)
 	if from != "" {
-		d.table.MarkFull(from)
+		d.fleet.MarkFull(from)
 	}
 	if r.attempt > d.cfg.MaxBounces {
 		d.mu.Lock()
@@ -544,7 +536,7 @@ func (d *Dispatcher) fail(span trace.Span, subject string, e *schemas.Error) {
 // sweep forgets silent workers and answers queued requests that waited too long
 // or whose model lost its last worker.
 func (d *Dispatcher) sweep(now time.Time) {
-	for _, id := range d.table.Expire(now) {
+	for _, id := range d.fleet.Expire(now) {
 		d.log.Warn("worker lost: no heartbeat", "worker", id)
 	}
 	type rej struct {
@@ -565,9 +557,9 @@ func (d *Dispatcher) sweep(now time.Time) {
 			default:
 				if serving < 0 {
 					if e.adapter != nil {
-						serving = d.table.ServingAdapter(model, e.adapter.base)
+						serving = d.fleet.ServingAdapter(model, e.adapter.base)
 					} else {
-						serving = d.table.Serving(model)
+						serving = d.fleet.Serving(model)
 					}
 				}
 				if serving > 0 || d.warmingLocked(now) {

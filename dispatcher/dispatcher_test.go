@@ -11,12 +11,17 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
+// knownModels is a registry of base models only: nothing is an adapter.
 type knownModels map[string]bool
 
 func (k knownModels) Known(m string) bool { return k[m] }
+func (k knownModels) Get(m string) (registry.Model, bool) {
+	return registry.Model{Name: m}, k[m]
+}
 
 // fakeWorker is a heartbeat and a work subscription on a real NATS server.
 type fakeWorker struct {
@@ -131,7 +136,7 @@ func TestRouteQueueDrain(t *testing.T) {
 	a := newFakeWorker(t, nc, "a", 1)
 	b := newFakeWorker(t, nc, "b", 1)
 	testenv.WaitFor(t, 2*time.Second, func() error {
-		if d.Table().Serving("m") != 2 {
+		if d.Fleet().Serving("m") != 2 {
 			return fmt.Errorf("workers not seen")
 		}
 		return nil
@@ -215,7 +220,7 @@ func TestBounceGoesElsewhere(t *testing.T) {
 	a := newFakeWorker(t, nc, "a", 4)
 	b := newFakeWorker(t, nc, "b", 4)
 	testenv.WaitFor(t, 2*time.Second, func() error {
-		if d.Table().Serving("m") != 2 {
+		if d.Fleet().Serving("m") != 2 {
 			return fmt.Errorf("workers not seen")
 		}
 		return nil
@@ -253,7 +258,7 @@ func TestReplySubjectMustBeAnInbox(t *testing.T) {
 	d := startDispatcher(t, nc, Config{})
 	w := newFakeWorker(t, nc, "w", 4)
 	testenv.WaitFor(t, 2*time.Second, func() error {
-		if d.Table().Serving("m") != 1 {
+		if d.Fleet().Serving("m") != 1 {
 			return fmt.Errorf("worker not seen")
 		}
 		return nil

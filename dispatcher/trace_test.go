@@ -22,7 +22,7 @@ func TestDispatchSpans(t *testing.T) {
 	d := startDispatcher(t, nc, Config{QueueSize: 1, QueueTimeout: 5 * time.Second})
 	a := newFakeWorker(t, nc, "a", 1)
 	testenv.WaitFor(t, 2*time.Second, func() error {
-		if d.Table().Serving("m") != 1 {
+		if d.Fleet().Serving("m") != 1 {
 			return fmt.Errorf("worker not seen")
 		}
 		return nil

@@ -82,6 +82,11 @@
 // none). Requests that failed or were cancelled do not call OnUsage. Package
 // auth implements both on API keys, rate limits and usage in Redis.
 //
+// Catalog. /v1/models, the choice between 404 (unknown model) and 503 (known,
+// no worker) and /ready come from a Catalog; NewCatalog joins the live workers
+// (a fleet.View: the embedded dispatcher's fleet, or one fed by fleet.Watch)
+// with the registry cache, which may be absent.
+//
 // Metrics are labelled by route pattern and by model only when the catalog
 // knows the model (else "unknown"), so label cardinality stays bounded. Stream
 // metrics (time to first token, inter-token latency, duration, chunks) are

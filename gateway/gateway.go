@@ -19,16 +19,6 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Catalog tells the gateway which models exist and whether anything serves.
-type Catalog interface {
-	// Known reports whether model is registered or served by a live worker.
-	Known(model string) bool
-	// Models lists the servable models, for /v1/models.
-	Models() []schemas.Model
-	// WorkersUp counts live workers, for /ready.
-	WorkersUp() int
-}
-
 // Config tunes a Gateway. Zero values take the defaults shown.
 type Config struct {
 	BodyLimit       int           // bytes; past it 413. Default 8 MiB

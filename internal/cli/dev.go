@@ -194,7 +194,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	// Serve only once the dispatcher knows every worker (their first heartbeat).
-	for deadline := time.Now().Add(5 * time.Second); d.Table().Len() < len(engines) && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); d.Fleet().Len() < len(engines) && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
 	}
 

@@ -59,7 +59,7 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return err
 	}
 	defer nc.Close()
-	var models dispatcher.Models
+	var models dispatcher.Registry
 	if *redisURL != "" {
 		store, err := registry.Open(ctx, *redisURL)
 		if err != nil {

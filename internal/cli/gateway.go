@@ -16,6 +16,7 @@ import (
 	"github.com/tokenbus/tokenbus/auth"
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/gateway"
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
@@ -64,7 +65,7 @@ func (o *gatewayOptions) check(haveRedis bool) error {
 type gatewayDeps struct {
 	nc *nats.Conn
 	// dispatcher, when set, routes the gateway's requests in-process (its
-	// worker table also answers /ready and /v1/models).
+	// fleet also answers /ready, /v1/models and the admin API's /workers).
 	dispatcher *dispatcher.Dispatcher
 	store      *registry.Store // may be nil: no keys, usage or admin API
 	cache      *registry.Cache // may be nil
@@ -83,13 +84,13 @@ type runningGateway struct {
 // o.auth, usage counting when there is a store, and the admin API on o.admin.
 func startGateway(ctx context.Context, o gatewayOptions, deps gatewayDeps) (*runningGateway, error) {
 	copts := client.Options{Logger: deps.log}
-	var table *dispatcher.Table
+	var workers *fleet.Fleet
 	if deps.dispatcher != nil {
-		table = deps.dispatcher.Table()
+		workers = deps.dispatcher.Fleet()
 		copts.Submit = deps.dispatcher.Submit
 	} else {
-		table = dispatcher.NewTable()
-		if err := dispatcher.Watch(ctx, deps.nc, table); err != nil {
+		workers = fleet.New()
+		if err := fleet.Watch(ctx, deps.nc, workers); err != nil {
 			return nil, err
 		}
 	}
@@ -124,12 +125,16 @@ func startGateway(ctx context.Context, o gatewayOptions, deps gatewayDeps) (*run
 			cfg.Authorize = au.Authorize
 		}
 	}
-	g := gateway.New(cfg, cl, &dispatcher.Catalog{Table: table, Registry: deps.cache}, deps.nc, deps.reg, deps.log)
+	var models gateway.Registry
+	if deps.cache != nil {
+		models = deps.cache
+	}
+	g := gateway.New(cfg, cl, gateway.NewCatalog(workers, models), deps.nc, deps.reg, deps.log)
 
 	var adm *admin.Server
 	var admLn net.Listener
 	if o.admin != "" {
-		if adm, err = admin.New(admin.Config{Token: o.adminToken, Store: deps.store, NC: deps.nc, Table: table,
+		if adm, err = admin.New(admin.Config{Token: o.adminToken, Store: deps.store, NC: deps.nc, Fleet: workers,
 			Log: deps.log.With("component", "admin")}); err != nil {
 			return nil, err
 		}
@@ -213,7 +218,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	defer stopDispatcher()
 	dispatcherDone := make(chan struct{})
 	if *embed {
-		var models dispatcher.Models
+		var models dispatcher.Registry
 		if cache != nil {
 			models = cache
 		}

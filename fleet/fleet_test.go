@@ -1,4 +1,4 @@
-package dispatcher
+package fleet
 
 import (
 	"fmt"
@@ -34,11 +34,11 @@ func TestAcquireLeastLoaded(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := NewTable()
+			fl := New()
 			for _, b := range tt.beats {
-				tb.Observe(b, now)
+				fl.Observe(b, now)
 			}
-			id, serving, ok := tb.Acquire(tt.model, tt.exclude)
+			id, serving, ok := fl.Acquire(tt.model, tt.exclude)
 			if id != tt.want || serving != tt.serving || ok != tt.ok {
 				t.Fatalf("Acquire = %q, %d, %v; want %q, %d, %v", id, serving, ok, tt.want, tt.serving, tt.ok)
 			}
@@ -47,12 +47,12 @@ func TestAcquireLeastLoaded(t *testing.T) {
 }
 
 func TestAcquireCountsAndSpreads(t *testing.T) {
-	tb := NewTable()
-	tb.Observe(hb("a", 0, 3, "m"), time.Now())
-	tb.Observe(hb("b", 0, 3, "m"), time.Now())
+	fl := New()
+	fl.Observe(hb("a", 0, 3, "m"), time.Now())
+	fl.Observe(hb("b", 0, 3, "m"), time.Now())
 	got := map[string]int{}
 	for range 6 {
-		id, _, ok := tb.Acquire("m", "")
+		id, _, ok := fl.Acquire("m", "")
 		if !ok {
 			t.Fatal("ran out of capacity early")
 		}
@@ -61,26 +61,26 @@ func TestAcquireCountsAndSpreads(t *testing.T) {
 	if got["a"] != 3 || got["b"] != 3 {
 		t.Fatalf("spread %v, want 3 each", got)
 	}
-	if _, _, ok := tb.Acquire("m", ""); ok {
+	if _, _, ok := fl.Acquire("m", ""); ok {
 		t.Fatal("acquired past capacity")
 	}
-	tb.Finished("a", 1)
-	if id, _, ok := tb.Acquire("m", ""); !ok || id != "a" {
+	fl.Finished("a", 1)
+	if id, _, ok := fl.Acquire("m", ""); !ok || id != "a" {
 		t.Fatalf("after a done notice: %q %v", id, ok)
 	}
-	tb.MarkFull("a")
-	tb.Finished("b", 2)
-	if id, _, _ := tb.Acquire("m", ""); id != "b" {
+	fl.MarkFull("a")
+	fl.Finished("b", 2)
+	if id, _, _ := fl.Acquire("m", ""); id != "b" {
 		t.Fatalf("a bounced, so b should get it, got %q", id)
 	}
 
 	// With capacity to spare, a first-fit choice would pile onto one worker.
-	tb = NewTable()
-	tb.Observe(hb("a", 0, 10, "m"), time.Now())
-	tb.Observe(hb("b", 0, 10, "m"), time.Now())
+	fl = New()
+	fl.Observe(hb("a", 0, 10, "m"), time.Now())
+	fl.Observe(hb("b", 0, 10, "m"), time.Now())
 	got = map[string]int{}
 	for range 6 {
-		id, _, ok := tb.Acquire("m", "")
+		id, _, ok := fl.Acquire("m", "")
 		if !ok {
 			t.Fatal("ran out of capacity early")
 		}
@@ -92,68 +92,46 @@ func TestAcquireCountsAndSpreads(t *testing.T) {
 }
 
 func TestExpireAfterMissedBeats(t *testing.T) {
-	tb := NewTable()
+	fl := New()
 	t0 := time.Now()
-	tb.Observe(hb("a", 0, 1, "m"), t0)
-	tb.Observe(hb("b", 0, 1, "m"), t0.Add(2500*time.Millisecond))
-	if gone := tb.Expire(t0.Add(2900 * time.Millisecond)); len(gone) != 0 {
+	fl.Observe(hb("a", 0, 1, "m"), t0)
+	fl.Observe(hb("b", 0, 1, "m"), t0.Add(2500*time.Millisecond))
+	if gone := fl.Expire(t0.Add(2900 * time.Millisecond)); len(gone) != 0 {
 		t.Fatalf("expired too early: %v", gone)
 	}
-	gone := tb.Expire(t0.Add(3100 * time.Millisecond))
+	gone := fl.Expire(t0.Add(3100 * time.Millisecond))
 	if len(gone) != 1 || gone[0] != "a" {
 		t.Fatalf("gone %v, want [a]", gone)
 	}
-	if tb.Len() != 1 || tb.Serving("m") != 1 {
-		t.Fatalf("len %d serving %d", tb.Len(), tb.Serving("m"))
+	if fl.Len() != 1 || fl.Serving("m") != 1 {
+		t.Fatalf("len %d serving %d", fl.Len(), fl.Serving("m"))
 	}
 }
 
 func TestObserveIgnoresOlderBeat(t *testing.T) {
-	tb := NewTable()
+	fl := New()
 	h := hb("a", 1, 4, "m")
 	h.Seq = 10
-	tb.Observe(h, time.Now())
+	fl.Observe(h, time.Now())
 	old := hb("a", 3, 4, "x")
 	old.Seq = 9
-	tb.Observe(old, time.Now())
-	if tb.Serving("m") != 1 || tb.Serving("x") != 0 {
+	fl.Observe(old, time.Now())
+	if fl.Serving("m") != 1 || fl.Serving("x") != 0 {
 		t.Fatal("an older heartbeat overwrote a newer one")
 	}
 }
 
-func TestQueueOrder(t *testing.T) {
-	q := &modelQueue{}
-	in := []struct {
-		id  string
-		pri int
-	}{{"a", 0}, {"b", 5}, {"c", -1}, {"d", 0}, {"e", 5}}
-	items := map[string]*queued{}
-	for i, x := range in {
-		e := &queued{id: x.id, priority: x.pri, seq: uint64(i)}
-		items[x.id] = e
-		q.push(e)
-	}
-	q.remove(items["d"])
-	var got string
-	for q.Len() > 0 {
-		got += q.pop().id
-	}
-	if got != "cabe" {
-		t.Fatalf("order %q, want cabe (priority, then FIFO; d removed)", got)
-	}
-}
-
 // BenchmarkAcquire is one routing decision (least-loaded choice and count)
-// over a table of 64 workers of one model.
+// over a fleet of 64 workers of one model.
 func BenchmarkAcquire(b *testing.B) {
-	tb := NewTable()
+	fl := New()
 	now := time.Now()
 	for i := range 64 {
-		tb.Observe(hb(fmt.Sprintf("w%02d", i), i%7, 1<<30, "m"), now)
+		fl.Observe(hb(fmt.Sprintf("w%02d", i), i%7, 1<<30, "m"), now)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, _, ok := tb.Acquire("m", ""); !ok {
+		if _, _, ok := fl.Acquire("m", ""); !ok {
 			b.Fatal("no worker")
 		}
 	}

@@ -1,4 +1,4 @@
-package dispatcher
+package fleet
 
 import (
 	"slices"
@@ -67,22 +67,22 @@ func TestAcquireAdapterScoring(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := NewTable()
+			fl := New()
 			for _, w := range tt.workers {
-				tb.Observe(w.beat(), now)
+				fl.Observe(w.beat(), now)
 			}
 			for _, h := range tt.extra {
-				tb.Observe(h, now)
+				fl.Observe(h, now)
 			}
-			id, serving, how, ok := tb.AcquireAdapter("x", "b", tt.exclude, now)
+			id, serving, how, ok := fl.AcquireAdapter("x", "b", tt.exclude, now)
 			if id != tt.want || serving != tt.serving || ok != tt.ok || ok && how != tt.how {
 				t.Fatalf("AcquireAdapter = %q, %d, %v, %v; want %q, %d, %v, %v", id, serving, how, ok, tt.want, tt.serving, tt.how, tt.ok)
 			}
-			if got := tb.Pending("x"); ok && tt.how != PlacedHolder && !slices.Equal(got, []string{tt.want}) {
+			if got := fl.Pending("x"); ok && tt.how != PlacedHolder && !slices.Equal(got, []string{tt.want}) {
 				t.Fatalf("pending %v, want [%s]", got, tt.want)
 			}
-			if serving != tb.ServingAdapter("x", "b") {
-				t.Fatalf("ServingAdapter %d, AcquireAdapter's serving %d", tb.ServingAdapter("x", "b"), serving)
+			if serving != fl.ServingAdapter("x", "b") {
+				t.Fatalf("ServingAdapter %d, AcquireAdapter's serving %d", fl.ServingAdapter("x", "b"), serving)
 			}
 		})
 	}
@@ -93,28 +93,28 @@ func TestAcquireAdapterScoring(t *testing.T) {
 // worker.
 func TestAcquireAdapterCoalescesPendingLoads(t *testing.T) {
 	now := time.Now()
-	tb := NewTable()
+	fl := New()
 	for _, id := range []string{"a", "c", "d"} {
-		tb.Observe(lw{id, 0, 10, 4, nil, nil}.beat(), now)
+		fl.Observe(lw{id, 0, 10, 4, nil, nil}.beat(), now)
 	}
-	first, _, how, _ := tb.AcquireAdapter("x", "b", "", now)
+	first, _, how, _ := fl.AcquireAdapter("x", "b", "", now)
 	if how != PlacedFreeSlot {
 		t.Fatalf("first request: %v", how)
 	}
 	for i := range 4 {
-		id, _, how, ok := tb.AcquireAdapter("x", "b", "", now)
+		id, _, how, ok := fl.AcquireAdapter("x", "b", "", now)
 		if !ok || id != first || how != PlacedHolder {
 			t.Fatalf("request %d went to %s (%v), want %s as holder", i+2, id, how, first)
 		}
 	}
 	// A pending load takes a slot: with one slot, another adapter goes elsewhere.
-	tb2 := NewTable()
-	tb2.Observe(lw{"a", 0, 10, 1, nil, nil}.beat(), now)
-	tb2.Observe(lw{"c", 3, 10, 1, nil, nil}.beat(), now)
-	if id, _, how, _ := tb2.AcquireAdapter("x", "b", "", now); id != "a" || how != PlacedFreeSlot {
+	fl2 := New()
+	fl2.Observe(lw{"a", 0, 10, 1, nil, nil}.beat(), now)
+	fl2.Observe(lw{"c", 3, 10, 1, nil, nil}.beat(), now)
+	if id, _, how, _ := fl2.AcquireAdapter("x", "b", "", now); id != "a" || how != PlacedFreeSlot {
 		t.Fatalf("x: %s %v", id, how)
 	}
-	if id, _, how, _ := tb2.AcquireAdapter("y", "b", "", now); id != "c" || how != PlacedFreeSlot {
+	if id, _, how, _ := fl2.AcquireAdapter("y", "b", "", now); id != "c" || how != PlacedFreeSlot {
 		t.Fatalf("y: %s %v, want c: a's only slot is taken by the pending load of x", id, how)
 	}
 }
@@ -137,33 +137,33 @@ func TestAdapterPendingSettles(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tb := NewTable()
-			tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
-			tb.Observe(lw{"c", 2, 10, 4, nil, nil}.beat(), t0)
-			if id, _, _, _ := tb.AcquireAdapter("x", "b", "", t0); id != "a" {
+			fl := New()
+			fl.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+			fl.Observe(lw{"c", 2, 10, 4, nil, nil}.beat(), t0)
+			if id, _, _, _ := fl.AcquireAdapter("x", "b", "", t0); id != "a" {
 				t.Fatalf("first went to %s", id)
 			}
-			tb.Observe(tt.beat.beat(), t0.Add(tt.at))
-			if got := len(tb.Pending("x")) == 1; got != tt.pending {
-				t.Fatalf("pending %v, want %v", tb.Pending("x"), tt.pending)
+			fl.Observe(tt.beat.beat(), t0.Add(tt.at))
+			if got := len(fl.Pending("x")) == 1; got != tt.pending {
+				t.Fatalf("pending %v, want %v", fl.Pending("x"), tt.pending)
 			}
-			if id, _, _, _ := tb.AcquireAdapter("x", "b", "", t0.Add(tt.at)); id != tt.wantNext {
+			if id, _, _, _ := fl.AcquireAdapter("x", "b", "", t0.Add(tt.at)); id != tt.wantNext {
 				t.Fatalf("next went to %s, want %s", id, tt.wantNext)
 			}
 		})
 	}
 	// A worker that goes away takes its pending loads with it.
-	tb := NewTable()
-	tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
-	tb.AcquireAdapter("x", "b", "", t0)
-	tb.Remove("a")
-	if p := tb.Pending("x"); len(p) != 0 {
+	fl := New()
+	fl.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+	fl.AcquireAdapter("x", "b", "", t0)
+	fl.Remove("a")
+	if p := fl.Pending("x"); len(p) != 0 {
 		t.Fatalf("pending after remove: %v", p)
 	}
-	tb.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
-	tb.AcquireAdapter("x", "b", "", t0)
-	tb.Expire(t0.Add(10 * time.Second))
-	if p := tb.Pending("x"); len(p) != 0 {
+	fl.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
+	fl.AcquireAdapter("x", "b", "", t0)
+	fl.Expire(t0.Add(10 * time.Second))
+	if p := fl.Pending("x"); len(p) != 0 {
 		t.Fatalf("pending after expiry: %v", p)
 	}
 }

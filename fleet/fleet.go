@@ -1,0 +1,178 @@
+package fleet
+
+import (
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Fleet is the live worker table, built from heartbeats and done notices. A
+// worker whose heartbeats stop for MissedBeats intervals is gone. It is safe
+// for concurrent use. Set MissedBeats and AdapterSpill before first use.
+type Fleet struct {
+	MissedBeats int // default 3
+	// AdapterSpill is how much busier (in load ratio, running over max
+	// concurrency) the least-loaded worker holding an adapter may be than the
+	// least-loaded worker with a free LoRA slot before a request for the
+	// adapter goes to the latter, which loads a second copy. Default 0.5.
+	AdapterSpill float64
+
+	mu      sync.RWMutex
+	workers map[string]*workerState
+	rr      uint64 // rotates ties between equally loaded workers
+	// pending records the adapter loads this fleet's owner caused and no
+	// heartbeat has confirmed yet: adapter → worker → when it was sent.
+	pending map[string]map[string]time.Time
+}
+
+type workerState struct {
+	hb       schemas.Heartbeat
+	models   map[string]struct{}
+	adapters map[string]struct{} // hb.Adapters and hb.Loading: what the worker has or is getting
+	lastSeen time.Time
+	load     int // requests in flight: the worker's last report plus what we sent since
+}
+
+// New makes an empty fleet.
+func New() *Fleet {
+	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, workers: map[string]*workerState{},
+		pending: map[string]map[string]time.Time{}}
+}
+
+// Heartbeat applies a heartbeat message: a draining worker with nothing
+// running leaves the fleet, any other is observed. ok is false for a message
+// that is not a heartbeat; joined reports a worker new to the fleet.
+func (f *Fleet) Heartbeat(data []byte, now time.Time) (hb schemas.Heartbeat, joined, ok bool) {
+	if json.Unmarshal(data, &hb) != nil || !schemas.ValidToken(hb.Worker) {
+		return hb, false, false
+	}
+	if hb.Draining && hb.Running == 0 {
+		f.Remove(hb.Worker)
+		return hb, false, true
+	}
+	return hb, f.Observe(hb, now), true
+}
+
+// Observe records a heartbeat; it reports whether the worker is new.
+func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	w, ok := f.workers[hb.Worker]
+	if !ok {
+		w = &workerState{}
+		f.workers[hb.Worker] = w
+	}
+	if ok && hb.Seq != 0 && hb.Seq < w.hb.Seq && w.hb.Seq-hb.Seq < 1<<20 {
+		return false // reordered: an older beat
+	}
+	if !ok || !slices.Equal(w.hb.Models, hb.Models) {
+		w.models = make(map[string]struct{}, len(hb.Models))
+		for _, m := range hb.Models {
+			w.models[m] = struct{}{}
+		}
+	}
+	if !ok || !slices.Equal(w.hb.Adapters, hb.Adapters) || !slices.Equal(w.hb.Loading, hb.Loading) {
+		w.adapters = make(map[string]struct{}, len(hb.Adapters)+len(hb.Loading))
+		for _, a := range hb.Adapters {
+			w.adapters[a] = struct{}{}
+		}
+		for _, a := range hb.Loading {
+			w.adapters[a] = struct{}{}
+		}
+	}
+	w.hb = hb
+	w.lastSeen = now
+	w.load = hb.Running
+	f.settlePendingLocked(hb.Worker, w, now)
+	return !ok
+}
+
+// settlePendingLocked drops the pending loads on worker that its heartbeat
+// settles: the adapter is listed (loaded or loading: the heartbeat speaks
+// for it from now on), or it is not and the load was sent at least one
+// heartbeat interval ago (the load failed, or the adapter was evicted again).
+func (f *Fleet) settlePendingLocked(worker string, w *workerState, now time.Time) {
+	for adapter, on := range f.pending {
+		since, ok := on[worker]
+		if !ok {
+			continue
+		}
+		_, listed := w.adapters[adapter]
+		if listed || now.Sub(since) >= w.interval() {
+			delete(on, worker)
+			if len(on) == 0 {
+				delete(f.pending, adapter)
+			}
+		}
+	}
+}
+
+func (w *workerState) interval() time.Duration {
+	if iv := time.Duration(w.hb.IntervalMS) * time.Millisecond; iv > 0 {
+		return iv
+	}
+	return time.Second
+}
+
+func (f *Fleet) forgetPendingLocked(worker string) {
+	for adapter, on := range f.pending {
+		delete(on, worker)
+		if len(on) == 0 {
+			delete(f.pending, adapter)
+		}
+	}
+}
+
+// Done applies a done notice message; ok is false for a message that is not
+// one.
+func (f *Fleet) Done(data []byte) (n schemas.DoneNotice, ok bool) {
+	if n, ok = schemas.ParseDoneNotice(data); ok {
+		f.Finished(n.Worker, n.Running)
+	}
+	return n, ok
+}
+
+// Finished records a done notice: the worker's running count after it.
+func (f *Fleet) Finished(worker string, running int) {
+	f.mu.Lock()
+	if w := f.workers[worker]; w != nil {
+		w.load = running
+	}
+	f.mu.Unlock()
+}
+
+// MarkFull records that a worker bounced a request: treat it as full until it
+// reports again.
+func (f *Fleet) MarkFull(worker string) {
+	f.mu.Lock()
+	if w := f.workers[worker]; w != nil {
+		w.load = max(w.load, w.hb.MaxConcurrency)
+	}
+	f.mu.Unlock()
+}
+
+// Expire removes workers not heard from in MissedBeats intervals and returns their ids.
+func (f *Fleet) Expire(now time.Time) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var gone []string
+	for id, w := range f.workers {
+		if now.Sub(w.lastSeen) > time.Duration(f.MissedBeats)*w.interval() {
+			delete(f.workers, id)
+			f.forgetPendingLocked(id)
+			gone = append(gone, id)
+		}
+	}
+	return gone
+}
+
+// Remove forgets a worker at once (its last heartbeat said it is draining and idle).
+func (f *Fleet) Remove(worker string) {
+	f.mu.Lock()
+	delete(f.workers, worker)
+	f.forgetPendingLocked(worker)
+	f.mu.Unlock()
+}
