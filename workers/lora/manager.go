@@ -86,9 +86,10 @@ type use struct {
 }
 
 type op struct {
-	load bool
-	done chan struct{}
-	err  error // set before done is closed
+	load    bool
+	done    chan struct{}
+	err     error // set before done is closed
+	waiters int   // callers of ensure waiting for it (for tests)
 }
 
 // New makes the manager of eng's adapters. An engine that does not
@@ -176,8 +177,13 @@ func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse boo
 	for {
 		m.mu.Lock()
 		if o := m.ops[name]; o != nil {
+			o.waiters++
 			m.mu.Unlock()
-			if err := wait(ctx, o.done); err != nil {
+			err := wait(ctx, o.done)
+			m.mu.Lock()
+			o.waiters--
+			m.mu.Unlock()
+			if err != nil {
 				return nil, err
 			}
 			if o.load && o.err != nil {
