@@ -36,7 +36,7 @@ type Config struct {
 	// Metrics is where the worker registers its metrics (nil: nowhere).
 	Metrics prometheus.Registerer
 
-	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction) may take; default 5m
+	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction, or unload) may take; default 5m
 	// AdapterUnloadGrace is how long an unload ordered by a control request
 	// waits for the requests running on the adapter before it unloads it
 	// anyway; default 5s.
