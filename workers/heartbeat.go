@@ -53,7 +53,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Worker:         w.cfg.ID,
 		Models:         w.eng.Models(),
 		Adapters:       st.Adapters,
-		Loading:        w.adapters.loading(),
+		Loading:        w.adapters.Loading(),
 		MaxLoras:       st.MaxLoras,
 		MaxConcurrency: w.cfg.MaxConcurrency,
 		Running:        w.Running(),
@@ -129,7 +129,7 @@ func (w *Worker) onControl(m *nats.Msg) {
 		w.Drain()
 		reply(nil)
 	case schemas.CtlLoadAdapter, schemas.CtlUnloadAdapter:
-		if w.adapters.ad == nil {
+		if !w.adapters.CanLoad() {
 			reply(schemas.BadRequest("", "engine %s cannot load adapters", w.eng.Name()))
 			return
 		}
@@ -146,9 +146,9 @@ func (w *Worker) onControl(m *nats.Msg) {
 			defer cancel()
 			var err error
 			if op == schemas.CtlLoadAdapter {
-				err = w.adapters.load(ctx, req.Name, req.Base, req.Path)
+				err = w.adapters.Load(ctx, req.Name, req.Base, req.Path)
 			} else {
-				err = w.adapters.unload(ctx, req.Name)
+				err = w.adapters.Unload(ctx, req.Name)
 			}
 			reply(err)
 			w.beatSoon()

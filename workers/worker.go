@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/lora"
 )
 
 // Config tunes a Worker. Zero values take the defaults shown.
@@ -35,7 +36,7 @@ type Config struct {
 	// Metrics is where the worker registers its metrics (nil: nowhere).
 	Metrics prometheus.Registerer
 
-	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction) may take; default 5m
+	AdapterLoadTimeout time.Duration // longest one LoRA adapter load (or eviction, or unload) may take; default 5m
 	// AdapterUnloadGrace is how long an unload ordered by a control request
 	// waits for the requests running on the adapter before it unloads it
 	// anyway; default 5s.
@@ -76,7 +77,7 @@ type Worker struct {
 	cancelSubject string // schemas.CancelSubject(cfg.ID)
 	doneSubject   string // schemas.DoneSubject(cfg.ID)
 
-	adapters *adapterManager
+	adapters *lora.Manager // every adapter load and unload goes through it
 
 	running  atomic.Int64
 	draining atomic.Bool
@@ -109,7 +110,8 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID), cancelSubject: schemas.CancelSubject(cfg.ID), doneSubject: schemas.DoneSubject(cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
-	w.adapters = newAdapterManager(w)
+	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
+		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
 	w.registerMetrics(cfg.Metrics)
 	return w, nil
 }
@@ -119,6 +121,12 @@ func (w *Worker) ID() string { return w.cfg.ID }
 
 // Ready is closed once the worker takes requests.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// AdapterStats counts what the worker's adapter manager did.
+type AdapterStats = lora.Stats
+
+// AdapterStats returns the adapter manager's counters.
+func (w *Worker) AdapterStats() AdapterStats { return w.adapters.Stats() }
 
 // Running is the number of requests admitted and not finished.
 func (w *Worker) Running() int { return int(w.running.Load()) }
@@ -278,7 +286,7 @@ func (w *Worker) serve(c *call) {
 	c.sendAccepted()
 	// A LoRA adapter the engine lacks is loaded first; the stream gets
 	// keepalives meanwhile.
-	release, err := w.adapters.acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
+	release, err := w.adapters.Acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
 	var res *engine.Result
 	if err == nil {
 		defer release() // after the last frame

@@ -64,11 +64,19 @@ type Stats struct {
 	Running      int     // sequences being decoded
 	Waiting      int     // sequences queued inside the engine
 	KVCacheUsage float64 // 0..1
-	Adapters     []string
-	MaxLoras     int
+	Adapters     []string // LoRA adapters loaded now, sorted
+	MaxLoras     int      // adapter slots; 0: no limit (or unknown)
 }
 
-// Adapters is implemented by engines that can load LoRA adapters at run time.
+// Adapters is implemented by engines that can load LoRA adapters at run
+// time. These are primitives: one call does one load or unload, bounded by
+// ctx. Deciding what to load, coalescing, eviction and what to do when the
+// slots are full is the worker's adapter manager's (workers/lora), for every
+// engine, from Stats().Adapters and Stats().MaxLoras, so Stats must list an
+// adapter as soon as LoadAdapter returns nil for it and stop as soon as
+// UnloadAdapter does. A load of an adapter already loaded may fail, and an
+// unload of one not loaded may fail with a 404 *schemas.Error: the manager
+// checks Stats().Adapters.
 type Adapters interface {
 	LoadAdapter(ctx context.Context, name, path string) error
 	UnloadAdapter(ctx context.Context, name string) error

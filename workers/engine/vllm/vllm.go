@@ -8,10 +8,10 @@
 //   - load from /metrics, scraped every MetricsInterval (metrics.go);
 //   - served models from /v1/models, base models and LoRA adapters (entries
 //     with a parent);
-//   - LoRA adapters loaded and unloaded at run time (lora.go): at most MaxLoras
-//     loaded, the least recently used one evicted to make room, one upstream
-//     load for any number of concurrent callers, and adapters with a known
-//     path loaded on demand when a request names them.
+//   - the runtime LoRA API as engine.Adapters (lora.go): one upstream load or
+//     unload per call, with vLLM's quirks handled. Which adapters to load,
+//     coalescing, eviction and slots are the worker's adapter manager's
+//     (workers/lora), as for every engine.
 package vllm
 
 import (
@@ -38,16 +38,11 @@ import (
 type Config struct {
 	httpengine.Config
 
-	// MaxLoras is how many adapters the engine keeps loaded. Default: the
-	// --max-loras of Command, else vLLM's max_lora from /metrics, else no
-	// limit.
-	MaxLoras int
-	// KnownAdapters maps adapter names to paths (or Hugging Face ids): a
-	// request for one that is not loaded loads it first. LoadAdapter adds to
-	// it.
-	KnownAdapters      map[string]string
-	MetricsInterval    time.Duration // /metrics scrape period; default 1s
-	AdapterLoadTimeout time.Duration // one upstream load or unload; default 5m
+	// MaxLoras is the adapter slots the engine reports (Stats().MaxLoras),
+	// which the worker's adapter manager keeps to. Default: the --max-loras
+	// of Command, else vLLM's max_lora from /metrics, else no limit.
+	MaxLoras        int
+	MetricsInterval time.Duration // /metrics scrape period; default 1s
 }
 
 // EnvRuntimeLoRA is what the child process gets in its environment, so that
@@ -56,10 +51,10 @@ const EnvRuntimeLoRA = "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"
 
 // Engine is a vLLM server as an engine.Engine and engine.Adapters.
 type Engine struct {
-	core    *httpengine.Engine
-	cfg     Config
-	loras   *loras
-	metrics atomic.Pointer[Metrics]
+	core     *httpengine.Engine
+	cfg      Config
+	adapters loaded
+	metrics  atomic.Pointer[Metrics]
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -89,12 +84,8 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MetricsInterval <= 0 {
 		cfg.MetricsInterval = time.Second
 	}
-	if cfg.AdapterLoadTimeout <= 0 {
-		cfg.AdapterLoadTimeout = 5 * time.Minute
-	}
-	e := &Engine{cfg: cfg}
+	e := &Engine{cfg: cfg, adapters: loaded{names: map[string]struct{}{}}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.loras = newLoras(e, cfg.KnownAdapters)
 	core, err := httpengine.New("vllm", cfg.Config, httpengine.Hooks{RefreshModels: e.refreshModels})
 	if err != nil {
 		e.cancel()
@@ -118,21 +109,16 @@ func (e *Engine) PID() int { return e.core.PID() }
 // Restarts is how many times the child process was started again.
 func (e *Engine) Restarts() int { return e.core.Restarts() }
 
-// Generate loads the adapter req.Model names if it is known but not loaded,
-// then passes the request through (httpengine.Engine.Generate).
+// Generate passes the request through (httpengine.Engine.Generate). An
+// adapter it names is loaded beforehand by the worker's adapter manager.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
-	release, err := e.loras.acquire(ctx, req.Model)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	return e.core.Generate(ctx, req, sink)
 }
 
 // Models lists the base models and the loaded adapters.
 func (e *Engine) Models() []string {
 	ms := e.core.Models()
-	for _, a := range e.loras.names() {
+	for _, a := range e.adapters.list() {
 		if !slices.Contains(ms, a) {
 			ms = append(ms, a)
 		}
@@ -146,7 +132,7 @@ func (e *Engine) Models() []string {
 // scrape lags); Waiting and KVCacheUsage are vLLM's. Metrics older than
 // five scrape periods (at least 5s) are ignored.
 func (e *Engine) Stats() engine.Stats {
-	st := engine.Stats{Running: e.core.InFlight(), Adapters: e.loras.names(), MaxLoras: e.maxLoras()}
+	st := engine.Stats{Running: e.core.InFlight(), Adapters: e.adapters.list(), MaxLoras: e.maxLoras()}
 	if m := e.freshMetrics(); m != nil {
 		st.Running = max(st.Running, m.Running)
 		st.Waiting = m.Waiting
@@ -161,7 +147,7 @@ func (e *Engine) Health(ctx context.Context) error { return e.core.Health(ctx) }
 // WaitReady blocks until /health answers 200 or ctx ends.
 func (e *Engine) WaitReady(ctx context.Context) error { return e.core.WaitReady(ctx) }
 
-// Close ends requests in flight and adapter loads, and stops the child.
+// Close ends requests in flight and adapter loads and unloads, and stops the child.
 func (e *Engine) Close() error {
 	e.cancel()
 	e.loops.Wait()
@@ -180,18 +166,18 @@ func (e *Engine) maxLoras() int {
 }
 
 // refreshModels is the model refresh hook: base models to the core, adapters
-// to the adapter table.
+// to the engine's list of loaded adapters.
 func (e *Engine) refreshModels(ctx context.Context, core *httpengine.Engine) error {
-	v := e.loras.version()
+	v := e.adapters.version()
 	ms, err := core.FetchModels(ctx)
 	if err != nil {
 		return err
 	}
 	var base []string
-	adapters := map[string]string{}
+	adapters := map[string]struct{}{}
 	for _, m := range ms {
 		if m.Parent != "" {
-			adapters[m.ID] = m.Root
+			adapters[m.ID] = struct{}{}
 		} else {
 			base = append(base, m.ID)
 		}
@@ -200,7 +186,7 @@ func (e *Engine) refreshModels(ctx context.Context, core *httpengine.Engine) err
 		base = e.cfg.Models
 	}
 	core.SetModels(base)
-	e.loras.sync(adapters, v)
+	e.adapters.sync(adapters, v)
 	return nil
 }
 

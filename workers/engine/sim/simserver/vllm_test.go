@@ -16,6 +16,7 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/vllm"
+	"github.com/tokenbus/tokenbus/workers/lora"
 )
 
 // recSink records the chunk lines an engine hands over.
@@ -137,10 +138,12 @@ func TestVLLMEngine(t *testing.T) {
 		}
 		eventually(t, 5*time.Second, func() bool { return slices.Contains(e.Models(), "sql") }, "models %v", e.Models())
 
-		// At max_loras (read from /metrics) the engine evicts the least
-		// recently used adapter before a load, so the sim never runs out.
+		// At max_loras (read from /metrics) the worker's adapter manager
+		// evicts the least recently used adapter before a load, so the sim
+		// never runs out.
+		m := lora.New(e, lora.Config{Worker: "w1"})
 		for _, a := range []string{"a2", "a3"} {
-			if err := e.LoadAdapter(ctx, a, "/adapters/"+a); err != nil {
+			if err := m.Load(ctx, a, "base", "/adapters/"+a); err != nil {
 				t.Fatalf("load %s: %v", a, err)
 			}
 		}
