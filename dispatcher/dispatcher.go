@@ -294,11 +294,19 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 // straight to the chosen worker, saving two NATS traversals on the way to
 // the first token. Answers (queued, errors) go to m.Reply as usual.
 func (d *Dispatcher) Submit(m *nats.Msg) error {
-	d.onRequest(m)
+	d.take(m, false) // the gateway has read the body
 	return nil
 }
 
-func (d *Dispatcher) onRequest(m *nats.Msg) {
+// onRequest takes a request published on a request subject: from a
+// NATS-native client, whose body nobody has read yet.
+func (d *Dispatcher) onRequest(m *nats.Msg) { d.take(m, true) }
+
+// take routes a request; with readBody, its body is read first (the one
+// reader, schemas.ReadRequest): a bad body is answered 400 here instead of
+// travelling to a worker, and the body's priority counts when the request
+// has no Tb-Priority header.
+func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 	if m.Reply == "" {
 		return
 	}
@@ -312,6 +320,18 @@ func (d *Dispatcher) onRequest(m *nats.Msg) {
 	if err != nil {
 		d.reply(m.Reply, err)
 		return
+	}
+	if readBody {
+		view, err := schemas.ReadRequest(schemas.Kind(m.Header.Get(schemas.HdrKind)), m.Data, r.model)
+		if err != nil {
+			d.m.rejected.WithLabelValues("bad_request").Inc()
+			d.reply(m.Reply, err)
+			return
+		}
+		if m.Header.Get(schemas.HdrPriority) == "" && view.Priority != 0 {
+			r.priority = view.Priority
+			m.Header.Set(schemas.HdrPriority, strconv.Itoa(view.Priority))
+		}
 	}
 	if m.Header.Get(schemas.HdrModel) == "" {
 		// The worker (and a bounce) cannot read the model from the subject.

@@ -90,7 +90,7 @@ func sendRequest(t *testing.T, nc *nats.Conn, model, id string) *replies {
 	h := nats.Header{}
 	h.Set(schemas.HdrRequestID, id)
 	h.Set(schemas.HdrKind, "chat")
-	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject(model), Reply: inbox, Header: h, Data: []byte(`{"model":"` + model + `"}`)}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject(model), Reply: inbox, Header: h, Data: []byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -267,15 +267,67 @@ func TestReplySubjectMustBeAnInbox(t *testing.T) {
 	h.Set(schemas.HdrRequestID, "evil")
 	h.Set(schemas.HdrKind, "chat")
 	// A reply subject aimed at a worker's control subject must not be used.
-	nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{}`)})
+	nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
 	// Nor one that comes back as a bounce (worker credentials may publish there).
 	h.Set(schemas.HdrModel, "m")
-	nc.PublishMsg(&nats.Msg{Subject: schemas.BounceSubject(d.cfg.ID), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{}`)})
+	nc.PublishMsg(&nats.Msg{Subject: schemas.BounceSubject(d.cfg.ID), Reply: schemas.CtlSubject("w", schemas.CtlDrain), Header: h, Data: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)})
 	sendRequest(t, nc, "m", "good")
 	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if id := w.got[0].Header.Get(schemas.HdrRequestID); id != "good" {
 		t.Fatalf("forwarded %q", id)
+	}
+}
+
+// A NATS-native request's body is read here, with the one reader: a bad body
+// is a 400 that reaches no worker, and the body's priority is used when the
+// request has no Tb-Priority header.
+func TestNATSNativeBodyIsRead(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	startDispatcher(t, nc, Config{})
+	w := newFakeWorker(t, nc, "w", 10)
+	send := func(id, body string) *replies {
+		r := &replies{}
+		inbox := nats.NewInbox()
+		nc.Subscribe(inbox, func(m *nats.Msg) {
+			f, _ := schemas.ParseFrame(m.Data)
+			f.Payload = append([]byte(nil), f.Payload...)
+			r.mu.Lock()
+			r.frames = append(r.frames, f)
+			r.mu.Unlock()
+		})
+		h := nats.Header{}
+		h.Set(schemas.HdrRequestID, id)
+		h.Set(schemas.HdrKind, "chat")
+		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: inbox, Header: h, Data: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, tc := range []struct{ name, body, param string }{
+		{"no messages", `{"model":"m"}`, "messages"},
+		{"repeated max_tokens", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_tokens":300}`, "max_tokens"},
+		{"not JSON", `{"model":`, ""},
+	} {
+		r := send("bad-"+tc.param, tc.body)
+		testenv.WaitFor(t, 2*time.Second, func() error {
+			if err := wantError(r, 400, "")(); err != nil {
+				return fmt.Errorf("%s: %v", tc.name, err)
+			}
+			f, _ := r.last()
+			if e := schemas.ParseErrorPayload(f.Payload); tc.param != "" && (e.Body.Param == nil || *e.Body.Param != tc.param) {
+				return fmt.Errorf("%s: param %v", tc.name, e.Body.Param)
+			}
+			return nil
+		})
+	}
+	send("good", `{"model":"m","messages":[{"role":"user","content":"hi"}],"priority":-3}`)
+	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if p := w.got[0].Header.Get(schemas.HdrPriority); p != "-3" {
+		t.Fatalf("forwarded with priority %q, want the body's -3", p)
 	}
 }

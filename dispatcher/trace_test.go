@@ -41,7 +41,7 @@ func TestDispatchSpans(t *testing.T) {
 		h.Set(schemas.HdrRequestID, id)
 		h.Set(schemas.HdrKind, "chat")
 		h[schemas.HdrTrace] = []string{"00-" + traceID + "-00000000000000aa-01"}
-		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: inbox, Header: h, Data: []byte(`{}`)}); err != nil {
+		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: inbox, Header: h, Data: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
 			t.Fatal(err)
 		}
 		return r
