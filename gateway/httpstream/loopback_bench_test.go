@@ -1,6 +1,6 @@
 //go:build unix
 
-package gateway
+package httpstream
 
 import (
 	"bufio"
@@ -92,9 +92,6 @@ func loopbackClient(spec string) int {
 		return 1
 	}
 }
-
-// benchChunkLine is an OpenAI chat chunk of a typical size (~230 bytes).
-const benchChunkLine = `{"id":"chatcmpl-8f2c1d9e4b7a4c3e9d1f0a2b","object":"chat.completion.chunk","created":1735689600,"model":"meta-llama/Llama-3.1-8B-Instruct","system_fingerprint":null,"choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}`
 
 // chunkCounter counts the chunks the server wrote and signals when it
 // reaches a target.
@@ -227,61 +224,36 @@ var loopbackModes = []struct {
 	{"bodystream", bodyStreamBenchApp},
 }
 
-// hijackBenchApp streams as the gateway does: the response head and the
-// first burst from the handler, the rest on the hijacked connection, which
-// goes back to fasthttp after the stream.
+// hijackBenchApp streams as the gateway does, with this package: the
+// response head and the first burst from the handler, the rest on the
+// hijacked connection, which goes back to fasthttp after the stream.
 func hijackBenchApp(bus *loopbackBus, n *chunkCounter) (*fiber.App, func()) {
 	app := fiber.New(fiber.Config{DisableStartupMessage: true})
-	app.Server().KeepHijackedConns = true
-	g := &Gateway{app: app}
+	s := New(app.Server(), Config{})
 	app.Get("/stream", func(c *fiber.Ctx) error {
-		g.resumed.started(c.Context().Conn())
 		src := bus.feed()
 		first := <-src
 		c.Set(fiber.HeaderXRequestID, "bench")
 		c.Status(fiber.StatusOK)
-		keepAlive := g.keepAlive(c)
-		raw := c.Context().Conn()
-		w := newStreamWriter(raw, keepAlive)
-		w.WriteHead(streamHead(c, keepAlive))
-		pre := c.Context().ConnRequestNum() == 1
-		if pre {
-			k, _ := writeChunkFrame(w, first)
-			n.add(k)
-			if len(src) == 0 {
-				_ = w.Flush()
-			}
+		st := s.Begin(c.Context(), nil)
+		k, _ := st.WriteEvents(first)
+		n.add(k)
+		if len(src) == 0 {
+			_ = st.Flush()
 		}
-		c.Context().HijackSetNoResponse(true)
-		c.Context().Hijack(func(hc net.Conn) {
-			if !pre {
-				k, _ := writeChunkFrame(w, first)
-				n.add(k)
-				if len(src) == 0 {
-					_ = w.Flush()
-				}
-			}
+		st.Run(context.Background(), func(st *Stream) {
 			for p := range src {
-				k, _ := writeChunkFrame(w, p)
+				k, _ := st.WriteEvents(p)
 				n.add(k)
 				if len(src) == 0 {
-					_ = w.Flush()
+					_ = st.Flush()
 				}
 			}
-			ok := writeDone(w) == nil
-			w.release()
-			if ok && keepAlive {
-				g.resume(hc, raw)
-				return
-			}
-			_ = raw.Close()
+			_ = st.Done()
 		})
 		return nil
 	})
-	return app, func() {
-		g.draining.Store(true)
-		g.resumed.closeAll()
-	}
+	return app, s.Drain
 }
 
 // bodyStreamBenchApp streams with fasthttp's own body-stream writer: a
