@@ -122,6 +122,8 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
 	})
+	// Streams are written on hijacked connections, which httpstream closes
+	// or hands back to fasthttp itself.
 	g.streams = httpstream.New(g.app.Server(), httpstream.Config{ProbeInterval: cfg.ProbeInterval, StuckTimeout: cfg.StuckTimeout})
 	g.routes(reg)
 	return g
