@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"runtime/debug"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/gateway/httpstream"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -36,7 +36,7 @@ type exchange struct {
 	ctx    context.Context // ends on client gone, shutdown cut or deadline (see Cause)
 	cancel context.CancelCauseFunc
 	stopDL context.CancelFunc
-	w      *watcher
+	w      *httpstream.Watcher
 
 	writeFailed bool // the stream writer could not write: the client is gone
 }
@@ -112,7 +112,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		g.inflight.add()
 		x.st = st
-		x.w = startWatcher(c.Context().Conn(), g.cfg.ProbeInterval, g.cfg.StuckTimeout, st.Buffered, x.cancel)
+		x.w = g.streams.Watch(c.Context(), st.Buffered, x.cancel, errClientGone)
 
 		if !req.Stream {
 			finished := false
@@ -136,7 +136,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			return e
 		}
 		firstAt := time.Now()
-		x.w.touch(firstAt)
+		x.w.Touch(firstAt)
 		if span.IsRecording() && first.Type == schemas.FrameChunk {
 			span.AddEvent(tracing.EventFirstToken, trace.WithTimestamp(firstAt))
 		}
@@ -144,64 +144,21 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		c.Locals(localStreaming, true)
 		c.Status(fiber.StatusOK)
 		g.m.activeStreams.Inc()
-		// The stream is written straight to the connection, not through
-		// fasthttp's body-stream writer: that one hands every flush to a
-		// second goroutine over a pipe and writes at most 4 KiB per syscall,
-		// which made the SSE writes most of the gateway's CPU. After a clean
-		// end the connection goes back to fasthttp for the next request.
-		keepAlive := g.keepAlive(c)
-		raw := c.Context().Conn()
-		w := newStreamWriter(raw, keepAlive)
-		w.WriteHead(streamHead(c, keepAlive))
-		sent, pre := 0, false
-		if first.Type == schemas.FrameChunk && c.Context().ConnRequestNum() == 1 {
-			// The first token goes out from this goroutine: the hijack
-			// handler runs on a new one, and on a busy machine waiting for
-			// it to be scheduled showed in the time to first token. Only on
-			// a connection's first request: after others, fasthttp may still
-			// hold a pipelined response in its buffer, which must go first
-			// (it flushes it when the handler returns).
-			sent, _ = writeChunkFrame(w, first.Payload)
-			pre = true
+		// The stream is written straight to the connection (httpstream), each
+		// burst in one syscall, and the first chunk from this goroutine: the
+		// one that runs the rest waits to be scheduled, which showed in the
+		// time to first token on a busy machine.
+		s := g.streams.Begin(c.Context(), x.w)
+		sent := 0
+		if first.Type == schemas.FrameChunk {
+			sent, _ = s.WriteEvents(first.Payload)
 			if !st.Buffered() {
-				_ = w.Flush()
+				_ = s.Flush()
 			}
 		}
-		c.Context().HijackSetNoResponse(true)
-		c.Context().Hijack(func(hc net.Conn) {
-			reuse := x.writeStream(w, first, firstAt, sent, pre)
-			w.release()
-			if reuse && keepAlive && !g.draining.Load() {
-				g.resume(hc, raw)
-				return
-			}
-			_ = raw.Close() // Server.KeepHijackedConns: fasthttp leaves it to us
-		})
+		s.Run(x.ctx, func(s *httpstream.Stream) { x.writeStream(s, first, firstAt, sent) })
 		return nil
 	}
-}
-
-// streamHead is the HTTP/1.1 response head of an SSE stream, with every
-// header set on the response so far (request id, rate limits...).
-func streamHead(c *fiber.Ctx, chunked bool) []byte {
-	b := make([]byte, 0, 512)
-	b = append(b, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nX-Accel-Buffering: no\r\n"...)
-	if chunked {
-		b = append(b, "Transfer-Encoding: chunked\r\n"...)
-	} else {
-		b = append(b, "Connection: close\r\n"...)
-	}
-	c.Response().Header.VisitAll(func(k, v []byte) {
-		switch strings.ToLower(string(k)) {
-		case "content-type", "content-length", "transfer-encoding", "connection", "cache-control", "x-accel-buffering":
-			return
-		}
-		b = append(b, k...)
-		b = append(b, ": "...)
-		b = append(b, v...)
-		b = append(b, "\r\n"...)
-	})
-	return append(b, "\r\n"...)
 }
 
 // unary waits for the done frame of a stream:false request and returns its
@@ -212,7 +169,7 @@ func (x *exchange) unary() ([]byte, error) {
 		if err != nil {
 			return nil, x.fail(err)
 		}
-		x.w.touch(time.Now())
+		x.w.Touch(time.Now())
 		if f.Type == schemas.FrameDone {
 			x.usage(f.Payload)
 			return f.Payload, nil
@@ -222,19 +179,14 @@ func (x *exchange) unary() ([]byte, error) {
 }
 
 // writeStream is the SSE body writer. It runs in its own goroutine after the
-// handler returned: it uses only x, recovers its panics (nothing else would),
-// and ends when the stream is done, fails, the client goes or the gateway
-// cuts it on shutdown. When pre is set the handler already wrote f, a chunk
-// of sent events (counted here). reuse reports that the body ended cleanly
-// and the connection may serve another request.
-func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Time, sent int, pre bool) (reuse bool) {
+// handler returned (httpstream.Stream.Run): it uses only x, recovers its
+// panics (nothing else would), and ends when the stream is done, fails, the
+// client goes or the gateway cuts it on shutdown. f is the first frame; if
+// it is a chunk, the handler already wrote it, sent events.
+func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt time.Time, sent int) {
 	g := x.g
 	finished, outcome := false, "done"
-	bodyEnded := false // [DONE] written
 	var streamErr error
-	// A cut (shutdown, deadline) must not wait long on a client that reads
-	// nothing: a second to take the final error event.
-	stopCut := context.AfterFunc(x.ctx, func() { _ = w.conn.SetWriteDeadline(time.Now().Add(time.Second)) })
 	defer func() {
 		if r := recover(); r != nil {
 			outcome = "panic"
@@ -249,8 +201,6 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			tracing.Fail(x.span, streamErr)
 		}
 		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
-		notCut := stopCut()                           // before end cancels ctx; a cut connection has a write deadline set
-		reuse = notCut && bodyEnded && w.err == nil
 		x.end(finished)
 	}()
 
@@ -259,20 +209,20 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 	}
 	itl := g.m.itl.WithLabelValues(x.label)
 	last := firstAt
-	written := pre
+	written := f.Type == schemas.FrameChunk
 	for {
 		switch f.Type {
 		case schemas.FrameChunk:
 			var err error
 			if written {
-				written, err = false, w.err
+				written, err = false, s.Err()
 				g.m.chunks.Add(float64(sent))
 			} else {
 				var n int
-				n, err = writeChunkFrame(w, f.Payload)
+				n, err = s.WriteEvents(f.Payload)
 				g.m.chunks.Add(float64(n))
 				if err == nil && !x.st.Buffered() {
-					err = w.Flush() // once per burst
+					err = s.Flush() // once per burst
 				}
 			}
 			if err != nil {
@@ -284,14 +234,14 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			// Usage is accounted before the client sees [DONE]: once a
 			// client has its answer, its usage is counted.
 			x.usage(f.Payload)
-			bodyEnded = writeDone(w) == nil
+			_ = s.Done()
 			return
 		}
 
 		var err error
 		f, err = x.st.Next(x.ctx)
 		now := time.Now()
-		x.w.touch(now)
+		x.w.Touch(now)
 		if err != nil {
 			e := x.fail(err)
 			if e == errClientGone {
@@ -302,7 +252,7 @@ func (x *exchange) writeStream(w *streamWriter, f schemas.Frame, firstAt time.Ti
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
-			bodyEnded = writeErrorEvent(w, e) == nil
+			_ = s.Fail(e)
 			return
 		}
 		if f.Type == schemas.FrameChunk {
@@ -328,8 +278,8 @@ func (x *exchange) fail(err error) *schemas.Error {
 // end releases everything; finished says the request got its done frame.
 // Closing an unfinished stream cancels it at its worker or in the queues.
 func (x *exchange) end(finished bool) {
-	x.w.stop()
-	if !finished && (x.writeFailed || x.w.gone.Load()) {
+	x.w.Stop()
+	if !finished && (x.writeFailed || x.w.Gone()) {
 		x.g.m.disconnects.Inc()
 	}
 	x.st.Close()

@@ -50,29 +50,38 @@
 //
 // Vanished clients. fasthttp has no per-request cancel signal and a write
 // error only shows up when there is something to write, so while a request is
-// silent (queued, long prefill, stream:false) a watcher probes the client's
-// socket every ProbeInterval: on Linux and macOS a non-blocking MSG_PEEK
-// recv, which reads nothing and so can never eat a pipelined request; else a
-// 1 ms read deadline and a one-byte Read. End of file or a socket error means
-// the client hung up: the request's context is cancelled and its Stream
-// closed, which tells the worker (or every dispatcher's queue) to drop it. A
-// client that half-closes its sending side after the request looks gone too;
-// HTTP clients do not do that. No SSE comments or keep-alive events are sent
+// silent (queued, long prefill, stream:false) a watcher (httpstream.Watcher)
+// probes the client's socket every ProbeInterval: on Linux and macOS a
+// non-blocking MSG_PEEK recv, which reads nothing and so can never eat a
+// pipelined request; else a 1 ms read deadline and a one-byte Read. End of
+// file or a socket error means the client hung up: the request's context is
+// cancelled (cause errClientGone) and its Stream closed, which tells the
+// worker (or every dispatcher's queue) to drop it. A client that stops
+// reading while frames wait is cut the same way after StuckTimeout. A client
+// that half-closes its sending side after the request looks gone too; HTTP
+// clients do not do that. No SSE comments or keep-alive events are sent
 // during silence: openai-go before v3.43 breaks on them.
 //
-// Streams and connections. A stream is written straight to the connection
-// (hijacked from fasthttp), each burst of chunks in one syscall: fasthttp's
-// body-stream writer costs a pipe and a second goroutine per flush. HTTP/1.1
-// streams use chunked encoding, and after a clean end the connection is handed
-// back to fasthttp (Server.ServeConn) for the client's next request, so the
-// connection pools of OpenAI clients work as against OpenAI; HTTP/1.0 and
-// Connection: close requests get a stream that ends with the connection.
+// Streams and connections. The HTTP side of a stream is package httpstream:
+// the stream is written straight to the connection (hijacked from fasthttp),
+// each burst of chunks in one syscall and the first from the handler's
+// goroutine: fasthttp's body-stream writer costs a pipe and a second goroutine
+// per flush and writes at most 4 KiB per syscall (BenchmarkLoopbackStream
+// compares the two). HTTP/1.1 streams use chunked encoding, and after a clean
+// end the connection is handed back to fasthttp (Server.ServeConn) for the
+// client's next request, so the connection pools of OpenAI clients work as
+// against OpenAI; HTTP/1.0 and Connection: close requests get a stream that
+// ends with the connection. The handler (completions.go) begins the stream
+// with the headers it has set, writes the first chunk, and leaves the rest to
+// writeStream, which runs after the handler returned and touches no fiber.Ctx.
 //
-// Shutdown. Shutdown closes the listener, lets open requests finish until its
-// context ends, then cuts the rest: every request's context derives from one
-// gateway-wide context, so writers blocked on a silent worker end at once with
-// a 503 shutting_down error event and [DONE], and their workers are told to
-// cancel.
+// Shutdown. Shutdown closes the listener and the connections handed back
+// after a stream that wait for a request (httpstream.Server.Drain), lets open
+// requests finish until its context ends, then cuts the rest: every request's
+// context derives from one gateway-wide context, so writers blocked on a
+// silent worker end at once with a 503 shutting_down error event and [DONE],
+// and their workers are told to cancel. A cut stream's writes get one more
+// second, so a client that reads nothing cannot hold it.
 //
 // Hooks. Config.Authorize is called after the body is parsed and before the
 // request is published; it returns the request's Principal (tenant, API key

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/gateway/httpstream"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -84,8 +85,8 @@ type Gateway struct {
 	cutBase context.CancelCauseFunc
 
 	draining atomic.Bool
-	inflight tracker // handlers and stream writers still running
-	resumed  resumed // connections handed back after a stream, waiting for a request
+	inflight tracker            // handlers and stream writers still running
+	streams  *httpstream.Server // SSE responses on the app's connections
 }
 
 var errShuttingDown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the gateway is shutting down")
@@ -111,8 +112,9 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
 	})
-	// Stream handlers close or hand back their hijacked connections (keepalive.go).
-	g.app.Server().KeepHijackedConns = true
+	// Streams are written on hijacked connections, which httpstream closes
+	// or hands back to fasthttp itself.
+	g.streams = httpstream.New(g.app.Server(), httpstream.Config{ProbeInterval: cfg.ProbeInterval, StuckTimeout: cfg.StuckTimeout})
 	g.routes(reg)
 	return g
 }
@@ -168,7 +170,7 @@ func (g *Gateway) Shutdown(ctx context.Context) error {
 		defer cancel()
 	}
 	g.draining.Store(true)
-	g.resumed.closeAll()
+	g.streams.Drain()
 	// fasthttp keeps its "stopping" flag only while ShutdownWithContext runs,
 	// and that flag is what closes keep-alive connections after their
 	// response; so it runs on its own context, past ctx, until the cut

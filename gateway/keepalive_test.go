@@ -145,7 +145,7 @@ func TestShutdownClosesResumedConn(t *testing.T) {
 	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != standardSSE(chatFrames) || resp.Close {
 		t.Fatalf("stream: close=%v %q %v", resp.Close, b, err)
 	}
-	waitFor(t, 2*time.Second, func() bool { return h.gw.resumed.n.Load() == 1 }) // handed back
+	waitFor(t, 2*time.Second, func() bool { return h.gw.streams.IdleConns() == 1 }) // handed back
 	start := time.Now()
 	if err := h.shutdown(5 * time.Second); err != nil {
 		t.Fatalf("shutdown: %v", err)

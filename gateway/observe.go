@@ -27,7 +27,6 @@ const routeUnmatched = "unmatched"
 // handler's error into its response, then counts and logs the request.
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
-	g.resumed.started(c.Context().Conn())
 	id := requestID(c.Get(fiber.HeaderXRequestID))
 	c.Locals(localID, id)
 	c.Set(fiber.HeaderXRequestID, id)

@@ -1,146 +1,15 @@
 package gateway
 
 import (
-	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/schemas"
 )
-
-func TestWriteChunkFrame(t *testing.T) {
-	for _, tc := range []struct {
-		name, payload, want string
-		events              int
-	}{
-		{"one", `{"a":1}`, "data: {\"a\":1}\n\n", 1},
-		{"two lines", "{\"a\":1}\n{\"b\":2}", "data: {\"a\":1}\n\ndata: {\"b\":2}\n\n", 2},
-		{"trailing and blank lines", "\n{\"a\":1}\n\n{\"b\":2}\n", "data: {\"a\":1}\n\ndata: {\"b\":2}\n\n", 2},
-		{"empty", "", "", 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var out bytes.Buffer
-			w := newStreamWriter(&bufConn{Buffer: &out}, false)
-			n, err := writeChunkFrame(w, []byte(tc.payload))
-			if err != nil || n != tc.events {
-				t.Fatalf("n %d err %v", n, err)
-			}
-			_ = w.Flush()
-			if out.String() != tc.want {
-				t.Fatalf("got %q want %q", out.String(), tc.want)
-			}
-		})
-	}
-	var out bytes.Buffer
-	w := newStreamWriter(&bufConn{Buffer: &out}, false)
-	_ = writeErrorEvent(w, schemas.Internal("boom"))
-	_ = w.Flush()
-	want := "data: " + string(schemas.Internal("boom").JSON()) + "\n\ndata: [DONE]\n\n"
-	if out.String() != want {
-		t.Fatalf("error event %q", out.String())
-	}
-}
-
-// hideSyscall hides a TCP connection's syscall.Conn so that peerGone takes
-// the portable read probe.
-type hideSyscall struct{ net.Conn }
-
-// Both probes tell a quiet client from one that hung up, and the peek does
-// not consume a byte the client sent.
-func TestPeerGone(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		wrap func(net.Conn) net.Conn
-	}{
-		{"peek", func(c net.Conn) net.Conn { return c }},
-		{"read deadline", func(c net.Conn) net.Conn { return hideSyscall{c} }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
-			cli, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Close()
-			conn := tc.wrap(srv)
-			// fasthttp's request read deadline expires during long requests.
-			_ = srv.SetReadDeadline(time.Now().Add(-time.Second))
-			if peerGone(conn) {
-				t.Fatal("a quiet client looks gone")
-			}
-			if tc.name == "peek" {
-				_, _ = cli.Write([]byte("G"))
-				if peekedBytes(srv) >= 0 { // the byte is there before the probe looks
-					waitFor(t, time.Second, func() bool { return peekedBytes(srv) == 1 })
-				}
-				if peerGone(conn) {
-					t.Fatal("a client with a byte pending looks gone")
-				}
-				_ = srv.SetReadDeadline(time.Now().Add(time.Second)) // a consumed byte fails here, not after 10 minutes
-				buf := make([]byte, 1)
-				if n, err := srv.Read(buf); n != 1 || buf[0] != 'G' || err != nil {
-					t.Fatalf("the peek consumed data: %d %v", n, err)
-				}
-			}
-			_ = cli.Close()
-			waitFor(t, time.Second, func() bool { return peerGone(conn) })
-			// The deadline is reset: a later read blocks as usual, with EOF here.
-			if tc.name != "peek" {
-				if _, err := srv.Read(make([]byte, 1)); err != io.EOF {
-					t.Fatalf("read after probe: %v", err)
-				}
-			}
-		})
-	}
-}
-
-// BenchmarkSSEWrite measures the SSE write path: chunk frames as they come
-// off the bus (parsed, one or two chunk objects each) to bytes in the
-// response's stream writer, flushing once per frame as an idle stream does.
-func BenchmarkSSEWrite(b *testing.B) {
-	for _, bc := range []struct {
-		name  string
-		lines int
-	}{{"1chunk", 1}, {"4chunks", 4}} {
-		b.Run(bc.name, func(b *testing.B) {
-			payload := []byte(chatHello)
-			for i := 1; i < bc.lines; i++ {
-				payload = append(append(payload, '\n'), chatWorld...)
-			}
-			msg := schemas.AppendFrame(nil, schemas.FrameChunk, 7, payload)
-			w := newStreamWriter(discardConn{}, false)
-			b.ReportAllocs()
-			b.SetBytes(int64(len(payload)))
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				f, err := schemas.ParseFrame(msg)
-				if err != nil {
-					b.Fatal(err)
-				}
-				if _, err := writeChunkFrame(w, f.Payload); err != nil {
-					b.Fatal(err)
-				}
-				if err := w.Flush(); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-	}
-}
 
 // BenchmarkStreamEndToEnd streams chunks from a fake worker over the embedded
 // NATS server, through the client and the gateway, to an HTTP client reading

@@ -1,6 +1,6 @@
 //go:build linux || darwin
 
-package gateway
+package httpstream
 
 import (
 	"net"

@@ -1,4 +1,4 @@
-package gateway
+package httpstream
 
 import (
 	"context"
@@ -8,34 +8,45 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/valyala/fasthttp"
 )
 
-// watcher notices a client that hung up while its request is silent. fasthttp
-// gives handlers no cancel signal and a write error needs something to write,
-// so every interval without a frame the watcher probes the connection; when
-// the peer has gone it cancels the request's context with errClientGone. It
-// does the same when frames have waited StuckTimeout for a writer blocked on
-// a client that reads nothing.
+// Watcher notices a client that hung up while its request is silent.
+// fasthttp gives handlers no cancel signal and a write error needs something
+// to write, so every ProbeInterval without a frame (Touch) the watcher
+// probes the connection; when the peer has gone it cancels the request's
+// context. It does the same when frames have waited StuckTimeout for a
+// writer blocked on a client that reads nothing.
 //
-// It runs from just after the request is published until the handler (stream
-// false, or an error before the first chunk) or the stream writer ends, and
-// stop waits for it: after that fasthttp may read the connection again.
-type watcher struct {
+// It runs from Watch until Stop (the handler's, for a request answered
+// without a stream; Run's, after a stream): after that fasthttp may read the
+// connection again.
+type Watcher struct {
 	conn     net.Conn
 	interval time.Duration
 	stuckFor time.Duration
 	waiting  func() bool // frames are waiting for the writer
 	cancel   context.CancelCauseFunc
+	cause    error
 
-	last  atomic.Int64 // unix nanoseconds of the last frame
-	gone  atomic.Bool
-	stopc chan struct{}
-	donec chan struct{}
-	once  sync.Once
+	last   atomic.Int64 // unix nanoseconds of the last frame
+	gone   atomic.Bool
+	probes atomic.Int32 // probes made, for tests
+	stopc  chan struct{}
+	donec  chan struct{}
+	once   sync.Once
 }
 
-func startWatcher(conn net.Conn, interval, stuckFor time.Duration, waiting func() bool, cancel context.CancelCauseFunc) *watcher {
-	w := &watcher{conn: conn, interval: interval, stuckFor: stuckFor, waiting: waiting, cancel: cancel,
+// Watch starts watching the client of rc: when it has gone, or frames have
+// waited (waiting reports true) StuckTimeout without a Touch, cancel is
+// called with cause. Call it from the handler; Stop ends it.
+func (s *Server) Watch(rc *fasthttp.RequestCtx, waiting func() bool, cancel context.CancelCauseFunc, cause error) *Watcher {
+	return watch(rc.Conn(), s.cfg.ProbeInterval, s.cfg.StuckTimeout, waiting, cancel, cause)
+}
+
+func watch(conn net.Conn, interval, stuckFor time.Duration, waiting func() bool, cancel context.CancelCauseFunc, cause error) *Watcher {
+	w := &Watcher{conn: conn, interval: interval, stuckFor: stuckFor, waiting: waiting, cancel: cancel, cause: cause,
 		stopc: make(chan struct{}), donec: make(chan struct{})}
 	w.last.Store(time.Now().UnixNano())
 	if conn == nil {
@@ -46,7 +57,7 @@ func startWatcher(conn net.Conn, interval, stuckFor time.Duration, waiting func(
 	return w
 }
 
-func (w *watcher) run() {
+func (w *Watcher) run() {
 	defer close(w.donec)
 	t := time.NewTicker(w.interval)
 	defer t.Stop()
@@ -59,22 +70,28 @@ func (w *watcher) run() {
 			if quiet < int64(w.interval) {
 				continue
 			}
+			w.probes.Add(1)
 			// A client that stopped reading blocks the writer in a write while
 			// frames pile up: its socket looks alive, so it is cut by time.
 			if quiet >= int64(w.stuckFor) && w.waiting() || peerGone(w.conn) {
 				w.gone.Store(true)
-				w.cancel(errClientGone)
+				w.cancel(w.cause)
 				return
 			}
 		}
 	}
 }
 
-// touch records that a frame arrived at t: no probe is needed for a while.
-func (w *watcher) touch(t time.Time) { w.last.Store(t.UnixNano()) }
+// Touch records that a frame arrived at t: no probe is needed for a while.
+func (w *Watcher) Touch(t time.Time) { w.last.Store(t.UnixNano()) }
 
-// stop ends the watcher and waits until it no longer uses the connection.
-func (w *watcher) stop() {
+// Gone reports whether the watcher found the client gone (or stuck) and
+// cancelled the request.
+func (w *Watcher) Gone() bool { return w.gone.Load() }
+
+// Stop ends the watcher and waits until it no longer uses the connection.
+// It may be called more than once.
+func (w *Watcher) Stop() {
 	w.once.Do(func() { close(w.stopc) })
 	<-w.donec
 }

@@ -1,0 +1,54 @@
+package httpstream
+
+import (
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Config tunes a Server. Zero values take the defaults shown.
+type Config struct {
+	ProbeInterval time.Duration // how often a silent request's client is probed. Default 1s
+	StuckTimeout  time.Duration // a client that takes no bytes while frames wait this long is cut. Default 30s
+}
+
+// cutGrace is how long writes may still take once a stream's context ended.
+const cutGrace = time.Second
+
+// Server streams on the connections of one fasthttp server.
+type Server struct {
+	srv  *fasthttp.Server
+	cfg  Config
+	idle handedBack
+}
+
+// New takes over the hijacked connections of srv: it sets
+// srv.KeepHijackedConns (a stream's connection is closed or handed back by
+// Run, not by fasthttp). Call it before srv serves.
+func New(srv *fasthttp.Server, cfg Config) *Server {
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	if cfg.StuckTimeout <= 0 {
+		cfg.StuckTimeout = 30 * time.Second
+	}
+	s := &Server{srv: srv, cfg: cfg}
+	srv.KeepHijackedConns = true
+	return s
+}
+
+// Drain stops keeping connections alive, for shutdown: streams begun after
+// it end with their connection, and handed-back connections still waiting
+// for a request are closed.
+func (s *Server) Drain() { s.idle.closeAll() }
+
+// IdleConns is the number of handed-back connections waiting for a request.
+func (s *Server) IdleConns() int { return int(s.idle.n.Load()) }
+
+// keepAlive reports whether a stream of rc may leave its connection open:
+// HTTP/1.1 (chunked framing), the client did not ask to close, and the
+// server is not draining.
+func (s *Server) keepAlive(rc *fasthttp.RequestCtx) bool {
+	h := &rc.Request.Header
+	return h.IsHTTP11() && !h.ConnectionClose() && !s.idle.draining.Load()
+}
