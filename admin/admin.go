@@ -17,11 +17,9 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
@@ -32,6 +30,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/fleet"
+	"github.com/tokenbus/tokenbus/gateway"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -78,7 +77,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.app = fiber.New(fiber.Config{
 		DisableStartupMessage: true,
-		BodyLimit:             1 << 20,
+		BodyLimit:             bodyLimit,
 		ReadTimeout:           time.Minute,
 		IdleTimeout:           2 * time.Minute,
 		ErrorHandler:          s.errorHandler,
@@ -127,33 +126,14 @@ func (s *Server) authenticate(c *fiber.Ctx) error {
 	return c.Next()
 }
 
-// CodeInvalidAdminToken is the code of the admin API's 401.
-const CodeInvalidAdminToken = "invalid_admin_token"
+var errBadToken = schemas.ErrBadAdminToken.New()
 
-var errBadToken = schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidAdminToken, "",
-	"The admin API needs the admin token: Authorization: Bearer <admin token>.")
+// bodyLimit is the largest admin API body: models, adapters and keys are small.
+const bodyLimit = 1 << 20
 
 // errorHandler writes every error in OpenAI's shape.
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
-	var e *schemas.Error
-	var fe *fiber.Error
-	switch {
-	case errors.As(err, &e):
-	case errors.As(err, &fe):
-		code := map[int]string{http.StatusNotFound: "unknown_url", http.StatusMethodNotAllowed: "method_not_allowed",
-			http.StatusRequestEntityTooLarge: "request_too_large"}[fe.Code]
-		typ := schemas.TypeInvalidRequest
-		if fe.Code >= 500 {
-			typ = schemas.TypeServer
-		}
-		msg := fe.Message
-		if fe.Code == http.StatusNotFound {
-			msg = fmt.Sprintf("Unknown request URL: %s %s.", c.Method(), c.Path())
-		}
-		e = schemas.NewError(fe.Code, typ, code, "", msg)
-	default:
-		e = schemas.AsError(err)
-	}
+	e := gateway.APIError(c, err, bodyLimit)
 	if e.Status >= 500 {
 		s.log.Warn("admin request failed", "method", c.Method(), "path", c.Path(), "status", e.Status, "err", err)
 	}
@@ -174,26 +154,26 @@ func (s *Server) ctx() (context.Context, context.CancelFunc) {
 func decode(c *fiber.Ctx, dst any) error {
 	body := bytes.TrimSpace(c.Body())
 	if len(body) == 0 {
-		return schemas.BadRequest("", "The request body is empty; expected a JSON object.")
+		return schemas.ErrBodyEmpty.New()
 	}
 	if body[0] != '{' {
-		return schemas.BadRequest("", "The request body must be a JSON object.")
+		return schemas.ErrBodyNotObject.New()
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(dst); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return schemas.BadRequest(te.Field, "Invalid type for '%s': expected %s.", te.Field, te.Type)
+			return schemas.ErrInvalidType.At(te.Field, te.Field, te.Type.String(), "a JSON "+te.Value)
 		}
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 			f = strings.Trim(f, `"`)
-			return schemas.BadRequest(f, "Unrecognized request argument supplied: %s", f)
+			return schemas.ErrUnknownParam.At(f, f)
 		}
-		return schemas.BadRequest("", "We could not parse the JSON body of your request: %v", err)
+		return schemas.ErrBodyNotJSON.New(err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return schemas.BadRequest("", "The request body has data after its JSON object.")
+		return schemas.ErrBodyTrailing.New()
 	}
 	return nil
 }

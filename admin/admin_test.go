@@ -87,7 +87,7 @@ func (w *world) worker(id string, models, adapters []string, mute, fail bool) *f
 			f.mu.Unlock()
 			r := schemas.CtlReply{OK: !fail}
 			if fail {
-				r.Error = schemas.Internal("engine said no")
+				r.Error = schemas.ErrInternal.New("engine said no")
 			}
 			b, _ := json.Marshal(r)
 			_ = m.Respond(b)
@@ -240,7 +240,7 @@ func TestAdminToken(t *testing.T) {
 	for _, auth := range []string{"", "Bearer wrong", "Bearer " + token + "x", "Basic " + token, token} {
 		for _, r := range routes {
 			got := w.doAuth(r.method, r.path, r.body, auth).expect(t, fmt.Sprintf("%s %s with %q", r.method, r.path, auth),
-				401, admin.CodeInvalidAdminToken, "")
+				401, schemas.ErrBadAdminToken.Code, "")
 			if got.header.Get("WWW-Authenticate") == "" {
 				t.Fatalf("no WWW-Authenticate on a 401")
 			}
@@ -313,14 +313,14 @@ func TestModelsAndAdapters(t *testing.T) {
 		{"trailing data", "POST", "/models", `{"name":"x"} {}`, 400, "", ""},
 		{"no name", "POST", "/models", `{"owned_by":"x"}`, 400, "", "name"},
 		{"negative length", "POST", "/models", `{"name":"x","max_model_len":-1}`, 400, "", "max_model_len"},
-		{"base named like an adapter", "POST", "/models", `{"name":"lora-a"}`, 409, registry.CodeConflict, ""},
+		{"base named like an adapter", "POST", "/models", `{"name":"lora-a"}`, 409, schemas.ErrConflict.Code, ""},
 		{"adapter on a missing base", "POST", "/adapters", `{"name":"x","base":"nope","path":"/p"}`, 400, "", "base"},
 		{"adapter without path", "POST", "/adapters", `{"name":"x","base":"llama-8b"}`, 400, "", "path"},
-		{"adapter with another path", "POST", "/adapters", `{"name":"lora-a","base":"llama-8b","path":"/other"}`, 409, registry.CodeConflict, ""},
-		{"adapter named like a base", "POST", "/adapters", `{"name":"meta-llama/Llama-3.1-8B","base":"llama-8b","path":"/p"}`, 409, registry.CodeConflict, ""},
+		{"adapter with another path", "POST", "/adapters", `{"name":"lora-a","base":"llama-8b","path":"/other"}`, 409, schemas.ErrConflict.Code, ""},
+		{"adapter named like a base", "POST", "/adapters", `{"name":"meta-llama/Llama-3.1-8B","base":"llama-8b","path":"/p"}`, 409, schemas.ErrConflict.Code, ""},
 		{"unknown model", "GET", "/models/nope", "", 404, "model_not_found", ""},
 		{"delete unknown model", "DELETE", "/models/nope", "", 404, "model_not_found", ""},
-		{"delete a base with adapters", "DELETE", "/models/llama-8b", "", 409, registry.CodeConflict, ""},
+		{"delete a base with adapters", "DELETE", "/models/llama-8b", "", 409, schemas.ErrConflict.Code, ""},
 		{"bad force", "DELETE", "/models/llama-8b?force=maybe", "", 400, "", "force"},
 		{"delete a base as an adapter", "DELETE", "/adapters/llama-8b", "", 400, "", "name"},
 		{"delete unknown adapter", "DELETE", "/adapters/nope", "", 404, "model_not_found", ""},
@@ -488,7 +488,7 @@ func TestKeysAndUsage(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Fatal("no key event")
 	}
-	w.do("DELETE", "/keys/"+k.ID, "").expect(t, "delete key again", 404, registry.CodeKeyNotFound, "")
+	w.do("DELETE", "/keys/"+k.ID, "").expect(t, "delete key again", 404, schemas.ErrKeyNotFound.Code, "")
 
 	lim := registry.NewLimiter(w.store)
 	ctx := context.Background()
@@ -540,7 +540,7 @@ func TestRedisDown(t *testing.T) {
 		if r.path == "/workers" || r.path == "/workers/w1/drain" || r.path == "/nothing-here" {
 			continue
 		}
-		got := w.do(r.method, r.path, r.body).expect(t, r.method+" "+r.path+" with Redis down", 503, registry.CodeStoreUnavailable, "")
+		got := w.do(r.method, r.path, r.body).expect(t, r.method+" "+r.path+" with Redis down", 503, schemas.ErrStoreUnavailable.Code, "")
 		if got.header.Get("Retry-After") != "1" {
 			t.Fatalf("%s %s: Retry-After %q", r.method, r.path, got.header.Get("Retry-After"))
 		}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -167,7 +168,7 @@ func (s *Server) deleteModel(c *fiber.Ctx) error {
 			force = true
 		case "false", "0":
 		default:
-			return schemas.BadRequest("force", "Invalid 'force': expected true or false, got %q.", v)
+			return schemas.ErrInvalidType.At("force", "force", "true or false", strconv.Quote(v))
 		}
 	}
 	ctx, cancel := s.ctx()
@@ -250,20 +251,19 @@ func (s *Server) control(worker, op string, body any) *schemas.Error {
 	msg, err := s.cfg.NC.Request(schemas.CtlSubject(worker, op), b, s.cfg.CtlTimeout)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		return schemas.Unavailable("worker_unreachable", 1, "The worker %s did not answer: it is gone.", worker)
+		return schemas.ErrWorkerUnreachable.New(worker, "it is gone")
 	case errors.Is(err, nats.ErrTimeout):
-		return schemas.Timeout("The worker %s did not answer %s within %s.", worker, op, s.cfg.CtlTimeout)
+		return schemas.ErrWorkerCtlTimeout.New(worker, op, s.cfg.CtlTimeout)
 	case err != nil:
-		return schemas.Unavailable("worker_unreachable", 1, "Could not reach the worker %s: %v", worker, err)
+		return schemas.ErrWorkerUnreachable.New(worker, err)
 	}
 	var r schemas.CtlReply
 	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return schemas.NewError(http.StatusBadGateway, schemas.TypeServer, "bad_worker_reply", "",
-			"The worker "+worker+" sent a malformed reply.")
+		return schemas.ErrBadWorkerReply.New(worker, op)
 	}
 	if !r.OK {
 		if r.Error == nil {
-			return schemas.Internal("the worker %s refused %s", worker, op)
+			return schemas.ErrInternal.New("the worker " + worker + " refused " + op)
 		}
 		return r.Error
 	}

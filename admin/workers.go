@@ -1,8 +1,6 @@
 package admin
 
 import (
-	"net/http"
-
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -27,8 +25,7 @@ type drained struct {
 func (s *Server) drainWorker(c *fiber.Ctx) error {
 	id := pathParam(c, "id")
 	if !s.live(id) {
-		return schemas.NewError(http.StatusNotFound, schemas.TypeInvalidRequest, "worker_not_found", "",
-			"No live worker has the id `"+id+"`.")
+		return schemas.ErrWorkerNotFound.New(id)
 	}
 	if e := s.control(id, schemas.CtlDrain, struct{}{}); e != nil {
 		return e

@@ -20,10 +20,8 @@ package auth
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -34,13 +32,6 @@ import (
 	"github.com/tokenbus/tokenbus/gateway"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
-)
-
-// Codes of auth's errors.
-const (
-	CodeInvalidKey      = "invalid_api_key"
-	CodeModelNotAllowed = "model_not_allowed"
-	CodeRateLimited     = "rate_limit_exceeded"
 )
 
 // Config configures an Auth.
@@ -129,8 +120,7 @@ func (a *Auth) authorize(c *fiber.Ctx, model string) (gateway.Principal, string,
 		a.log.Warn("API key lookup failed", "err", err)
 		return gateway.Principal{}, "unavailable", err
 	case !k.Allows(model):
-		return gateway.Principal{}, "model_not_allowed", schemas.NewError(http.StatusForbidden, schemas.TypePermission,
-			CodeModelNotAllowed, "model", fmt.Sprintf("This API key may not use the model `%s`.", model))
+		return gateway.Principal{}, "model_not_allowed", schemas.ErrModelNotAllowed.New(model)
 	}
 	p := gateway.Principal{Tenant: k.Tenant, KeyID: k.ID}
 	d, err := a.cfg.Limiter.Admit(ctx, k)
@@ -193,9 +183,7 @@ func bearer(h string) (string, bool) {
 	return token, token != ""
 }
 
-var errMissingKey = schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidKey, "",
-	"You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth "+
-		"(i.e. Authorization: Bearer YOUR_KEY).")
+var errMissingKey = schemas.ErrMissingKey.New()
 
 // invalidKey is OpenAI's 401 for a wrong key, which shows only the key's ends.
 func invalidKey(secret string) *schemas.Error {
@@ -203,8 +191,7 @@ func invalidKey(secret string) *schemas.Error {
 	if len(secret) >= 16 {
 		shown = secret[:6] + "***" + secret[len(secret)-4:]
 	}
-	return schemas.NewError(http.StatusUnauthorized, schemas.TypeInvalidRequest, CodeInvalidKey, "",
-		fmt.Sprintf("Incorrect API key provided: %s.", shown))
+	return schemas.ErrInvalidKey.New(shown)
 }
 
 // rateLimited is the 429 for a refused request.
@@ -213,11 +200,8 @@ func rateLimited(k registry.Key, d registry.Decision) *schemas.Error {
 	if d.Exceeded == "tokens" {
 		what, limit, used = "tokens per minute (TPM)", d.TPM, d.Tokens
 	}
-	e := schemas.NewError(http.StatusTooManyRequests, schemas.TypeRateLimit, CodeRateLimited, "",
-		fmt.Sprintf("Rate limit reached for API key %s on %s: Limit %d, Used %d. Please try again in %s.",
-			k.ID, what, limit, used, resetString(d.Reset)))
-	e.RetryAfter = int(math.Ceil(d.Reset.Seconds()))
-	return e
+	return schemas.ErrRateLimited.New(k.ID, what, limit, used, resetString(d.Reset)).
+		WithRetryAfter(int(math.Ceil(d.Reset.Seconds())))
 }
 
 // setHeaders sets OpenAI's x-ratelimit-* headers for the limits the key has.

@@ -243,11 +243,11 @@ func TestAuthorizeErrors(t *testing.T) {
 		status              int
 		code                string
 	}{
-		{"no key", "", "llama-8b", 401, auth.CodeInvalidKey},
-		{"not bearer", "Basic " + secret, "llama-8b", 401, auth.CodeInvalidKey},
-		{"not a key", "Bearer sk-123", "llama-8b", 401, auth.CodeInvalidKey},
-		{"unknown key", "Bearer tb-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "llama-8b", 401, auth.CodeInvalidKey},
-		{"model not allowed", "Bearer " + secret, "other", 403, auth.CodeModelNotAllowed},
+		{"no key", "", "llama-8b", 401, schemas.ErrInvalidKey.Code},
+		{"not bearer", "Basic " + secret, "llama-8b", 401, schemas.ErrInvalidKey.Code},
+		{"not a key", "Bearer sk-123", "llama-8b", 401, schemas.ErrInvalidKey.Code},
+		{"unknown key", "Bearer tb-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "llama-8b", 401, schemas.ErrInvalidKey.Code},
+		{"model not allowed", "Bearer " + secret, "other", 403, schemas.ErrModelNotAllowed.Code},
 		{"allowed", "Bearer " + secret, "llama-8b", 200, ""},
 		{"lower-case scheme", "bearer " + secret, "llama-8b", 200, ""},
 		{"key for all models", "Bearer " + open, "other", 200, ""},
@@ -314,7 +314,7 @@ func TestRequestsPerMinuteAcrossGateways(t *testing.T) {
 	}
 	for i, stream := range []bool{false, true} {
 		r := complete(t, w.gws[i].url, secret, "llama-8b", stream)
-		if r.status != 429 || r.errCode() != auth.CodeRateLimited || r.header.Get("Retry-After") != "55" ||
+		if r.status != 429 || r.errCode() != schemas.ErrRateLimited.Code || r.header.Get("Retry-After") != "55" ||
 			r.header.Get("x-ratelimit-remaining-requests") != "0" || r.header.Get("x-ratelimit-limit-requests") != "4" {
 			t.Fatalf("over the limit on replica %d: %d %v %s", i, r.status, r.header, r.body)
 		}
@@ -340,7 +340,7 @@ func TestTokensPerMinuteAcrossGateways(t *testing.T) {
 		w.waitUsage(t)
 	}
 	r := complete(t, w.gws[0].url, secret, "llama-8b", false)
-	if r.status != 429 || r.errCode() != auth.CodeRateLimited || r.header.Get("Retry-After") != "55" ||
+	if r.status != 429 || r.errCode() != schemas.ErrRateLimited.Code || r.header.Get("Retry-After") != "55" ||
 		r.header.Get("x-ratelimit-remaining-tokens") != "0" || !strings.Contains(r.body, "TPM") {
 		t.Fatalf("over TPM: %d %v %s", r.status, r.header, r.body)
 	}
@@ -445,7 +445,7 @@ func TestRedisDown(t *testing.T) {
 		}
 	}
 	r := complete(t, gw.url, "tb-unknownunknownunknownunknownunknownunknownu", "llama-8b", false)
-	if r.status != 503 || r.errCode() != registry.CodeStoreUnavailable || r.header.Get("Retry-After") == "" {
+	if r.status != 503 || r.errCode() != schemas.ErrStoreUnavailable.Code || r.header.Get("Retry-After") == "" {
 		t.Fatalf("unknown key, Redis down: %d %v %s", r.status, r.header, r.body)
 	}
 	w.waitUsage(t)

@@ -111,7 +111,7 @@ func (c *Client) Close() error {
 	c.streams = nil // Start checks for nil: no stream can begin after Close
 	c.mu.Unlock()
 	for _, s := range streams {
-		s.fail(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the client is shutting down"))
+		s.fail(schemas.ErrShuttingDown.New("tokenbus client"))
 	}
 	return err
 }
@@ -159,16 +159,16 @@ func (r *Request) Header() nats.Header {
 
 // ErrClosed is returned by Start after Close. It is a *schemas.Error (503,
 // shutting_down) so that callers map it like every other bus error.
-var ErrClosed error = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the tokenbus client is closed")
+var ErrClosed error = schemas.ErrShuttingDown.New("tokenbus client")
 
 // Start publishes r and returns its reply stream. The caller must Close the
 // stream (which cancels the request if it has not finished).
 func (c *Client) Start(r *Request) (*Stream, error) {
 	if !schemas.ValidRequestID(r.ID) {
-		return nil, schemas.BadRequest("", "invalid request id")
+		return nil, schemas.ErrBadHeader.New(schemas.HdrRequestID)
 	}
 	if !r.Kind.Valid() {
-		return nil, schemas.BadRequest("", "invalid request kind %q", r.Kind)
+		return nil, schemas.ErrUnknownKind.New(r.Kind)
 	}
 	tok := nuid.Next()
 	s := newStream(c, tok, r.ID)
@@ -186,7 +186,7 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	}
 	if err := send(msg); err != nil {
 		c.remove(tok)
-		return nil, schemas.Unavailable(schemas.CodeNoDispatcher, 1, "cannot publish the request: %v", err)
+		return nil, schemas.ErrPublish.New(err)
 	}
 	return s, nil
 }
@@ -231,7 +231,7 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Unlock()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		if s != nil {
-			s.fail(schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher is serving requests"))
+			s.fail(schemas.ErrNoDispatcher.New())
 		}
 		return
 	}

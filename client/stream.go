@@ -67,15 +67,14 @@ func (s *Stream) push(f schemas.Frame) {
 	case f.Seq == 0:
 		// dispatcher frames are not numbered
 	case f.Seq != s.nextSeq:
-		s.failLocked(schemas.Unavailable(schemas.CodeStreamLost, 1,
-			"reply stream lost messages (expected frame %d, got %d)", s.nextSeq, f.Seq))
+		s.failLocked(schemas.ErrStreamGap.New(s.nextSeq, f.Seq))
 		s.mu.Unlock()
 		return
 	default:
 		s.nextSeq++
 	}
 	if len(s.pending)-s.head >= s.c.opts.MaxPending {
-		s.failLocked(schemas.Unavailable(schemas.CodeStreamLost, 1, "reader too slow: reply stream overflowed"))
+		s.failLocked(schemas.ErrStreamOverflow.New())
 		s.mu.Unlock()
 		return
 	}
@@ -185,11 +184,11 @@ func (s *Stream) stallError() *schemas.Error {
 	defer s.mu.Unlock()
 	switch {
 	case s.worker != "":
-		return schemas.Unavailable(schemas.CodeStreamLost, 1, "worker %s went silent for %s", s.worker, s.stallFor)
+		return schemas.ErrWorkerSilent.New(s.worker, s.stallFor)
 	case s.queued:
-		return schemas.Unavailable(schemas.CodeQueueFull, 1, "the request waited in the queue for too long")
+		return schemas.ErrQueueTimeout.New("the request")
 	}
-	return schemas.Unavailable(schemas.CodeNoDispatcher, 1, "no dispatcher answered within %s", s.stallFor)
+	return schemas.ErrDispatcherSilent.New(s.stallFor)
 }
 
 // handleLocked processes one frame; ok says whether to return it.
@@ -244,4 +243,3 @@ func (s *Stream) Close() {
 		_ = s.c.nc.Publish(schemas.QueueCancel, []byte(s.id))
 	}
 }
-

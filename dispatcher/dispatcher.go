@@ -189,7 +189,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			if !d.cfg.Embedded {
 				_ = subs[len(subs)-1].Unsubscribe()
 			}
-			d.rejectAll(schemas.Unavailable(schemas.CodeShuttingDown, 1, "the dispatcher is shutting down"))
+			d.rejectAll(schemas.ErrShuttingDown.New("dispatcher"))
 			return d.nc.Flush()
 		case now := <-t.C:
 			d.sweep(now)
@@ -279,11 +279,11 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 	}
 	switch {
 	case !schemas.ValidRequestID(r.id):
-		return nil, schemas.BadRequest("", "missing or invalid %s header", schemas.HdrRequestID)
+		return nil, schemas.ErrBadHeader.New(schemas.HdrRequestID)
 	case !schemas.Kind(h.Get(schemas.HdrKind)).Valid():
-		return nil, schemas.BadRequest("", "missing or invalid %s header (chat or completion)", schemas.HdrKind)
+		return nil, schemas.ErrBadHeader.New(schemas.HdrKind + " (chat or completion)")
 	case r.model == "":
-		return nil, schemas.BadRequest("model", "no model named")
+		return nil, schemas.ErrBadHeader.At("model", schemas.HdrModel)
 	}
 	r.adapter = d.resolve(r.model)
 	return r, nil
@@ -375,7 +375,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 
 func (d *Dispatcher) route(r *request, exclude string) {
 	if !r.deadline.IsZero() && time.Now().After(r.deadline) {
-		d.fail(r.span, r.msg.Reply, schemas.Timeout("the request's deadline passed before it was routed"))
+		d.fail(r.span, r.msg.Reply, schemas.ErrDeadlinePassed.New("before it was routed"))
 		return
 	}
 	d.mu.Lock()
@@ -406,13 +406,12 @@ func (d *Dispatcher) route(r *request, exclude string) {
 // is known (registered), else 404.
 func (d *Dispatcher) noWorker(model string, adapter *adapterRef) *schemas.Error {
 	if adapter != nil {
-		return schemas.Unavailable(schemas.CodeNoWorker, 2,
-			"no worker is serving model `%s`, the base model of adapter `%s`, right now", adapter.base, model)
+		return schemas.ErrNoWorkerForBase.New(adapter.base, model)
 	}
 	if d.models != nil && d.models.Known(model) {
-		return schemas.Unavailable(schemas.CodeNoWorker, 2, "no worker is serving model `%s` right now", model)
+		return schemas.ErrNoWorker.New(model)
 	}
-	return schemas.ModelNotFound(model)
+	return schemas.ErrModelNotFound.New(model)
 }
 
 // warmingLocked reports whether the dispatcher started too recently to have
@@ -441,8 +440,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	}
 	if q.Len() >= d.cfg.QueueSize {
 		d.m.rejected.WithLabelValues("queue_full").Inc()
-		d.fail(r.span, r.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
-			"all workers for model `%s` are busy and its queue is full; retry shortly", r.model))
+		d.fail(r.span, r.msg.Reply, schemas.ErrQueueFull.New(r.model))
 		return
 	}
 	if old := d.byID[r.id]; old != nil {
@@ -536,7 +534,7 @@ func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span tr
 	}
 	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
 	if err := d.nc.PublishMsg(fwd); err != nil {
-		d.fail(span, m.Reply, schemas.Unavailable(schemas.CodeNoWorker, 1, "cannot forward the request: %v", err))
+		d.fail(span, m.Reply, schemas.ErrForward.New(err))
 		return
 	}
 	d.m.routed.Inc()
@@ -572,8 +570,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 			e := (*q)[i]
 			switch {
 			case now.After(e.expires):
-				out = append(out, rej{e.msg.Reply, schemas.Unavailable(schemas.CodeQueueFull, 1,
-					"no worker for model `%s` became free in time", model), e.span})
+				out = append(out, rej{e.msg.Reply, schemas.ErrQueueTimeout.New("model `" + model + "`"), e.span})
 			default:
 				if serving < 0 {
 					if e.adapter != nil {

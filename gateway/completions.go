@@ -84,7 +84,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID)}
 		}
 		if !known {
-			return schemas.ModelNotFound(req.Model)
+			return schemas.ErrModelNotFound.New(req.Model)
 		}
 
 		deadline := start.Add(g.cfg.RequestTimeout)
@@ -93,7 +93,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		var reqCtx context.Context
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
 		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
-			schemas.Timeout("the request did not finish within %s", g.cfg.RequestTimeout))
+			schemas.ErrRequestTimeout.New(g.cfg.RequestTimeout))
 
 		st, err := g.cl.Start(&client.Request{
 			ID:       id,

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"strconv"
@@ -15,14 +14,13 @@ import (
 
 // errClientGone is the cause of a request context cancelled because the
 // client hung up; 499 is for logs and metrics only (nobody reads it).
-var errClientGone = schemas.NewError(499, schemas.TypeInvalidRequest, "client_closed_request", "",
-	"the client closed the connection")
+var errClientGone = schemas.ErrClientGone.New()
 
 // errorHandler is Fiber's ErrorHandler: every error a handler returns, and
 // the ones fasthttp raises before a handler runs (body too large, read
 // timeout, malformed request), leave as OpenAI's nested error body.
 func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
-	e := g.toAPIError(c, err)
+	e := APIError(c, err, g.cfg.BodyLimit)
 	if c.Locals(localID) == nil {
 		// Raised by fasthttp before any handler ran (body too large, read
 		// timeout, malformed HTTP): observe did not see this request.
@@ -37,32 +35,32 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 	return writeError(c, e)
 }
 
-// toAPIError maps Fiber's own errors; everything else goes through
-// schemas.AsError, the one place bus and Go errors become OpenAI errors.
-func (g *Gateway) toAPIError(c *fiber.Ctx, err error) *schemas.Error {
+// APIError is the one mapping of an HTTP handler's error to its OpenAI
+// error body, for the gateway and the admin API: Fiber's and fasthttp's
+// own errors (no route, wrong method, body over bodyLimit, read timeout,
+// malformed HTTP) by their status, everything else through
+// schemas.AsError, where bus and Go errors become OpenAI errors.
+func APIError(c *fiber.Ctx, err error, bodyLimit int) *schemas.Error {
 	var fe *fiber.Error
 	if !errors.As(err, &fe) {
 		return schemas.AsError(err)
 	}
 	switch fe.Code {
 	case http.StatusNotFound:
-		return schemas.NewError(http.StatusNotFound, schemas.TypeInvalidRequest, "unknown_url", "",
-			fmt.Sprintf("Unknown request URL: %s %s. Please check the URL for typos.", c.Method(), c.OriginalURL()))
+		return schemas.ErrUnknownURL.New(c.Method(), c.OriginalURL())
 	case http.StatusMethodNotAllowed:
-		return schemas.NewError(http.StatusMethodNotAllowed, schemas.TypeInvalidRequest, "method_not_allowed", "",
-			fmt.Sprintf("Method %s is not allowed for %s.", c.Method(), c.Path()))
+		return schemas.ErrMethodNotAllowed.New(c.Method(), c.Path())
 	case http.StatusRequestEntityTooLarge:
-		return schemas.NewError(http.StatusRequestEntityTooLarge, schemas.TypeInvalidRequest, "request_too_large", "",
-			fmt.Sprintf("The request body is larger than the limit of %d bytes.", g.cfg.BodyLimit))
+		return schemas.ErrTooLarge.New(bodyLimit)
 	case http.StatusRequestTimeout:
-		return schemas.NewError(http.StatusRequestTimeout, schemas.TypeTimeout, "timeout", "",
-			"The request was not received in time.")
+		return schemas.ErrReadTimeout.New()
+	case http.StatusRequestHeaderFieldsTooLarge:
+		return schemas.ErrHeadersTooLarge.New()
 	}
-	typ := schemas.TypeInvalidRequest
 	if fe.Code >= 500 {
-		typ = schemas.TypeServer
+		return schemas.ErrInternal.New(fe.Message)
 	}
-	return schemas.NewError(fe.Code, typ, "", "", fe.Message)
+	return schemas.ErrBadHTTP.New(fe.Message)
 }
 
 // Bounds of drainBody.

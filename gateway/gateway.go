@@ -89,7 +89,7 @@ type Gateway struct {
 	streams  *httpstream.Server // SSE responses on the app's connections
 }
 
-var errShuttingDown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the gateway is shutting down")
+var errShuttingDown = schemas.ErrShuttingDown.New("gateway")
 
 // New builds a gateway. reg may be nil (a fresh registry is used), nc may be
 // nil (then /ready always says 503), log may be nil.

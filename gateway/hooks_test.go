@@ -25,11 +25,11 @@ func TestAuthorize(t *testing.T) {
 			case "Bearer good":
 				return Principal{Tenant: "acme"}, nil
 			case "Bearer limited":
-				e := schemas.NewError(429, schemas.TypeRateLimit, "rate_limit_exceeded", "", "slow down")
+				e := schemas.FromUpstream(429, schemas.TypeRateLimit, "rate_limit_exceeded", "", "slow down")
 				e.RetryAfter = 9
 				return Principal{}, e
 			}
-			return Principal{}, schemas.NewError(401, schemas.TypeAuthentication, "invalid_api_key", "", "Incorrect API key provided.")
+			return Principal{}, schemas.FromUpstream(401, schemas.TypeAuthentication, "invalid_api_key", "", "Incorrect API key provided.")
 		},
 	}})
 	for _, tc := range []struct {

@@ -77,19 +77,19 @@ func TestRequestErrors(t *testing.T) {
 		{"malformed JSON", "POST", "/v1/chat/completions", "application/json", `{"model":`, 400, nil, nil},
 		{"not an object", "POST", "/v1/chat/completions", "application/json", `[1,2]`, 400, nil, nil},
 		{"empty body", "POST", "/v1/chat/completions", "application/json", ``, 400, nil, nil},
-		{"stream not a bool", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream":"yes"}`, 400, "stream", nil},
-		{"n not an int", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"n":"2"}`, 400, "n", nil},
-		{"n zero", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", nil},
-		{"include_usage not a bool", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":1}}`, 400, "stream_options.include_usage", nil},
-		{"stream_options without stream", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`, 400, "stream_options", nil},
-		{"model missing", "POST", "/v1/chat/completions", "application/json", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model", nil},
-		{"model null", "POST", "/predictions/llama-8b/1.0/v1/chat/completions", "application/json", `{"model":null,"messages":[{"role":"user","content":"hi"}]}`, 400, "model", nil},
-		{"model not a string", "POST", "/v1/chat/completions", "application/json", `{"model":7,"messages":[{"role":"user","content":"hi"}]}`, 400, "model", nil},
-		{"messages missing", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b"}`, 400, "messages", nil},
-		{"messages empty", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[]}`, 400, "messages", nil},
-		{"messages not an array", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":"hi"}`, 400, "messages", nil},
-		{"prompt missing", "POST", "/v1/completions", "application/json", `{"model":"llama-8b"}`, 400, "prompt", nil},
-		{"prompt not a string or array", "POST", "/v1/completions", "application/json", `{"model":"llama-8b","prompt":{"a":1}}`, 400, "prompt", nil},
+		{"stream not a bool", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream":"yes"}`, 400, "stream", "invalid_type"},
+		{"n not an int", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"n":"2"}`, 400, "n", "invalid_type"},
+		{"n zero", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"n":0}`, 400, "n", "integer_below_min_value"},
+		{"include_usage not a bool", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":1}}`, 400, "stream_options.include_usage", "invalid_type"},
+		{"stream_options without stream", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":true}}`, 400, "stream_options", "invalid_value"},
+		{"model missing", "POST", "/v1/chat/completions", "application/json", `{"messages":[{"role":"user","content":"hi"}]}`, 400, "model", "missing_required_parameter"},
+		{"model null", "POST", "/predictions/llama-8b/1.0/v1/chat/completions", "application/json", `{"model":null,"messages":[{"role":"user","content":"hi"}]}`, 400, "model", "missing_required_parameter"},
+		{"model not a string", "POST", "/v1/chat/completions", "application/json", `{"model":7,"messages":[{"role":"user","content":"hi"}]}`, 400, "model", "invalid_type"},
+		{"messages missing", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b"}`, 400, "messages", "missing_required_parameter"},
+		{"messages empty", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[]}`, 400, "messages", "empty_array"},
+		{"messages not an array", "POST", "/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":"hi"}`, 400, "messages", "invalid_type"},
+		{"prompt missing", "POST", "/v1/completions", "application/json", `{"model":"llama-8b"}`, 400, "prompt", "missing_required_parameter"},
+		{"prompt not a string or array", "POST", "/v1/completions", "application/json", `{"model":"llama-8b","prompt":{"a":1}}`, 400, "prompt", "invalid_type"},
 		{"unknown model", "POST", "/v1/chat/completions", "application/json", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, "model", "model_not_found"},
 		{"unknown model, torchserve path", "POST", "/predictions/gpt-9/1.0/v1/completions", "application/json", `{"prompt":"hi"}`, 404, "model", "model_not_found"},
 		{"text/plain", "POST", "/v1/chat/completions", "text/plain", unaryBody, 415, nil, "unsupported_media_type"},
@@ -149,10 +149,10 @@ func TestErrorBeforeFirstChunk(t *testing.T) {
 		accept bool
 		retry  string
 	}{
-		{"queue full", schemas.Unavailable(schemas.CodeQueueFull, 7, "the queue is full"), 0, false, "7"},
-		{"no worker", schemas.Unavailable(schemas.CodeNoWorker, 2, "no worker serves llama-8b"), 0, false, "2"},
-		{"engine 400", schemas.BadRequest("max_tokens", "This model's maximum context length is 8192 tokens."), 2, true, ""},
-		{"not found", schemas.ModelNotFound("llama-8b"), 0, false, ""},
+		{"queue full", schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeQueueFull, "", "the queue is full").WithRetryAfter(7), 0, false, "7"},
+		{"no worker", schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeNoWorker, "", "no worker serves llama-8b").WithRetryAfter(2), 0, false, "2"},
+		{"engine 400", schemas.FromUpstream(400, schemas.TypeInvalidRequest, "", "max_tokens", "This model's maximum context length is 8192 tokens."), 2, true, ""},
+		{"not found", schemas.ErrModelNotFound.New("llama-8b"), 0, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
@@ -194,7 +194,7 @@ func TestNoResponders(t *testing.T) {
 
 // An error after the first chunk goes in-band, then [DONE].
 func TestErrorAfterFirstChunk(t *testing.T) {
-	engineErr := schemas.Unavailable(schemas.CodeStreamLost, 1, "worker fake-1 went silent")
+	engineErr := schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeStreamLost, "", "worker fake-1 went silent").WithRetryAfter(1)
 	h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
 		h.accept(m)
 		h.reply(m, schemas.FrameChunk, 2, chatRole)

@@ -36,7 +36,7 @@ func (g *Gateway) getModel(c *fiber.Ctx) error {
 			}
 		}
 	}
-	return schemas.ModelNotFound(id)
+	return schemas.ErrModelNotFound.New(id)
 }
 
 func fillModel(m *schemas.Model) {
@@ -60,11 +60,11 @@ func (g *Gateway) ready(c *fiber.Ctx) error {
 	case g.draining.Load():
 		return errShuttingDown
 	case g.nc == nil || !g.nc.IsConnected():
-		return schemas.Unavailable(schemas.CodeNoDispatcher, 1, "not connected to NATS")
+		return schemas.ErrNotConnected.New()
 	}
 	n := g.cat.WorkersUp()
 	if n <= 0 {
-		return schemas.Unavailable(schemas.CodeNoWorker, 1, "no worker is up")
+		return schemas.ErrNoWorkerUp.New()
 	}
 	return c.JSON(fiber.Map{"status": "ready", "workers": n, "version": g.cfg.Version})
 }

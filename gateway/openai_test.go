@@ -180,11 +180,11 @@ func TestOpenAIErrors(t *testing.T) {
 	h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
 		switch {
 		case strings.Contains(string(m.Data), "fail-before"):
-			h.reply(m, schemas.FrameError, 0, string(schemas.Unavailable(schemas.CodeQueueFull, 3, "queue full").Payload()))
+			h.reply(m, schemas.FrameError, 0, string(schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeQueueFull, "", "queue full").WithRetryAfter(3).Payload()))
 		default:
 			h.accept(m)
 			h.reply(m, schemas.FrameChunk, 2, chatHello)
-			h.reply(m, schemas.FrameError, 3, string(schemas.Internal("the engine died").Payload()))
+			h.reply(m, schemas.FrameError, 3, string(schemas.ErrInternal.New("the engine died").Payload()))
 		}
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

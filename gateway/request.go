@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"encoding/json"
-	"net/http"
 	"strings"
 
 	"github.com/nats-io/nuid"
@@ -43,10 +42,8 @@ func isJSON(ct string) bool {
 }
 
 var (
-	errUnsupportedMediaType = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,
-		"unsupported_media_type", "", "Unsupported Content-Type: expected application/json.")
-	errContentEncoding = schemas.NewError(http.StatusUnsupportedMediaType, schemas.TypeInvalidRequest,
-		"unsupported_media_type", "", "Compressed request bodies are not supported: send the JSON body without Content-Encoding.")
+	errUnsupportedMediaType = schemas.ErrUnsupportedMediaType.New()
+	errContentEncoding      = schemas.ErrContentEncoding.New()
 )
 
 // requestID returns the client's X-Request-Id when it is acceptable, else a

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 
 	"github.com/redis/go-redis/v9"
 
@@ -19,13 +18,6 @@ var (
 	ErrConflict    = errors.New("conflict")                 // 409
 	ErrInvalid     = errors.New("invalid")                  // 400
 	ErrUnavailable = errors.New("control-plane store down") // 503: Redis cannot be reached
-)
-
-// Codes of the OpenAI errors the registry returns.
-const (
-	CodeStoreUnavailable = "store_unavailable"
-	CodeConflict         = "conflict"
-	CodeKeyNotFound      = "key_not_found"
 )
 
 // regError is a registry failure: its sentinel, the API error it maps to and
@@ -51,21 +43,19 @@ func (e *regError) Unwrap() []error {
 }
 
 func modelNotFound(name string) error {
-	return &regError{sentinel: ErrNotFound, api: schemas.ModelNotFound(name)}
+	return &regError{sentinel: ErrNotFound, api: schemas.ErrModelNotFound.New(name)}
 }
 
 func keyNotFound(id string) error {
-	return &regError{sentinel: ErrNotFound, api: schemas.NewError(http.StatusNotFound, schemas.TypeInvalidRequest,
-		CodeKeyNotFound, "", fmt.Sprintf("No API key with id `%s`.", id))}
+	return &regError{sentinel: ErrNotFound, api: schemas.ErrKeyNotFound.New(id)}
 }
 
 func conflict(format string, args ...any) error {
-	return &regError{sentinel: ErrConflict, api: schemas.NewError(http.StatusConflict, schemas.TypeInvalidRequest,
-		CodeConflict, "", fmt.Sprintf(format, args...))}
+	return &regError{sentinel: ErrConflict, api: schemas.ErrConflict.New(fmt.Sprintf(format, args...))}
 }
 
-func invalid(param, format string, args ...any) error {
-	return &regError{sentinel: ErrInvalid, api: schemas.BadRequest(param, format, args...)}
+func invalid(e *schemas.Error) error {
+	return &regError{sentinel: ErrInvalid, api: e}
 }
 
 // storeErr classifies an error from Redis: nil stays nil, registry errors and
@@ -83,7 +73,7 @@ func storeErr(err error) error {
 		return err // a real error reply (a bug, e.g. WRONGTYPE): a 500 through AsError
 	}
 	return &regError{sentinel: ErrUnavailable, cause: err,
-		api: schemas.Unavailable(CodeStoreUnavailable, 1, "The control-plane store (Redis) is unavailable; try again shortly.")}
+		api: schemas.ErrStoreUnavailable.New()}
 }
 
 // isServerError reports an error reply from a Redis that is up and serving.

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -75,22 +76,22 @@ func HashSecret(secret string) string {
 
 func (spec *KeySpec) check() error {
 	if len(spec.Name) > maxNameLen {
-		return invalid("name", "Invalid 'name': longer than %d bytes.", maxNameLen)
+		return invalid(schemas.ErrInvalidValue.At("name", "name", fmt.Sprintf("longer than %d bytes", maxNameLen)))
 	}
 	switch {
 	case spec.Tenant == "":
-		return invalid("tenant", "Missing required parameter: 'tenant'.")
+		return invalid(schemas.ErrMissingParam.At("tenant", "tenant"))
 	case len(spec.Tenant) > maxNameLen:
-		return invalid("tenant", "Invalid 'tenant': longer than %d bytes.", maxNameLen)
+		return invalid(schemas.ErrInvalidValue.At("tenant", "tenant", fmt.Sprintf("longer than %d bytes", maxNameLen)))
 	case spec.RPM < 0:
-		return invalid("rpm", "Invalid 'rpm': must not be negative (0 means no limit).")
+		return invalid(schemas.ErrInvalidValue.At("rpm", "rpm", "must not be negative (0 means no limit)"))
 	case spec.TPM < 0:
-		return invalid("tpm", "Invalid 'tpm': must not be negative (0 means no limit).")
+		return invalid(schemas.ErrInvalidValue.At("tpm", "tpm", "must not be negative (0 means no limit)"))
 	}
 	// The tenant travels as a NATS header value.
 	for _, r := range spec.Tenant {
 		if unicode.IsControl(r) {
-			return invalid("tenant", "Invalid 'tenant': control characters are not allowed.")
+			return invalid(schemas.ErrInvalidValue.At("tenant", "tenant", "control characters are not allowed"))
 		}
 	}
 	for _, m := range spec.Models {

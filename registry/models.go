@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 	"unicode"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Limits on names and paths, so that records stay small.
@@ -21,13 +23,13 @@ const (
 func checkName(param, name string) error {
 	switch {
 	case name == "":
-		return invalid(param, "Missing required parameter: '%s'.", param)
+		return invalid(schemas.ErrMissingParam.At(param, param))
 	case len(name) > maxNameLen:
-		return invalid(param, "Invalid '%s': longer than %d bytes.", param, maxNameLen)
+		return invalid(schemas.ErrInvalidValue.At(param, param, fmt.Sprintf("longer than %d bytes", maxNameLen)))
 	}
 	for _, r := range name {
 		if unicode.IsSpace(r) || unicode.IsControl(r) {
-			return invalid(param, "Invalid '%s': %q contains whitespace or control characters.", param, name)
+			return invalid(schemas.ErrInvalidValue.At(param, param, fmt.Sprintf("%q contains whitespace or control characters", name)))
 		}
 	}
 	return nil
@@ -41,10 +43,10 @@ func (s *Store) PutBase(ctx context.Context, m Model) (created bool, err error) 
 		return false, err
 	}
 	if m.Base != "" || m.Path != "" {
-		return false, invalid("base", "A base model has no base or path; register adapters with PutAdapter.")
+		return false, invalid(schemas.ErrInvalidValue.At("base", "base", "a base model has no base or path; register adapters with PutAdapter"))
 	}
 	if m.MaxModelLen < 0 {
-		return false, invalid("max_model_len", "Invalid 'max_model_len': must not be negative.")
+		return false, invalid(schemas.ErrInvalidValue.At("max_model_len", "max_model_len", "must not be negative"))
 	}
 	err = s.updateModels(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
 		cur, ok, err := getModel(ctx, tx, m.Name)
@@ -81,11 +83,11 @@ func (s *Store) PutAdapter(ctx context.Context, m Model) (created bool, err erro
 	}
 	switch {
 	case m.Path == "":
-		return false, invalid("path", "Missing required parameter: 'path'.")
+		return false, invalid(schemas.ErrMissingParam.At("path", "path"))
 	case len(m.Path) > maxPathLen:
-		return false, invalid("path", "Invalid 'path': longer than %d bytes.", maxPathLen)
+		return false, invalid(schemas.ErrInvalidValue.At("path", "path", fmt.Sprintf("longer than %d bytes", maxPathLen)))
 	case m.Base == m.Name:
-		return false, invalid("base", "An adapter cannot be its own base model.")
+		return false, invalid(schemas.ErrInvalidValue.At("base", "base", "an adapter cannot be its own base model"))
 	}
 	err = s.updateModels(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
 		base, ok, err := getModel(ctx, tx, m.Base)
@@ -93,9 +95,9 @@ func (s *Store) PutAdapter(ctx context.Context, m Model) (created bool, err erro
 		case err != nil:
 			return nil, err
 		case !ok:
-			return nil, invalid("base", "The base model `%s` is not registered.", m.Base)
+			return nil, invalid(schemas.ErrInvalidValue.At("base", "base", fmt.Sprintf("the base model `%s` is not registered", m.Base)))
 		case base.IsAdapter():
-			return nil, invalid("base", "`%s` is itself an adapter; an adapter's base must be a base model.", m.Base)
+			return nil, invalid(schemas.ErrInvalidValue.At("base", "base", fmt.Sprintf("`%s` is itself an adapter; an adapter's base must be a base model", m.Base)))
 		}
 		cur, ok, err := getModel(ctx, tx, m.Name)
 		switch {
@@ -246,7 +248,7 @@ func (s *Store) RemoveAdapter(ctx context.Context, name string) (Model, error) {
 		case !ok:
 			return nil, modelNotFound(name)
 		case !cur.IsAdapter():
-			return nil, invalid("name", "`%s` is a base model, not an adapter.", name)
+			return nil, invalid(schemas.ErrInvalidValue.At("name", "name", fmt.Sprintf("`%s` is a base model, not an adapter", name)))
 		}
 		m = cur
 		return func(p redis.Pipeliner) { p.HDel(ctx, keyModels, name) }, nil

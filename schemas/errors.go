@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 )
 
 // Error is an OpenAI-shaped error together with its HTTP status. It is the one
@@ -27,6 +26,12 @@ type ErrorBody struct {
 
 func (e *Error) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.Status, e.Body.Type, e.Body.Message)
+}
+
+// WithRetryAfter sets the Retry-After hint, in seconds, and returns e.
+func (e *Error) WithRetryAfter(seconds int) *Error {
+	e.RetryAfter = seconds
+	return e
 }
 
 // JSON is the body OpenAI clients expect: {"error":{...}}.
@@ -56,54 +61,25 @@ func strp(s string) *string {
 	return &s
 }
 
-// NewError builds an Error; empty param or code become JSON null.
-func NewError(status int, typ, code, param, msg string) *Error {
+// newError builds an Error; empty param or code become JSON null. Only the
+// catalogue (catalog.go) calls it: every other error is made from a
+// definition there.
+func newError(status int, typ, code, param, msg string) *Error {
 	return &Error{Status: status, Body: ErrorBody{Message: msg, Type: typ, Param: strp(param), Code: strp(code)}}
 }
 
-// BadRequest is a 400 about param (which may be empty).
-func BadRequest(param, format string, args ...any) *Error {
-	return NewError(http.StatusBadRequest, TypeInvalidRequest, "", param, fmt.Sprintf(format, args...))
-}
-
-// ModelNotFound is OpenAI's 404 for an unknown model.
-func ModelNotFound(model string) *Error {
-	return NewError(http.StatusNotFound, TypeInvalidRequest, "model_not_found", "model",
-		fmt.Sprintf("The model `%s` does not exist.", model))
-}
-
-// Unavailable is a 503 with a retry hint in seconds.
-func Unavailable(code string, retryAfter int, format string, args ...any) *Error {
-	e := NewError(http.StatusServiceUnavailable, TypeOverloaded, code, "", fmt.Sprintf(format, args...))
-	e.RetryAfter = retryAfter
-	return e
-}
-
-// Internal is a 500 that says what failed without leaking details.
-func Internal(format string, args ...any) *Error {
-	return NewError(http.StatusInternalServerError, TypeServer, "internal_error", "", fmt.Sprintf(format, args...))
-}
-
-// Timeout is a 504: the request's deadline passed on the bus.
-func Timeout(format string, args ...any) *Error {
-	return NewError(http.StatusGatewayTimeout, TypeTimeout, "timeout", "", fmt.Sprintf(format, args...))
-}
-
-// Codes that clients and tests can rely on.
+// Codes that clients and tests can rely on (the catalogue has them all).
 const (
-	CodeQueueFull       = "queue_full"
-	CodeNoWorker        = "no_worker"
-	CodeNoDispatcher    = "no_dispatcher"
-	CodeStreamLost      = "stream_lost"   // gap in the sequence or worker went silent
-	CodeWorkerBusy      = "worker_busy"   // a worker at its cap, with no dispatcher to hand it back to
-	CodeShuttingDown    = "shutting_down" // the serving process is draining
-	CodeEngineError     = "engine_error"
-	CodeEngineUnhealthy = "engine_unhealthy"
+	CodeQueueFull         = "queue_full"
+	CodeNoWorker          = "no_worker"
+	CodeNoDispatcher      = "no_dispatcher"
+	CodeStreamLost        = "stream_lost"   // gap in the sequence or worker went silent
+	CodeWorkerBusy        = "worker_busy"   // a worker at its cap, with no dispatcher to hand it back to
+	CodeShuttingDown      = "shutting_down" // the serving process is draining
+	CodeEngineError       = "engine_error"
+	CodeEngineUnhealthy   = "engine_unhealthy"
+	CodeAdapterLoadFailed = "adapter_load_failed"
 )
-
-// CodeAdapterLoadFailed: the worker could not load the LoRA adapter the
-// request names (500 if the engine refused it, 503 if it was unavailable).
-const CodeAdapterLoadFailed = "adapter_load_failed"
 
 // AsError maps any error to an *Error. This is the only place where Go errors
 // become OpenAI error bodies.
@@ -115,20 +91,19 @@ func AsError(err error) *Error {
 	case errors.As(err, &e):
 		return e
 	case errors.Is(err, context.DeadlineExceeded):
-		return Timeout("the request timed out")
+		return ErrTimedOut.New()
 	case errors.Is(err, context.Canceled):
-		// The client went away; the status is for logs and metrics only
-		// (499 is nginx's "client closed request").
-		return NewError(499, TypeInvalidRequest, "cancelled", "", "the request was cancelled")
+		// The client went away; the status is for logs and metrics only.
+		return ErrClientGone.New()
 	}
-	return Internal("internal error: %v", err)
+	return ErrInternal.New(err.Error())
 }
 
 // ParseErrorPayload decodes an error frame payload; a malformed one becomes a 502.
 func ParseErrorPayload(b []byte) *Error {
 	var e Error
 	if err := json.Unmarshal(b, &e); err != nil || e.Status < 400 || e.Status > 599 {
-		return NewError(http.StatusBadGateway, TypeServer, CodeEngineError, "", "malformed error from worker")
+		return ErrBadErrorFrame.New()
 	}
 	if e.Body.Type == "" {
 		e.Body.Type = TypeServer

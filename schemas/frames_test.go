@@ -55,10 +55,10 @@ func TestErrorShapes(t *testing.T) {
 		status int
 		typ    string
 	}{
-		{BadRequest("messages", "missing %s", "messages"), 400, TypeInvalidRequest},
-		{ModelNotFound("x"), 404, TypeInvalidRequest},
-		{Unavailable(CodeQueueFull, 2, "full"), 503, TypeOverloaded},
-		{Internal("boom"), 500, TypeServer},
+		{ErrMissingParam.At("messages", "messages"), 400, TypeInvalidRequest},
+		{ErrModelNotFound.New("x"), 404, TypeInvalidRequest},
+		{ErrQueueFull.New("m"), 503, TypeOverloaded},
+		{ErrInternal.New("boom"), 500, TypeServer},
 	}
 	for _, tt := range tests {
 		if tt.err.Status != tt.status {

@@ -44,12 +44,12 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1")}},
 		{"done", DoneInfo{Usage: usage}},
-		{"error", Unavailable(CodeQueueFull, 1, "full")},
-		{"error", BadRequest("messages", "missing")},
+		{"error", ErrQueueFull.New("m")},
+		{"error", ErrMissingParam.At("messages", "messages")},
 		{"heartbeat", Heartbeat{Worker: "w1", Models: []string{"m"}, MaxConcurrency: 8, Healthy: true, Engine: "sim", Version: "1", IntervalMS: 1000, Seq: 1}},
 		{"done_notice", DoneNotice{Worker: "w1", RequestID: "r1", Running: 0}},
 		{"adapter_request", AdapterRequest{Name: "a", Base: "b", Path: "/p"}},
-		{"ctl_reply", CtlReply{OK: false, Error: Internal("x")}},
+		{"ctl_reply", CtlReply{OK: false, Error: ErrInternal.New("x")}},
 		{"ctl_reply", CtlReply{OK: true}},
 	}
 	for _, tt := range tests {

@@ -3,7 +3,7 @@ package schemas
 import (
 	"encoding/json"
 	"errors"
-	"net/http"
+	"fmt"
 )
 
 // Request is what tokenbus reads of an OpenAI chat or completion request: a
@@ -171,16 +171,16 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 // reported as malformed.
 func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error) {
 	if !kind.Valid() {
-		return nil, BadRequest("", "Unknown request kind %q.", kind)
+		return nil, ErrUnknownKind.New(kind)
 	}
 	r := reader{s: scanner{b: body}}
 	switch r.s.peek() {
 	case 0:
-		return nil, BadRequest("", "The request body is empty; expected a JSON object.")
+		return nil, ErrBodyEmpty.New()
 	case '{':
 	default:
 		if validJSON(body) {
-			return nil, BadRequest("", "The request body must be a JSON object.")
+			return nil, ErrBodyNotObject.New()
 		}
 		return nil, malformed(body)
 	}
@@ -194,7 +194,7 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 			return r.s.skip(1)
 		}
 		if seen&(1<<f) != 0 {
-			r.fail(BadRequest(fieldNames[f], "Duplicate key '%s' in the request body.", fieldNames[f]))
+			r.fail(ErrDuplicateKey.At(fieldNames[f], fieldNames[f], "the request body"))
 			return r.s.skip(1)
 		}
 		seen |= 1 << f
@@ -244,26 +244,26 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 	absent := func(f field) bool { return seen&(1<<f) == 0 || r.nulls[f] }
 	switch {
 	case seen&(1<<fModel) != 0 && req.Model == "": // "" or null: named, but nothing
-		return nil, BadRequest("model", "You must provide a model parameter.")
+		return nil, ErrNoModel.New()
 	case req.Model != "":
 	case defaultModel != "":
 		req.Model, req.ModelDefaulted = defaultModel, true
 	default:
-		return nil, BadRequest("model", "You must provide a model parameter.")
+		return nil, ErrNoModel.New()
 	}
 	switch {
 	case kind == KindChat && absent(fMessages):
-		return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+		return nil, ErrMissingParam.At("messages", "messages")
 	case kind == KindChat && len(req.Messages) == 0:
 		return nil, emptyArray("messages")
 	case kind == KindCompletion && absent(fPrompt):
-		return nil, BadRequest("prompt", "Missing required parameter: 'prompt'.")
+		return nil, ErrMissingParam.At("prompt", "prompt")
 	case kind == KindCompletion && req.Prompt.n == 0:
 		return nil, emptyArray("prompt")
 	case r.later != nil:
 		return nil, r.later
 	case req.StreamOptions && !req.Stream:
-		return nil, BadRequest("stream_options", "Stream options can only be defined when `stream=True`.")
+		return nil, ErrStreamOptions.New()
 	case req.N < 1:
 		return nil, belowMin("n", req.N, 1)
 	case !absent(fMaxTokens) && maxTokens < 1:
@@ -285,8 +285,8 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 			return nil, belowMin("min_tokens", req.MinTokens, 0)
 		}
 		if req.MaxTokens > 0 && req.MinTokens > req.MaxTokens {
-			return nil, BadRequest("min_tokens", "Invalid 'min_tokens': it must be at most %s=%d, but got %d instead.",
-				req.MaxTokensParam, req.MaxTokens, req.MinTokens)
+			return nil, ErrInvalidValue.At("min_tokens", "min_tokens",
+				fmt.Sprintf("it must be at most %s=%d, but got %d", req.MaxTokensParam, req.MaxTokens, req.MinTokens))
 		}
 	}
 	return req, nil
@@ -305,7 +305,7 @@ func ReadMessages(raw []byte) ([]Message, *Error) {
 	case r.err != nil:
 		return nil, r.err
 	case r.nulls[fMessages]:
-		return nil, BadRequest("messages", "Missing required parameter: 'messages'.")
+		return nil, ErrMissingParam.At("messages", "messages")
 	case len(msgs) == 0:
 		return nil, emptyArray("messages")
 	case r.later != nil:
@@ -347,7 +347,7 @@ func (r *reader) mismatch(param, want string, depth int) bool {
 	if !ok {
 		return false
 	}
-	r.fail(BadRequest(param, "Invalid type for '%s': expected %s, but got %s instead.", param, want, kindOf(v[0])))
+	r.fail(ErrInvalidType.At(param, param, want, kindOf(v[0])))
 	return true
 }
 
@@ -417,9 +417,9 @@ func (r *reader) integer(f field, dst *int, has *bool) bool {
 			*has = true
 		}
 	case isDecimal(text):
-		r.fail(BadRequest(param, "Invalid type for '%s': expected an integer, but got a decimal number instead.", param))
+		r.fail(ErrInvalidType.At(param, param, "an integer", "a decimal number"))
 	default:
-		r.fail(BadRequest(param, "Invalid '%s': integer out of range.", param))
+		r.fail(ErrIntRange.At(param, param))
 	}
 	return true
 }
@@ -448,7 +448,7 @@ func (r *reader) streamOptions(req *Request) bool {
 		}
 		const param = "stream_options.include_usage"
 		if seen {
-			r.fail(BadRequest(param, "Duplicate key 'include_usage' in 'stream_options'."))
+			r.fail(ErrDuplicateKey.At(param, "include_usage", "'stream_options'"))
 			return r.s.skip(2)
 		}
 		seen = true
@@ -492,7 +492,7 @@ func (r *reader) stop(dst *[]string) bool {
 			return false
 		}
 		if bad {
-			r.fail(BadRequest(param, "Invalid type for 'stop': expected %s.", want))
+			r.fail(ErrInvalidType.At(param, param, want, "an array with other values"))
 			return true
 		}
 		*dst = out
@@ -501,7 +501,7 @@ func (r *reader) stop(dst *[]string) bool {
 	}
 	for _, s := range *dst {
 		if s == "" {
-			r.failLater(BadRequest(param, "Invalid 'stop': stop strings cannot be empty."))
+			r.failLater(ErrInvalidValue.At(param, param, "stop strings cannot be empty"))
 		}
 	}
 	return true
@@ -530,7 +530,7 @@ func (r *reader) messages(dst *[]Message) bool {
 			switch {
 			case keyIs(key, "role"):
 				if hasRole {
-					r.fail(BadRequest(indexed("messages", i, "role"), "Duplicate key 'role' in 'messages[%d]'.", i))
+					r.fail(ErrDuplicateKey.At(indexed("messages", i, "role"), "role", "'"+indexed("messages", i, "")+"'"))
 					return r.s.skip(3)
 				}
 				hasRole = true
@@ -542,7 +542,7 @@ func (r *reader) messages(dst *[]Message) bool {
 				return ok
 			case keyIs(key, "content"):
 				if hasContent {
-					r.fail(BadRequest(indexed("messages", i, "content"), "Duplicate key 'content' in 'messages[%d]'.", i))
+					r.fail(ErrDuplicateKey.At(indexed("messages", i, "content"), "content", "'"+indexed("messages", i, "")+"'"))
 					return r.s.skip(3)
 				}
 				hasContent = true
@@ -553,9 +553,9 @@ func (r *reader) messages(dst *[]Message) bool {
 		if ok && m.Role == "" {
 			param := indexed("messages", i, "role")
 			if hasRole {
-				r.failLater(BadRequest(param, "Invalid '%s': empty string.", param))
+				r.failLater(ErrInvalidValue.At(param, param, "empty string"))
 			} else {
-				r.failLater(BadRequest(param, "Missing required parameter: '%s'.", param))
+				r.failLater(ErrMissingParam.At(param, param))
 			}
 		}
 		out = append(out, m)
@@ -604,7 +604,7 @@ func (r *reader) content(i int, m *Message) bool {
 				return r.s.skip(5)
 			}
 			if *seen {
-				r.fail(BadRequest(part(name), "Duplicate key '%s' in '%s'.", name, part("")))
+				r.fail(ErrDuplicateKey.At(part(name), name, "'"+part("")+"'"))
 				return r.s.skip(5)
 			}
 			*seen = true
@@ -676,7 +676,7 @@ func (r *reader) prompt(p *Prompt) bool {
 		return false
 	}
 	if bad {
-		r.fail(BadRequest("prompt", "Invalid type for 'prompt': expected %s.", want))
+		r.fail(ErrInvalidType.At("prompt", "prompt", want, "an array with other values"))
 		return true
 	}
 	*p = Prompt{shape: shape, n: n, raw: r.s.b[start:r.s.i]}
@@ -838,13 +838,9 @@ func (p Prompt) TokenIDs() [][]int {
 	return nil
 }
 
-func belowMin(param string, got, min int) *Error {
-	return BadRequest(param, "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.", param, min, got)
-}
+func belowMin(param string, got, min int) *Error { return ErrBelowMin.At(param, param, min, got) }
 
-func emptyArray(param string) *Error {
-	return BadRequest(param, "Invalid '%s': empty array. Expected an array with minimum length 1, but got an empty array instead.", param)
-}
+func emptyArray(param string) *Error { return ErrEmptyArray.At(param, param) }
 
 // malformed is the 400 for a body that is not JSON, with encoding/json's
 // description of where it breaks.
@@ -853,9 +849,7 @@ func malformed(body []byte) *Error {
 	err := json.Unmarshal(body, &v)
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
-		return BadRequest("", "We could not parse the JSON body of your request (%v at byte %d). "+
-			"The API expects a JSON payload.", se, se.Offset)
+		return ErrBodyNotJSON.New(fmt.Sprintf("%v at byte %d", se, se.Offset))
 	}
-	return NewError(http.StatusBadRequest, TypeInvalidRequest, "", "",
-		"We could not parse the JSON body of your request. The API expects a JSON payload.")
+	return ErrBodyNotJSON.New("it is not one JSON value")
 }

@@ -296,7 +296,7 @@ type failingEngine struct {
 func (e failingEngine) LoadAdapter(ctx context.Context, name, path string) error {
 	if strings.HasPrefix(path, "bad:") {
 		time.Sleep(100 * time.Millisecond)
-		return schemas.BadRequest("lora_path", "No adapter found for %s", path)
+		return schemas.FromUpstream(400, schemas.TypeInvalidRequest, "", "lora_path", fmt.Sprintf("No adapter found for %s", path))
 	}
 	return e.Engine.LoadAdapter(ctx, name, path)
 }

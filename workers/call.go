@@ -68,13 +68,13 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	c.cancel = func(cause error) { cancel(cause); stop() }
 	switch {
 	case !schemas.ValidRequestID(c.req.ID):
-		return c, schemas.BadRequest("", "missing or invalid %s header", schemas.HdrRequestID)
+		return c, schemas.ErrBadHeader.New(schemas.HdrRequestID)
 	case !c.req.Kind.Valid():
-		return c, schemas.BadRequest("", "missing or invalid %s header", schemas.HdrKind)
+		return c, schemas.ErrBadHeader.New(schemas.HdrKind)
 	case c.req.Model == "":
-		return c, schemas.BadRequest("model", "missing %s header", schemas.HdrModel)
+		return c, schemas.ErrBadHeader.At("model", schemas.HdrModel)
 	case !c.req.Deadline.IsZero() && time.Now().After(c.req.Deadline):
-		return c, schemas.Timeout("the request's deadline passed before a worker took it")
+		return c, schemas.ErrDeadlinePassed.New("before a worker took it")
 	}
 	// The body is read here once, by the reader every process uses; the
 	// engine decides on this view (a gateway has checked the body already,
@@ -87,7 +87,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	w.mu.Lock()
 	if _, dup := w.inflight[c.req.ID]; dup {
 		w.mu.Unlock()
-		return c, schemas.BadRequest("", "request id %q is already running on this worker", c.req.ID)
+		return c, schemas.ErrDuplicateRequest.New(c.req.ID)
 	}
 	w.inflight[c.req.ID] = c
 	w.mu.Unlock()

@@ -130,12 +130,12 @@ func (w *Worker) onControl(m *nats.Msg) {
 		reply(nil)
 	case schemas.CtlLoadAdapter, schemas.CtlUnloadAdapter:
 		if !w.adapters.CanLoad() {
-			reply(schemas.BadRequest("", "engine %s cannot load adapters", w.eng.Name()))
+			reply(schemas.ErrAdaptersUnsupported.New(w.eng.Name()))
 			return
 		}
 		var req schemas.AdapterRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil || req.Name == "" {
-			reply(schemas.BadRequest("name", "adapter request needs a name"))
+			reply(schemas.ErrAdapterName.At("name"))
 			return
 		}
 		// Loading takes a while: never block the control subscription. Both
@@ -154,6 +154,6 @@ func (w *Worker) onControl(m *nats.Msg) {
 			w.beatSoon()
 		}()
 	default:
-		reply(schemas.BadRequest("", "unknown control operation %q", op))
+		reply(schemas.ErrUnknownControl.New(op))
 	}
 }

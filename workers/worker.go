@@ -219,7 +219,7 @@ func (w *Worker) waitInflight(timeout time.Duration) {
 	}
 }
 
-var errShutdown = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the worker is shutting down")
+var errShutdown = schemas.ErrShuttingDown.New("worker")
 
 func (w *Worker) onRequest(m *nats.Msg) {
 	if m.Reply == "" {
@@ -263,7 +263,7 @@ func (w *Worker) bounce(m *nats.Msg) {
 			return
 		}
 	}
-	e := schemas.Unavailable(schemas.CodeWorkerBusy, 1, "worker %s is at capacity", w.cfg.ID)
+	e := schemas.ErrWorkerBusy.New(w.cfg.ID)
 	if w.draining.Load() {
 		e = errShutdown
 	}

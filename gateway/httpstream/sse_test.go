@@ -35,10 +35,10 @@ func TestWriteEvents(t *testing.T) {
 func TestFailEvent(t *testing.T) {
 	var out bytes.Buffer
 	w := testStream(&bufConn{Buffer: &out}, false, "")
-	if err := w.Fail(schemas.Internal("boom")); err != nil {
+	if err := w.Fail(schemas.ErrInternal.New("boom")); err != nil {
 		t.Fatal(err)
 	}
-	want := "data: " + string(schemas.Internal("boom").JSON()) + "\n\ndata: [DONE]\n\n"
+	want := "data: " + string(schemas.ErrInternal.New("boom").JSON()) + "\n\ndata: [DONE]\n\n"
 	if out.String() != want {
 		t.Fatalf("error event %q", out.String())
 	}
@@ -56,7 +56,7 @@ func TestEndBeforeRun(t *testing.T) {
 	if err := w.Done(); err != errNotRunning {
 		t.Fatalf("Done before Run: %v", err)
 	}
-	if err := w.Fail(schemas.Internal("boom")); err != errNotRunning {
+	if err := w.Fail(schemas.ErrInternal.New("boom")); err != errNotRunning {
 		t.Fatalf("Fail before Run: %v", err)
 	}
 	if out.Len() != 0 || len(w.buf) != w.hlen+chunkHeadroom {

@@ -191,7 +191,7 @@ func TestInstall(t *testing.T) {
 			t.Fatalf("HeaderTraceID %q", got)
 		}
 		_, span := NewTracer("test/scope").StartFromHeader(context.Background(), h, "hop", trace.SpanKindConsumer)
-		Fail(span, schemas.Unavailable(schemas.CodeQueueFull, 1, "full"))
+		Fail(span, schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeQueueFull, "", "full").WithRetryAfter(1))
 		InjectSpan(span, h)
 		span.End()
 		uninstall()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -18,16 +19,14 @@ func (m *Manager) loadError(name, path string, err error) *schemas.Error {
 		return se
 	}
 	cause := schemas.AsError(err)
-	msg := fmt.Sprintf("cannot load LoRA adapter `%s`", name)
+	from := ""
 	if path != "" {
-		msg += fmt.Sprintf(" from `%s`", path)
+		from = fmt.Sprintf(" from `%s`", path)
 	}
-	msg += fmt.Sprintf(" on worker %s: %s", m.cfg.Worker, cause.Body.Message)
+	why := strings.TrimSuffix(cause.Body.Message, ".")
 	if cause.Status >= 400 && cause.Status < 500 && cause.Status != http.StatusRequestTimeout &&
 		cause.Status != http.StatusTooManyRequests && cause.Status != 499 {
-		return schemas.NewError(http.StatusInternalServerError, schemas.TypeServer, schemas.CodeAdapterLoadFailed, "model", msg)
+		return schemas.ErrAdapterLoadFailed.New(name, from, m.cfg.Worker, why)
 	}
-	e := schemas.NewError(http.StatusServiceUnavailable, schemas.TypeOverloaded, schemas.CodeAdapterLoadFailed, "model", msg)
-	e.RetryAfter = 1
-	return e
+	return schemas.ErrAdapterLoadUnavailable.New(name, from, m.cfg.Worker, why)
 }

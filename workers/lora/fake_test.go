@@ -67,10 +67,10 @@ func (f *fake) LoadAdapter(ctx context.Context, name, path string) error {
 		return err
 	}
 	if slices.Contains(f.loaded, name) {
-		return schemas.BadRequest("lora_name", "The lora adapter '%s' has already been loaded.", name)
+		return schemas.FromUpstream(400, schemas.TypeInvalidRequest, "", "lora_name", fmt.Sprintf("The lora adapter '%s' has already been loaded.", name))
 	}
 	if f.max > 0 && len(f.loaded) >= f.max {
-		return schemas.NewError(http.StatusConflict, schemas.TypeInvalidRequest, "adapter_slots_full", "", "all slots are in use")
+		return schemas.FromUpstream(http.StatusConflict, schemas.TypeInvalidRequest, "adapter_slots_full", "", "all slots are in use")
 	}
 	f.loaded = append(f.loaded, name)
 	slices.Sort(f.loaded)
@@ -83,7 +83,7 @@ func (f *fake) UnloadAdapter(ctx context.Context, name string) error {
 	defer f.mu.Unlock()
 	i := slices.Index(f.loaded, name)
 	if i < 0 {
-		return schemas.NewError(http.StatusNotFound, schemas.TypeNotFound, "", "lora_name", fmt.Sprintf("The lora adapter '%s' cannot be found.", name))
+		return schemas.FromUpstream(http.StatusNotFound, schemas.TypeNotFound, "", "lora_name", fmt.Sprintf("The lora adapter '%s' cannot be found.", name))
 	}
 	f.log = append(f.log, "unload "+name)
 	f.loaded = slices.Delete(f.loaded, i, i+1)

@@ -141,7 +141,7 @@ func (m *Manager) Acquire(ctx context.Context, model, base, path string) (releas
 		if slices.Contains(m.eng.Models(), model) {
 			return noRelease, nil
 		}
-		return nil, m.loadError(model, path, schemas.BadRequest("", "engine %s cannot load LoRA adapters", m.eng.Name()))
+		return nil, m.loadError(model, path, schemas.ErrAdaptersUnsupported.New(m.eng.Name()))
 	}
 	u, err := m.ensure(ctx, model, base, path, true)
 	if err != nil || u == nil {
@@ -160,10 +160,10 @@ func (m *Manager) Acquire(ctx context.Context, model, base, path string) (releas
 // adapter already loaded is a success and loads nothing.
 func (m *Manager) Load(ctx context.Context, name, base, path string) error {
 	if m.ad == nil {
-		return schemas.BadRequest("", "engine %s cannot load adapters", m.eng.Name())
+		return schemas.ErrAdaptersUnsupported.New(m.eng.Name())
 	}
 	if path == "" {
-		return schemas.BadRequest("path", "loading adapter %q needs its path", name)
+		return schemas.ErrAdapterNoPath.At("path", name)
 	}
 	_, err := m.ensure(ctx, name, base, path, false)
 	return err
@@ -204,13 +204,13 @@ func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse boo
 		if path == "" {
 			m.mu.Unlock()
 			if base != "" {
-				return nil, m.loadError(name, "", schemas.BadRequest("", "the registry has no path for it"))
+				return nil, m.loadError(name, "", schemas.ErrAdapterNoPath.New(name))
 			}
 			return nil, nil
 		}
 		if base != "" && !slices.Contains(m.eng.Models(), base) {
 			m.mu.Unlock()
-			return nil, m.loadError(name, path, schemas.BadRequest("", "this worker does not serve base model %q", base))
+			return nil, m.loadError(name, path, schemas.ErrAdapterBase.New(base))
 		}
 		victim, full := m.victimLocked(st)
 		if full && victim == "" {
@@ -322,7 +322,7 @@ func (m *Manager) run(name, path string, load *op, victim string, evict *op) {
 // An adapter the engine does not have is a success.
 func (m *Manager) Unload(ctx context.Context, name string) error {
 	if m.ad == nil {
-		return schemas.BadRequest("", "engine %s cannot load adapters", m.eng.Name())
+		return schemas.ErrAdaptersUnsupported.New(m.eng.Name())
 	}
 	for {
 		m.mu.Lock()

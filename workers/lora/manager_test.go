@@ -195,11 +195,11 @@ func TestLoadFailures(t *testing.T) {
 		status int   // what the request gets
 		msg    string
 	}{
-		{"refused: no weights", schemas.BadRequest("lora_path", "No adapter found for /x"), 500, "No adapter found"},
-		{"refused: not found", schemas.ModelNotFound("x"), 500, "does not exist"},
-		{"engine down", schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "vllm is unreachable"), 503, "unreachable"},
-		{"engine overloaded", schemas.NewError(429, schemas.TypeOverloaded, "", "", "too many"), 503, "too many"},
-		{"engine slow", schemas.Timeout("vLLM did not answer"), 503, "did not answer"},
+		{"refused: no weights", schemas.FromUpstream(400, schemas.TypeInvalidRequest, "", "lora_path", "No adapter found for /x"), 500, "No adapter found"},
+		{"refused: not found", schemas.ErrModelNotFound.New("x"), 500, "does not exist"},
+		{"engine down", schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeEngineUnhealthy, "", "vllm is unreachable").WithRetryAfter(1), 503, "unreachable"},
+		{"engine overloaded", schemas.FromUpstream(429, schemas.TypeOverloaded, "", "", "too many"), 503, "too many"},
+		{"engine slow", schemas.FromUpstream(504, schemas.TypeTimeout, "timeout", "", "vLLM did not answer"), 503, "did not answer"},
 		{"not an API error", errors.New("disk on fire"), 503, "disk on fire"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -264,7 +264,7 @@ func TestRequestErrors(t *testing.T) {
 		msg                     string
 	}{
 		{"registered without a path", "x", "b", "", "no path"},
-		{"base model not served", "x", "other", "/x", `base model "other"`},
+		{"base model not served", "x", "other", "/x", "base model `other`"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := m.Acquire(t.Context(), tc.model, tc.base, tc.path)

@@ -97,7 +97,7 @@ func TestExportToReceiver(t *testing.T) {
 			}
 			tr := tracing.NewTracer("test/scope")
 			_, span := tr.StartFromHeader(context.Background(), nats.Header{schemas.HdrTrace: {inParent}}, "hop", trace.SpanKindConsumer)
-			tracing.Fail(span, schemas.Unavailable(schemas.CodeQueueFull, 1, "full"))
+			tracing.Fail(span, schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeQueueFull, "", "full").WithRetryAfter(1))
 			h := nats.Header{}
 			tracing.InjectSpan(span, h)
 			span.End()

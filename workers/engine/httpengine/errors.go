@@ -100,7 +100,7 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 	if param != nil {
 		p = *param
 	}
-	return schemas.NewError(status, typ, c, p, msg)
+	return schemas.FromUpstream(status, typ, c, p, msg)
 }
 
 type errorObject struct {

@@ -42,7 +42,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	case schemas.KindCompletion:
 		path = "/v1/completions"
 	default:
-		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
+		return nil, schemas.ErrUnknownKind.New(req.Kind)
 	}
 	span := e.startSpan(ctx, req, path)
 	res, err := e.generate(ctx, req, sink, path, span)
@@ -82,7 +82,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	}
 	hreq, err := e.newRequest(rctx, http.MethodPost, path, req.Body)
 	if err != nil {
-		return nil, schemas.Internal("building the engine request: %v", err)
+		return nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
 	if req.ID != "" {
 		hreq.Header.Set("X-Request-Id", req.ID)
@@ -408,7 +408,7 @@ func isEventStream(ct string) bool {
 }
 
 func engineError(format string, args ...any) *schemas.Error {
-	return schemas.NewError(http.StatusBadGateway, schemas.TypeServer, schemas.CodeEngineError, "", fmt.Sprintf(format, args...))
+	return schemas.ErrEngine.New(fmt.Sprintf(format, args...))
 }
 
 func errStalled(d time.Duration) *schemas.Error {
@@ -434,7 +434,7 @@ func (e *Engine) failure(ctx, rctx context.Context, err error, started bool) err
 	if started {
 		return engineError("the connection to the engine broke: %v", err)
 	}
-	return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s is unreachable: %v", e.name, e.base, err)
+	return schemas.ErrEngineUnhealthy.New(e.name, e.base, "unreachable: "+err.Error())
 }
 
 // isStream is the request's stream flag, from the worker's reading of the

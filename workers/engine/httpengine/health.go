@@ -43,8 +43,8 @@ func (e *Engine) healthLoop() {
 			if !aborted && e.cfg.UnhealthyAbort > 0 && now.Sub(prev.since) >= e.cfg.UnhealthyAbort && e.InFlight() > 0 {
 				aborted = true
 				e.log.Warn("engine unhealthy too long: ending requests in flight", "for", now.Sub(prev.since).Round(time.Second), "count", e.InFlight())
-				e.abortAll(schemas.Unavailable(schemas.CodeEngineUnhealthy, 1,
-					"%s engine at %s has been unhealthy for %s: %v", e.name, e.base, now.Sub(prev.since).Round(time.Second), err))
+				e.abortAll(schemas.ErrEngineUnhealthy.New(e.name, e.base,
+					fmt.Sprintf("unhealthy for %s: %v", now.Sub(prev.since).Round(time.Second), err)))
 			}
 		}
 		select {
@@ -58,7 +58,7 @@ func (e *Engine) healthLoop() {
 // probe is one health check; its error is a 503 engine_unhealthy.
 func (e *Engine) probe() error {
 	bad := func(format string, args ...any) error {
-		return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s: %s", e.name, e.base, fmt.Sprintf(format, args...))
+		return schemas.ErrEngineUnhealthy.New(e.name, e.base, fmt.Sprintf(format, args...))
 	}
 	if e.proc != nil {
 		if why := e.proc.down(); why != "" {

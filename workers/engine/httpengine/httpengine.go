@@ -168,7 +168,7 @@ type Engine struct {
 	closeOnce sync.Once
 }
 
-var errClosed = schemas.Unavailable(schemas.CodeShuttingDown, 1, "the engine is shut down")
+var errClosed = schemas.ErrShuttingDown.New("engine")
 
 // New starts an engine named name (what Name returns) on cfg: the background
 // health and model loops, and the child process if cfg.Command is set. It
@@ -202,7 +202,7 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		e.hooks.RefreshModels = e.refreshAll
 	}
 	e.abort, e.abortFn = context.WithCancelCause(context.Background())
-	e.health.Store(&healthState{err: schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s: not checked yet", name, base), since: time.Now()})
+	e.health.Store(&healthState{err: schemas.ErrEngineUnhealthy.New(name, base, "not checked yet"), since: time.Now()})
 	static := slices.Clone(cfg.Models)
 	e.models.Store(&static)
 	if cfg.Command != "" {
@@ -398,7 +398,7 @@ func FlagValue(cmd, name string) string {
 func (e *Engine) Call(ctx context.Context, method, path string, body []byte) (status int, answer []byte, err error) {
 	req, err := e.newRequest(ctx, method, path, body)
 	if err != nil {
-		return 0, nil, schemas.Internal("building the engine request: %v", err)
+		return 0, nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
 	resp, err := e.client.Do(req)
 	if err == nil {
@@ -409,7 +409,7 @@ func (e *Engine) Call(ctx context.Context, method, path string, body []byte) (st
 		if ctx.Err() != nil {
 			return 0, nil, context.Cause(ctx)
 		}
-		return 0, nil, schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "%s engine at %s is unreachable: %v", e.name, e.base, err)
+		return 0, nil, schemas.ErrEngineUnhealthy.New(e.name, e.base, "unreachable: "+err.Error())
 	}
 	return resp.StatusCode, answer, nil
 }

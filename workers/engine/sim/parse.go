@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"sync"
 
 	"github.com/tiktoken-go/tokenizer"
@@ -81,7 +82,7 @@ func completionPrompts(p schemas.Prompt) ([][]uint32, *schemas.Error) {
 		out := make([][]uint32, len(texts))
 		for i, s := range texts {
 			if out[i] = encode(nil, s); len(out[i]) == 0 {
-				return nil, schemas.BadRequest("prompt", "The decoder prompt cannot be empty")
+				return nil, schemas.ErrInvalidValue.At("prompt", "prompt", "the decoder prompt cannot be empty")
 			}
 		}
 		return out, nil
@@ -90,12 +91,12 @@ func completionPrompts(p schemas.Prompt) ([][]uint32, *schemas.Error) {
 	out := make([][]uint32, len(lists))
 	for i, ts := range lists {
 		if len(ts) == 0 {
-			return nil, schemas.BadRequest("prompt", "The decoder prompt cannot be empty")
+			return nil, schemas.ErrInvalidValue.At("prompt", "prompt", "the decoder prompt cannot be empty")
 		}
 		ids := make([]uint32, len(ts))
 		for j, t := range ts {
 			if t < 0 || t >= vocabSize {
-				return nil, schemas.BadRequest("prompt", "Token id %d is out of vocabulary", t)
+				return nil, schemas.ErrInvalidValue.At("prompt", "prompt", fmt.Sprintf("token id %d is out of vocabulary", t))
 			}
 			ids[j] = uint32(t)
 		}

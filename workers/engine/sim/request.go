@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -91,7 +90,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		chat = true
 	case schemas.KindCompletion:
 	default:
-		return nil, schemas.BadRequest("", "unknown request kind %q", req.Kind)
+		return nil, schemas.ErrUnknownKind.New(req.Kind)
 	}
 	b := req.View
 	if b == nil { // called directly, not by a worker or the sim-server
@@ -119,14 +118,15 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	// The view's values are valid for any engine; these are this model's limits.
 	n := b.N
 	if n > e.cfg.MaxN {
-		return nil, schemas.BadRequest("n", "n must be at most %d, got %d.", e.cfg.MaxN, n)
+		return nil, schemas.ErrAboveMax.At("n", "n", e.cfg.MaxN, n)
 	}
 	maxTokens := b.MaxTokens // 0: none
 	if !chat && maxTokens == 0 {
 		maxTokens = 16 // vLLM's default for completions
 	}
 	if maxTokens > 0 && b.MinTokens > maxTokens {
-		return nil, schemas.BadRequest("min_tokens", "min_tokens must be less than or equal to max_tokens=%d, got %d.", maxTokens, b.MinTokens)
+		return nil, schemas.ErrInvalidValue.At("min_tokens", "min_tokens",
+			fmt.Sprintf("it must be at most max_tokens=%d, but got %d", maxTokens, b.MinTokens))
 	}
 	minTokens := b.MinTokens
 	stopList := b.Stop
@@ -147,14 +147,12 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	for _, ids := range promptIDs {
 		p := len(ids)
 		if maxTokens == 0 && p >= limit {
-			return nil, contextError(promptParam, fmt.Sprintf(
-				"This model's maximum context length is %d tokens. However, you requested %d tokens in the messages, Please reduce the length of the messages.",
-				limit, p))
+			return nil, schemas.ErrContextLength.At(promptParam, limit,
+				fmt.Sprintf("%d tokens in the messages", p), "messages")
 		}
 		if maxTokens > 0 && p+maxTokens > limit {
-			return nil, contextError(promptParam, fmt.Sprintf(
-				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-				limit, p+maxTokens, p, maxTokens))
+			return nil, schemas.ErrContextLength.At(promptParam, limit,
+				fmt.Sprintf("%d tokens (%d in the messages, %d in the completion)", p+maxTokens, p, maxTokens), "messages or completion")
 		}
 	}
 
@@ -248,10 +246,6 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	r.live = len(r.seqs)
 	r.remaining = len(r.seqs)
 	return r, nil
-}
-
-func contextError(param, msg string) *schemas.Error {
-	return schemas.NewError(http.StatusBadRequest, schemas.TypeInvalidRequest, "context_length_exceeded", param, msg)
 }
 
 // abort cancels every sequence of r: from the context's AfterFunc, from the

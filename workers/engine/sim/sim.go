@@ -50,7 +50,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -284,7 +283,7 @@ func (e *Engine) Metrics() Metrics {
 }
 
 func (e *Engine) errClosed() *schemas.Error {
-	return schemas.Unavailable(schemas.CodeShuttingDown, 1, "the sim engine is shut down")
+	return schemas.ErrShuttingDown.New("sim engine")
 }
 
 // Health is nil until Close.
@@ -293,7 +292,7 @@ func (e *Engine) Health(ctx context.Context) error {
 	closed := e.closed
 	e.mu.Unlock()
 	if closed {
-		return schemas.Unavailable(schemas.CodeEngineUnhealthy, 1, "the sim engine is shut down")
+		return schemas.ErrEngineUnhealthy.New("sim", "this worker", "shut down")
 	}
 	return nil
 }
@@ -322,7 +321,7 @@ func (e *Engine) resolve(model string) (string, error) {
 	a := e.adapters[model]
 	e.mu.Unlock()
 	if a == nil || !a.ready {
-		return "", schemas.ModelNotFound(model)
+		return "", schemas.ErrModelNotFound.New(model)
 	}
 	return model, nil
 }
@@ -387,10 +386,10 @@ func (e *Engine) signal() {
 // caller unloads an adapter and tries again.
 func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	if name == "" {
-		return schemas.BadRequest("lora_name", "an adapter needs a name")
+		return schemas.ErrAdapterName.At("lora_name")
 	}
 	if e.names[name] {
-		return schemas.BadRequest("lora_name", "'%s' is the base model", name)
+		return schemas.ErrAdapterIsBase.At("lora_name", name)
 	}
 	e.mu.Lock()
 	switch {
@@ -399,7 +398,7 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 		return e.errClosed()
 	case e.adapters[name] != nil:
 		e.mu.Unlock()
-		return schemas.BadRequest("lora_name", "The lora adapter '%s' has already been loaded.", name)
+		return schemas.ErrAdapterLoaded.At("lora_name", name)
 	case len(e.adapters) >= e.cfg.MaxLoras:
 		e.mu.Unlock()
 		return &slotsFullError{max: e.cfg.MaxLoras}
@@ -425,8 +424,7 @@ func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if a := e.adapters[name]; a == nil || !a.ready {
-		return schemas.NewError(http.StatusNotFound, schemas.TypeNotFound, "", "lora_name",
-			fmt.Sprintf("The lora adapter '%s' cannot be found.", name))
+		return schemas.ErrAdapterNotFound.At("lora_name", name)
 	}
 	delete(e.adapters, name)
 	return nil
@@ -449,9 +447,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // ErrNoAdapterSlot is matched by LoadAdapter's error when all slots are used.
 var ErrNoAdapterSlot = errors.New("sim: all LoRA adapter slots are in use")
 
-// CodeAdapterSlotsFull is the code of the 409 for a load with no free slot.
-const CodeAdapterSlotsFull = "adapter_slots_full"
-
 type slotsFullError struct{ max int }
 
 func (e *slotsFullError) Error() string {
@@ -462,8 +457,7 @@ func (e *slotsFullError) Is(target error) bool { return target == ErrNoAdapterSl
 
 func (e *slotsFullError) As(target any) bool {
 	if p, ok := target.(**schemas.Error); ok {
-		*p = schemas.NewError(http.StatusConflict, schemas.TypeInvalidRequest, CodeAdapterSlotsFull, "",
-			fmt.Sprintf("all %d LoRA adapter slots are in use; unload one first", e.max))
+		*p = schemas.ErrAdapterSlotsFull.New(e.max)
 		return true
 	}
 	return false

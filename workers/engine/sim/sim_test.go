@@ -335,7 +335,7 @@ func TestErrors(t *testing.T) {
 		msg    string
 	}{
 		{schemas.KindChat, `{"model":"sim","messages":[{"role":"user","content":"` + long + `"}]}`, 400, "messages",
-			"This model's maximum context length is 64 tokens. However, you requested 79 tokens in the messages, Please reduce the length of the messages."},
+			"This model's maximum context length is 64 tokens. However, you requested 79 tokens in the messages. Please reduce the length of the messages."},
 		{schemas.KindChat, `{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":60}`, 400, "messages",
 			"This model's maximum context length is 64 tokens. However, you requested 69 tokens (9 in the messages, 60 in the completion). Please reduce the length of the messages or completion."},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"` + long[:250] + `"}`, 400, "prompt", " in the messages, 16 in the completion)"},
@@ -344,7 +344,7 @@ func TestErrors(t *testing.T) {
 		{schemas.KindChat, `{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":-1}`, 400, "max_completion_tokens", "Expected a value >= 1"},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","n":"2"}`, 400, "n", "expected an integer"},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","n":0}`, 400, "n", "Expected a value >= 1"},
-		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","n":17}`, 400, "n", "at most 16"},
+		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","n":17}`, 400, "n", "Expected a value <= 16"},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","stream":"yes"}`, 400, "stream", "expected a boolean"},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","stream":true,"stream_options":{"include_usage":"x"}}`, 400, "stream_options.include_usage", "expected a boolean"},
 		{schemas.KindCompletion, `{"model":"sim","prompt":"hi","stream_options":{"include_usage":true}}`, 400, "stream_options", "stream=True"},

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"strings"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -40,7 +41,7 @@ func (e *Engine) Detokenize(ids []int64) (string, error) {
 		}
 		s, err := codec().Decode(run)
 		if err != nil {
-			return schemas.BadRequest("tokens", "%v", err)
+			return schemas.ErrInvalidValue.At("tokens", "tokens", err.Error())
 		}
 		out.WriteString(s)
 		run = run[:0]
@@ -55,7 +56,7 @@ func (e *Engine) Detokenize(ids []int64) (string, error) {
 			continue
 		}
 		if id < 0 || id >= vocabSize {
-			return "", schemas.BadRequest("tokens", "Token id %d is out of vocabulary", id)
+			return "", schemas.ErrInvalidValue.At("tokens", "tokens", fmt.Sprintf("token id %d is out of vocabulary", id))
 		}
 		run = append(run, uint(id))
 	}

@@ -28,10 +28,10 @@ type loaded struct {
 // A vLLM without the runtime LoRA API answers a 404 lora_api_disabled.
 func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	if name == "" {
-		return schemas.BadRequest("lora_name", "an adapter needs a name")
+		return schemas.ErrAdapterName.At("lora_name")
 	}
 	if path == "" {
-		return schemas.BadRequest("lora_path", "loading adapter %q needs its path", name)
+		return schemas.ErrAdapterNoPath.At("lora_path", name)
 	}
 	body, _ := json.Marshal(map[string]string{"lora_name": name, "lora_path": path})
 	e.adapters.begin()
@@ -49,7 +49,7 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 // Requests running on the adapter are vLLM's business (it lets them finish).
 func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
 	if name == "" {
-		return schemas.BadRequest("lora_name", "an adapter needs a name")
+		return schemas.ErrAdapterName.At("lora_name")
 	}
 	body, _ := json.Marshal(map[string]string{"lora_name": name})
 	e.adapters.begin()
@@ -120,10 +120,10 @@ func (e *Engine) loraCall(ctx context.Context, path, name string, body []byte) e
 	status, answer, err := e.core.Call(ctx, http.MethodPost, path, body)
 	if err != nil {
 		if e.ctx.Err() != nil {
-			return schemas.Unavailable(schemas.CodeShuttingDown, 1, "the engine is shut down")
+			return schemas.ErrShuttingDown.New("engine")
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
-			return schemas.Timeout("adapter %q: vLLM did not answer %s in time", name, path)
+			return schemas.ErrEngineTimeout.New(path + " for adapter " + name)
 		}
 		return err
 	}

@@ -41,7 +41,6 @@ type Metrics struct {
 	At time.Time // when it was scraped; zero if never
 }
 
-
 // freshMetrics is the last scrape if it is recent enough to trust.
 func (e *Engine) freshMetrics() *Metrics {
 	m := e.metrics.Load()

@@ -52,7 +52,7 @@ type legacyError struct {
 func fromError(err error) vllmError {
 	var se *schemas.Error
 	if !errors.As(err, &se) {
-		se = schemas.Internal("%v", err)
+		se = schemas.ErrInternal.New(err.Error())
 	}
 	return vllmError{status: se.Status, typ: errType(se.Status), message: se.Body.Message, param: se.Body.Param, retryAfter: se.RetryAfter}
 }

@@ -286,7 +286,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, req *engine
 	rc := http.NewResponseController(w)
 	out := k.out
 	headers, broken := false, false
-	var deadline time.Time // of writes; moved on every few seconds, not per write
+	var deadline time.Time                                  // of writes; moved on every few seconds, not per write
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }() // the connection may serve another request
 	write := func(b []byte) {
 		if now := time.Now(); deadline.Sub(now) < streamWriteTimeout/2 {
