@@ -19,12 +19,15 @@ kv_version=1.37.0
 cache="${TOKENBUS_VALIDATE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tokenbus-validate}"
 wheel="$cache/kubernetes_validate-$kv_version-py3-none-any.whl"
 if [ -z "${TOKENBUS_K8S_SCHEMAS:-}" ]; then
-  if [ ! -s "$wheel" ]; then
-    echo "== downloading the kubernetes-validate $kv_version wheel (Kubernetes JSON schemas, 23 MB)"
-    mkdir -p "$cache"
-    python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
-      --dest "$cache" "kubernetes-validate==$kv_version"
-  fi
+  mkdir -p "$cache"
+  ( # under a lock: a second run at the same time waits for the first's download
+    flock 9
+    if [ ! -s "$wheel" ]; then
+      echo "== downloading the kubernetes-validate $kv_version wheel (Kubernetes JSON schemas, 23 MB)"
+      python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+        --dest "$cache" "kubernetes-validate==$kv_version"
+    fi
+  ) 9>"$cache/download.lock"
   export TOKENBUS_K8S_SCHEMAS="$wheel"
 fi
 # Under run.sh a missing schema set is an error, not a skip.
