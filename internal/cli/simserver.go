@@ -21,6 +21,28 @@ import (
 // --lora-modules, --api-key), so it can stand in for "vllm serve" in a
 // vllm engine's --vllm-cmd.
 func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, lopts, err := simServerConfig(args, stdout)
+	if err != nil {
+		return err
+	}
+	log, err := lopts.logger(stderr, "sim-server")
+	if err != nil {
+		return err
+	}
+	lopts.servePprof(log)
+	cfg.Log = log
+	srv, err := program.StartSimServer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "sim-server listening on http://%s\n", srv.Addr())
+	log.Info("serving", "addr", srv.Addr(), "models", append([]string{cfg.Sim.Model}, cfg.Sim.ServedNames...),
+		"adapters", len(cfg.LoRAModules), "runtime_lora", cfg.AllowRuntimeLoRA)
+	return untilDone(ctx, srv, nil)
+}
+
+// simServerConfig reads sim-server's flags, vLLM's among them, into a config.
+func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, logOptions, error) {
 	fs := flagenv.NewFlagSet("sim-server")
 	cfg := program.DefaultSimServer()
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "listen address")
@@ -45,18 +67,12 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	var lopts logOptions
 	lopts.register(fs)
 	if err := parse(fs, expandNargs(args, "--lora-modules"), stdout); err != nil {
-		return err
+		return cfg, lopts, err
 	}
-	log, err := lopts.logger(stderr, "sim-server")
-	if err != nil {
-		return err
-	}
-	lopts.servePprof(log)
-
 	if fs.Changed("host") || fs.Changed("port") {
 		h, p, err := net.SplitHostPort(cfg.Listen)
 		if err != nil {
-			return fmt.Errorf("--listen %q: %v", cfg.Listen, err)
+			return cfg, lopts, fmt.Errorf("--listen %q: %v", cfg.Listen, err)
 		}
 		if fs.Changed("host") {
 			h = *host
@@ -87,18 +103,11 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	for _, m := range *loraModules {
 		mod, err := loraModule(m)
 		if err != nil {
-			return err
+			return cfg, lopts, err
 		}
 		cfg.LoRAModules = append(cfg.LoRAModules, mod)
 	}
-	cfg.Log = log
-	srv, err := program.StartSimServer(ctx, cfg)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "sim-server listening on http://%s\n", srv.Addr())
-	log.Info("serving", "addr", srv.Addr(), "models", names, "adapters", len(cfg.LoRAModules), "runtime_lora", cfg.AllowRuntimeLoRA)
-	return untilDone(ctx, srv, nil)
+	return cfg, lopts, nil
 }
 
 // loraModule reads one --lora-modules value: name=path, or vLLM's JSON form.
