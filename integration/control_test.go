@@ -14,6 +14,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
@@ -46,9 +47,9 @@ func adminCall(t *testing.T, d *dev, token, method, path, body string, out any) 
 // in /v1/models under its base.
 func TestDevWithKeys(t *testing.T) {
 	const adminToken = "test-admin-token"
-	d := startDev(t, "--auth", "--admin-token", adminToken)
+	d := startDev(t, func(c *program.DevConfig) { c.HTTP.Auth, c.HTTP.AdminToken = true, adminToken })
 	if d.AdminURL == "" {
-		t.Fatal("dev did not print the admin API's address")
+		t.Fatal("dev has no admin API")
 	}
 	ctx := context.Background()
 	var key struct{ ID, Key string }
@@ -120,7 +121,7 @@ func TestDevWithKeys(t *testing.T) {
 func TestRedisOutage(t *testing.T) {
 	const adminToken = "outage-admin-token"
 	rd := testenv.StartRedis(t)
-	d := startDev(t, "--redis-url", rd.URL, "--admin-token", adminToken)
+	d := startDev(t, func(c *program.DevConfig) { c.RedisURL, c.HTTP.AdminToken = rd.URL, adminToken })
 	stream := `{"model":"llama-8b","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"hi"}]}`
 	checkStream(t, post(t, d.URL, "/v1/chat/completions", stream), true, 1, false)
 

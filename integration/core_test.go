@@ -12,6 +12,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
@@ -306,7 +307,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestNoWorker503(t *testing.T) {
-	d := startDev(t, "--sim-workers", "0")
+	d := startDev(t, func(c *program.DevConfig) { c.SimWorkers = 0 })
 	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","messages":[{"role":"user","content":"x"}]}`)
 	if s.Status != 503 || s.Header.Get("Retry-After") == "" {
 		t.Fatalf("status %d retry-after %q: %s", s.Status, s.Header.Get("Retry-After"), s.Body)
@@ -320,7 +321,9 @@ func TestNoWorker503(t *testing.T) {
 
 func TestQueueFills503(t *testing.T) {
 	// One worker taking one request at a time, a queue of one, a slow engine.
-	d := startDev(t, "--sim-workers", "1", "--max-concurrency", "1", "--queue-size", "1", "--sim-decode-base", "50ms")
+	d := startDev(t, func(c *program.DevConfig) {
+		c.SimWorkers, c.Worker.MaxConcurrency, c.Dispatcher.QueueSize, c.Engine.Sim.DecodeBase = 1, 1, 1, 50*time.Millisecond
+	})
 	body := `{"model":"llama-8b","stream":true,"max_tokens":40,"ignore_eos":true,"messages":[{"role":"user","content":"x"}]}`
 	hb := watchHeartbeats(t, d.NATSURL)
 	results := make(chan sse, 2)
@@ -351,7 +354,7 @@ func TestQueueFills503(t *testing.T) {
 }
 
 func TestClientHangUpFreesEngine(t *testing.T) {
-	d := startDev(t, "--sim-decode-base", "20ms")
+	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.DecodeBase = 20 * time.Millisecond })
 	hb := watchHeartbeats(t, d.NATSURL)
 	ctx, cancel := context.WithCancel(context.Background())
 	req, _ := http.NewRequestWithContext(ctx, "POST", d.URL+"/v1/chat/completions",
@@ -386,7 +389,7 @@ func TestClientHangUpFreesEngine(t *testing.T) {
 }
 
 func TestDevStopsFastWithOpenStreams(t *testing.T) {
-	d := startDev(t, "--sim-decode-base", "20ms")
+	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.DecodeBase = 20 * time.Millisecond })
 	done := make(chan sse, 4)
 	for range 4 {
 		go func() {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os/exec"
 	"strconv"
@@ -15,55 +16,59 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/tokenbus/tokenbus/internal/cli"
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 )
 
-// simServer is a `tokenbus sim-server` (the sim behind vLLM's HTTP API) run
-// inside the test; stop and start it again to kill and revive the engine.
+// simServer is a sim-server program (the sim behind vLLM's HTTP API) run
+// inside the test; kill and start it again to kill and revive the engine.
 type simServer struct {
-	t    *testing.T
-	addr string
-	args []string
-	mu   sync.Mutex
-	stop func()
+	t   *testing.T
+	cfg program.SimServerConfig
+	mu  sync.Mutex
+	srv *program.SimServer // nil while killed
 }
 
-func startSimServer(t *testing.T, args ...string) *simServer {
-	s := &simServer{t: t, addr: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)), args: args}
+// startSimServer starts a sim-server serving llama-8b on a port chosen at run
+// time, with runtime LoRA loading on, configured by configure.
+func startSimServer(t *testing.T, configure ...func(*program.SimServerConfig)) *simServer {
+	cfg := program.DefaultSimServer()
+	cfg.Listen, cfg.AllowRuntimeLoRA = "127.0.0.1:0", true
+	cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "sim-server")
+	for _, c := range configure {
+		c(&cfg)
+	}
+	s := &simServer{t: t, cfg: cfg}
 	s.start()
+	s.cfg.Listen = s.srv.Addr() // a revived engine comes back where it was
 	t.Cleanup(s.kill)
 	return s
 }
 
-func (s *simServer) URL() string { return "http://" + s.addr }
+func (s *simServer) URL() string { return "http://" + s.cfg.Listen }
 
 func (s *simServer) start() {
 	s.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	args := append([]string{"sim-server", "--listen", s.addr, "--allow-runtime-lora", "--shutdown-timeout", "0s", "--log-level", "warn"}, s.args...)
-	go func() {
-		defer close(done)
-		if err := cli.Run(ctx, args, io.Discard, testWriter{s.t}); err != nil && ctx.Err() == nil {
-			s.t.Errorf("sim-server: %v", err)
-		}
-	}()
+	srv, err := program.StartSimServer(context.Background(), s.cfg)
+	if err != nil {
+		s.t.Fatalf("sim-server: %v", err)
+	}
 	s.mu.Lock()
-	s.stop = func() { cancel(); <-done }
+	s.srv = srv
 	s.mu.Unlock()
-	waitPath(s.t, s.URL(), "/health")
 }
 
-// kill stops the server at once, cutting open streams.
+// kill stops the server, cutting open streams (within its shutdown timeout).
 func (s *simServer) kill() {
 	s.mu.Lock()
-	stop := s.stop
-	s.stop = nil
+	srv := s.srv
+	s.srv = nil
 	s.mu.Unlock()
-	if stop != nil {
-		stop()
+	if srv != nil {
+		if err := srv.Close(); err != nil {
+			s.t.Errorf("sim-server: %v", err)
+		}
 	}
 }
 
@@ -94,8 +99,10 @@ func (s *simServer) metric(name string) float64 {
 // server (tokenbus sim-server) over real HTTP, end to end through the gateway.
 func TestVLLMEngine(t *testing.T) {
 	ctx := context.Background()
-	eng := startSimServer(t, "--model", "llama-8b", "--sim-decode-base", "2ms", "--sim-prefill-base", "2ms")
-	d := startDev(t, "--engine", "vllm", "--engine-url", eng.URL())
+	eng := startSimServer(t, func(c *program.SimServerConfig) {
+		c.Sim.DecodeBase, c.Sim.PrefillBase = 2*time.Millisecond, 2*time.Millisecond
+	})
+	d := startDev(t, vllmEngine(eng.URL()))
 	c := openaiClient(d.URL + "/v1")
 
 	t.Run("stream and non-stream", func(t *testing.T) {
@@ -189,8 +196,8 @@ func TestVLLMEngine(t *testing.T) {
 // TestVLLMEngineLegacyErrors: vLLM before 0.10.1 answered errors flat;
 // clients still get OpenAI's nested shape.
 func TestVLLMEngineLegacyErrors(t *testing.T) {
-	eng := startSimServer(t, "--model", "llama-8b", "--legacy-errors")
-	d := startDev(t, "--engine", "vllm", "--engine-url", eng.URL())
+	eng := startSimServer(t, func(c *program.SimServerConfig) { c.LegacyErrors = true })
+	d := startDev(t, vllmEngine(eng.URL()))
 	for _, stream := range []string{"false", "true"} {
 		s := post(t, d.URL, "/v1/completions", `{"model":"llama-8b","stream":`+stream+`,"max_tokens":100000,"prompt":"hi"}`)
 		if s.Status != 400 {
@@ -217,8 +224,8 @@ func TestVLLMEngineLoRA(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eng := startSimServer(t, "--model", "llama-8b", "--max-loras", "1", "--sim-lora-load-time", "200ms")
-	d := startDev(t, "--redis-url", rd.URL, "--engine", "vllm", "--engine-url", eng.URL(), "--max-loras", "1")
+	eng := startSimServer(t, func(c *program.SimServerConfig) { c.Sim.MaxLoras, c.Sim.AdapterLoadTime = 1, 200*time.Millisecond })
+	d := startDev(t, vllmEngine(eng.URL()), func(c *program.DevConfig) { c.RedisURL, c.Engine.MaxLoras = rd.URL, 1 })
 	beats := logBeats(t, d.NATSURL)
 	served := func() string {
 		resp, err := http.Get(eng.URL() + "/v1/models")
@@ -262,7 +269,7 @@ func TestVLLMChildProcess(t *testing.T) {
 	bin := tokenbusBinary(t)
 	port := testenv.FreePort(t)
 	cmd := fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-decode-base 1ms", bin, port)
-	d := startDev(t, "--engine", "vllm", "--vllm-cmd", cmd, "--engine-start-timeout", "30s")
+	d := startDev(t, vllmEngine(""), func(c *program.DevConfig) { c.Engine.VLLMCmd, c.Engine.StartTimeout = cmd, 30*time.Second })
 	complete := func() error {
 		s := post(t, d.URL, "/v1/completions", `{"model":"llama-8b","max_tokens":3,"prompt":"hi"}`)
 		if s.Status != 200 {

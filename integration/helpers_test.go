@@ -8,11 +8,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,88 +23,95 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/tokenbus/tokenbus/internal/cli"
+	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// dev is a `tokenbus dev` running inside the test process.
+// dev is a `tokenbus dev` program running inside the test process.
 type dev struct {
+	*program.Dev
 	URL      string // http://host:port
 	NATSURL  string
 	AdminURL string // http://host:port of the admin API
 	stop     func() time.Duration
 }
 
-var apiLine = regexp.MustCompile(`OpenAI API\s+(http://\S+)/v1`)
-var natsLine = regexp.MustCompile(`NATS\s+(nats://\S+)`)
-var adminLine = regexp.MustCompile(`admin API\s+(http://\S+)`)
-
-// startDev runs `tokenbus dev` with args (on free ports) and waits until it
-// serves. It stops with the test; stop() stops it early and says how long that took.
-func startDev(t *testing.T, args ...string) *dev {
-	t.Helper()
-	return startDevLog(t, testWriter{t}, args...)
+// process is what the tokenbus command sets up around a program: logs and
+// tracing.
+type process struct {
+	otlp string       // export traces here, as --otlp-endpoint does ("": tracing off)
+	log  *slog.Logger // nil: warnings and errors to the test's log
 }
 
-// startDevLog is startDev with the log written to stderr.
-func startDevLog(t *testing.T, stderr io.Writer, args ...string) *dev {
+// startDev starts dev with every port chosen at run time, configured by
+// configure, and waits until it serves. It stops with the test; stop() stops
+// it early and says how long that took.
+func startDev(t *testing.T, configure ...func(*program.DevConfig)) *dev {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	full := append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--log-level", "warn"}, args...)
-	go func() {
-		err := cli.Run(ctx, full, pw, stderr)
-		pw.CloseWithError(fmt.Errorf("dev exited: %v", err))
-		errc <- err
-	}()
-	d := &dev{}
-	sc := bufio.NewScanner(pr)
-	for sc.Scan() {
-		line := sc.Text()
-		if m := apiLine.FindStringSubmatch(line); m != nil {
-			d.URL = m[1]
-		}
-		if m := natsLine.FindStringSubmatch(line); m != nil {
-			d.NATSURL = m[1]
-		}
-		if m := adminLine.FindStringSubmatch(line); m != nil {
-			d.AdminURL = m[1]
-		}
-		if strings.HasPrefix(line, "Ctrl-C") {
-			break
-		}
+	return startDevIn(t, process{}, configure...)
+}
+
+// startDevIn is startDev in a process with p's logs and tracing.
+func startDevIn(t *testing.T, p process, configure ...func(*program.DevConfig)) *dev {
+	t.Helper()
+	cfg := program.DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:-1"
+	cfg.Log = p.log
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "dev")
 	}
-	if d.URL == "" {
-		cancel()
-		t.Fatalf("tokenbus dev did not start: %v %v", sc.Err(), <-errc)
+	for _, c := range configure {
+		c(&cfg)
 	}
-	go io.Copy(io.Discard, pr)
+	ctx := context.Background()
+	// As the command does: tracing off unless an endpoint is given.
+	stopTracing, err := otlp.Setup(ctx, otlp.Options{Endpoint: p.otlp, ServiceName: "tokenbus-dev", SampleRatio: 1, Logger: cfg.Log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := program.StartDev(ctx, cfg)
+	if err != nil {
+		_ = stopTracing(ctx)
+		t.Fatalf("tokenbus dev did not start: %v", err)
+	}
+	d := &dev{Dev: h, URL: "http://" + h.Addr(), NATSURL: h.NATSURL()}
+	if h.AdminAddr() != "" {
+		d.AdminURL = "http://" + h.AdminAddr()
+	}
 	var once sync.Once
 	var took time.Duration
 	d.stop = func() time.Duration {
 		once.Do(func() {
 			start := time.Now()
-			cancel()
-			select {
-			case err := <-errc:
-				if err != nil {
-					t.Errorf("tokenbus dev: %v", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Errorf("tokenbus dev did not stop within 15s")
+			if err := h.Close(); err != nil {
+				t.Errorf("tokenbus dev: %v", err)
 			}
 			took = time.Since(start)
+			// Spans still buffered are exported now, as at the command's exit.
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := stopTracing(sctx); err != nil {
+				t.Errorf("trace export at the end: %v", err)
+			}
 		})
 		return took
 	}
 	t.Cleanup(func() { d.stop() })
-	if strings.Contains(strings.Join(args, " "), "--sim-workers 0") {
+	if h.Workers() == 0 {
 		waitPath(t, d.URL, "/health") // never ready: no worker
 	} else {
 		waitReady(t, d.URL)
 	}
 	return d
+}
+
+// vllmEngine makes dev front the vLLM-compatible server at url.
+func vllmEngine(url string) func(*program.DevConfig) {
+	return func(c *program.DevConfig) {
+		c.Engine.Kind, c.Engine.URL = "vllm", url
+		c.Adapters = nil // as the command: the sim's example adapter only with the sim
+	}
 }
 
 func waitReady(t *testing.T, base string) { t.Helper(); waitPath(t, base, "/ready") }

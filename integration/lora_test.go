@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -104,8 +105,10 @@ func TestLoRAAdapters(t *testing.T) {
 		}
 	}
 	// A load takes long enough for its heartbeat (Loading) to be seen.
-	d := startDev(t, "--redis-url", rd.URL, "--sim-workers", "2", "--sim-max-loras", "1",
-		"--sim-lora-load-time", "300ms", "--sim-decode-base", "1ms", "--sim-prefill-base", "1ms")
+	d := startDev(t, func(c *program.DevConfig) {
+		c.RedisURL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 1
+		c.Engine.Sim.AdapterLoadTime, c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 300*time.Millisecond, time.Millisecond, time.Millisecond
+	})
 	beats := logBeats(t, d.NATSURL)
 	routed := func(placement string) float64 {
 		return max(0, metricValue(t, d.URL, `tokenbus_dispatcher_adapter_routed_total{placement="`+placement+`"}`))

@@ -6,6 +6,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -15,7 +17,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 )
@@ -81,7 +85,7 @@ func findHops(t *testing.T, spans []testenv.Span, wantEngine bool) hops {
 // dispatcher → worker, each the parent of the next.
 func TestTracingAcrossTheBus(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
-	d := startDev(t, "--engine", "sim", "--otlp-endpoint", rcv.URL, "--sim-workers", "1")
+	d := startDevIn(t, process{otlp: rcv.URL}, func(c *program.DevConfig) { c.SimWorkers = 1 })
 
 	type request struct {
 		name, path, body string
@@ -217,10 +221,10 @@ func (r *headerRecorder) traceparents() []string {
 // TestTracingToVLLM: with --engine vllm the worker's engine client span is
 // what the vLLM server gets as traceparent, in the client's trace.
 func TestTracingToVLLM(t *testing.T) {
-	eng := startSimServer(t, "--model", "llama-8b", "--sim-decode-base", "1ms", "--sim-prefill-base", "1ms")
+	eng := startSimServer(t, fastSim)
 	rec := recordTraceparents(t, eng.URL())
 	rcv := testenv.StartOTLPReceiver(t)
-	d := startDev(t, "--engine", "vllm", "--engine-url", rec.URL, "--otlp-endpoint", rcv.URL)
+	d := startDevIn(t, process{otlp: rcv.URL}, vllmEngine(rec.URL))
 
 	tp, traceID, spanID := newTraceparent()
 	checkStream(t, post(t, d.URL, "/v1/chat/completions",
@@ -258,9 +262,9 @@ func TestTracingOff(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rcv.URL+"/v1/traces")
-	eng := startSimServer(t, "--model", "llama-8b", "--sim-decode-base", "1ms", "--sim-prefill-base", "1ms")
+	eng := startSimServer(t, fastSim)
 	rec := recordTraceparents(t, eng.URL())
-	d := startDev(t, "--engine", "vllm", "--engine-url", rec.URL)
+	d := startDev(t, vllmEngine(rec.URL))
 	if tracing.Enabled() {
 		t.Fatal("tracing is on with no endpoint")
 	}
@@ -274,6 +278,16 @@ func TestTracingOff(t *testing.T) {
 	if n := rcv.Requests(); n != 0 {
 		t.Fatalf("%d exports with tracing off", n)
 	}
+}
+
+// fastSim makes a sim-server answer in about a millisecond a step.
+func fastSim(c *program.SimServerConfig) {
+	c.Sim.DecodeBase, c.Sim.PrefillBase = time.Millisecond, time.Millisecond
+}
+
+// jsonLog is the command's --log-format json --log-level debug, into w.
+func jsonLog(w io.Writer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "dev")
 }
 
 // syncBuffer collects a log written from many goroutines.
@@ -305,7 +319,7 @@ func (b *syncBuffer) lines() []string {
 func TestLogsCarryRequestAndTraceIDs(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	var logs syncBuffer
-	d := startDevLog(t, &logs, "--otlp-endpoint", rcv.URL, "--log-format", "json", "--log-level", "debug", "--sim-workers", "1")
+	d := startDevIn(t, process{otlp: rcv.URL, log: jsonLog(&logs)}, func(c *program.DevConfig) { c.SimWorkers = 1 })
 	tp, traceID, _ := newTraceparent()
 	for _, r := range []struct{ path, body string }{
 		{"/v1/chat/completions", `{"model":"llama-8b","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`},

@@ -1,5 +1,6 @@
 // Command tokenbus is the one binary of tokenbus; the subcommand chooses the
-// role. All the work is in internal/cli so that tests run whole programs.
+// role. internal/cli reads the flags and internal/program runs the role, so
+// tests run whole programs.
 package main
 
 import (

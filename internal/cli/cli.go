@@ -1,5 +1,9 @@
 // Package cli implements the tokenbus subcommands. Each is a function
-// run(ctx, args, stdout, stderr) error, so tests start whole programs.
+// run(ctx, args, stdout, stderr) error: flags (with environment fallbacks)
+// become a program's config, package program starts it, and the command
+// prints or logs where it listens and waits for a signal or for the program
+// to end. Logging, the profiler and tracing are set up here: they belong to
+// the process.
 package cli
 
 import (
@@ -20,7 +24,6 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
-	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
@@ -199,10 +202,22 @@ func parse(fs *pflag.FlagSet, args []string, stdout io.Writer) error {
 	return flagenv.Parse(fs, args, os.Getenv)
 }
 
-func hostID(prefix string) string {
-	h, err := os.Hostname()
-	if err != nil || h == "" {
-		h = prefix
+// handle is a started program's handle (package program).
+type handle interface {
+	Done() <-chan struct{}
+	Close() error
+}
+
+// untilDone runs p until ctx ends (a signal: then onSignal, if set, and a
+// graceful Close) or p ends by itself; it returns p's error, nil after a
+// clean stop.
+func untilDone(ctx context.Context, p handle, onSignal func()) error {
+	select {
+	case <-ctx.Done():
+		if onSignal != nil {
+			onSignal()
+		}
+	case <-p.Done():
 	}
-	return schemas.SafeToken(h)
+	return p.Close()
 }

@@ -9,11 +9,9 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/workers/engine/sim"
-	"github.com/tokenbus/tokenbus/workers/engine/sim/simserver"
+	"github.com/tokenbus/tokenbus/internal/program"
 )
 
 // runSimServer is `tokenbus sim-server`: the sim engine behind vLLM's own
@@ -23,30 +21,8 @@ import (
 // --lora-modules, --api-key), so it can stand in for "vllm serve" in a
 // vllm engine's --vllm-cmd.
 func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flagenv.NewFlagSet("sim-server")
-	listen := fs.String("listen", "127.0.0.1:8000", "listen address")
-	host := fs.String("host", "", "vLLM's --host: replaces the host of --listen")
-	port := fs.Int("port", 0, "vLLM's --port: replaces the port of --listen")
-	model := fs.String("model", "llama-8b", "served model name (with --served-model-name: only the model's root in /v1/models, as vLLM's model path)")
-	served := fs.StringSlice("served-model-name", nil, "vLLM's --served-model-name: the names served instead of --model, the first one in metrics")
-	var cfg sim.Config
-	registerSimFlags(fs, &cfg)
-	maxModelLen := fs.Int("max-model-len", 0, "vLLM's name for --sim-max-model-len (0: that flag)")
-	maxLoras := fs.Int("max-loras", 0, "vLLM's name for --sim-max-loras (0: that flag)")
-	maxNumSeqs := fs.Int("max-num-seqs", 0, "vLLM's name for --sim-max-num-seqs (0: that flag)")
-	blockSize := fs.Int("block-size", 0, "vLLM's name for --sim-block-size (0: that flag)")
-	maxBatched := fs.Int("max-num-batched-tokens", 0, "prefill tokens admitted per step (0: the sim's default)")
-	fs.Bool("enable-lora", true, "accepted for vLLM compatibility: the sim always serves LoRA adapters")
-	loraModules := fs.StringArray("lora-modules", nil, "adapters loaded at start, vLLM's syntax: name=path or JSON {\"name\",\"path\"}; repeat the flag or list them after one, space-separated")
-	apiKeys := fs.StringSlice("api-key", nil, "API keys required as 'Authorization: Bearer' on /v1 paths (default: $VLLM_API_KEY)")
-	allowLoRA := fs.Bool("allow-runtime-lora", envTrue(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")),
-		"offer /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, as vLLM)")
-	legacyErrors := fs.Bool("legacy-errors", false, "answer errors in vLLM's flat pre-0.10.1 shape {\"object\":\"error\",...}")
-	gpuCache := fs.Bool("gpu-cache-metric", false, "also export vllm:gpu_cache_usage_perc (the KV-cache gauge's name before vLLM 0.10)")
-	shutdownTimeout := fs.Duration("shutdown-timeout", 5*time.Second, "on SIGTERM, how long open requests may go on")
-	var lopts logOptions
-	lopts.register(fs)
-	if err := parse(fs, expandNargs(args, "--lora-modules"), stdout); err != nil {
+	cfg, lopts, err := simServerConfig(args, stdout)
+	if err != nil {
 		return err
 	}
 	log, err := lopts.logger(stderr, "sim-server")
@@ -54,12 +30,49 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	lopts.servePprof(log)
+	cfg.Log = log
+	srv, err := program.StartSimServer(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "sim-server listening on http://%s\n", srv.Addr())
+	log.Info("serving", "addr", srv.Addr(), "models", append([]string{cfg.Sim.Model}, cfg.Sim.ServedNames...),
+		"adapters", len(cfg.LoRAModules), "runtime_lora", cfg.AllowRuntimeLoRA)
+	return untilDone(ctx, srv, nil)
+}
 
-	addr := *listen
+// simServerConfig reads sim-server's flags, vLLM's among them, into a config.
+func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, logOptions, error) {
+	fs := flagenv.NewFlagSet("sim-server")
+	cfg := program.DefaultSimServer()
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "listen address")
+	host := fs.String("host", "", "vLLM's --host: replaces the host of --listen")
+	port := fs.Int("port", 0, "vLLM's --port: replaces the port of --listen")
+	model := fs.String("model", cfg.Sim.Model, "served model name (with --served-model-name: only the model's root in /v1/models, as vLLM's model path)")
+	served := fs.StringSlice("served-model-name", nil, "vLLM's --served-model-name: the names served instead of --model, the first one in metrics")
+	registerSimFlags(fs, &cfg.Sim)
+	maxModelLen := fs.Int("max-model-len", 0, "vLLM's name for --sim-max-model-len (0: that flag)")
+	maxLoras := fs.Int("max-loras", 0, "vLLM's name for --sim-max-loras (0: that flag)")
+	maxNumSeqs := fs.Int("max-num-seqs", 0, "vLLM's name for --sim-max-num-seqs (0: that flag)")
+	blockSize := fs.Int("block-size", 0, "vLLM's name for --sim-block-size (0: that flag)")
+	maxBatched := fs.Int("max-num-batched-tokens", 0, "prefill tokens admitted per step (0: the sim's default)")
+	fs.Bool("enable-lora", true, "accepted for vLLM compatibility: the sim always serves LoRA adapters")
+	loraModules := fs.StringArray("lora-modules", nil, "adapters loaded at start, vLLM's syntax: name=path or JSON {\"name\",\"path\"}; repeat the flag or list them after one, space-separated")
+	fs.StringSliceVar(&cfg.APIKeys, "api-key", nil, "API keys required as 'Authorization: Bearer' on /v1 paths (default: $VLLM_API_KEY)")
+	fs.BoolVar(&cfg.AllowRuntimeLoRA, "allow-runtime-lora", envTrue(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")),
+		"offer /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, as vLLM)")
+	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "answer errors in vLLM's flat pre-0.10.1 shape {\"object\":\"error\",...}")
+	fs.BoolVar(&cfg.GPUCacheMetric, "gpu-cache-metric", false, "also export vllm:gpu_cache_usage_perc (the KV-cache gauge's name before vLLM 0.10)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long open requests may go on")
+	var lopts logOptions
+	lopts.register(fs)
+	if err := parse(fs, expandNargs(args, "--lora-modules"), stdout); err != nil {
+		return cfg, lopts, err
+	}
 	if fs.Changed("host") || fs.Changed("port") {
-		h, p, err := net.SplitHostPort(addr)
+		h, p, err := net.SplitHostPort(cfg.Listen)
 		if err != nil {
-			return fmt.Errorf("--listen %q: %v", addr, err)
+			return cfg, lopts, fmt.Errorf("--listen %q: %v", cfg.Listen, err)
 		}
 		if fs.Changed("host") {
 			h = *host
@@ -67,75 +80,50 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		if fs.Changed("port") {
 			p = strconv.Itoa(*port)
 		}
-		addr = net.JoinHostPort(h, p)
+		cfg.Listen = net.JoinHostPort(h, p)
 	}
 	names := []string{*model}
 	if len(*served) > 0 {
 		names = *served
+		cfg.Root = *model
 	}
-	cfg.Model, cfg.ServedNames = names[0], names[1:]
+	cfg.Sim.Model, cfg.Sim.ServedNames = names[0], names[1:]
 	for _, o := range []struct {
 		v   int
 		dst *int
-	}{{*maxModelLen, &cfg.MaxModelLen}, {*maxLoras, &cfg.MaxLoras}, {*maxNumSeqs, &cfg.MaxNumSeqs},
-		{*blockSize, &cfg.BlockSize}, {*maxBatched, &cfg.MaxNumBatchedTokens}} {
+	}{{*maxModelLen, &cfg.Sim.MaxModelLen}, {*maxLoras, &cfg.Sim.MaxLoras}, {*maxNumSeqs, &cfg.Sim.MaxNumSeqs},
+		{*blockSize, &cfg.Sim.BlockSize}, {*maxBatched, &cfg.Sim.MaxNumBatchedTokens}} {
 		if o.v > 0 {
 			*o.dst = o.v
 		}
 	}
-	keys := *apiKeys
-	if len(keys) == 0 && os.Getenv("VLLM_API_KEY") != "" {
-		keys = []string{os.Getenv("VLLM_API_KEY")}
+	if len(cfg.APIKeys) == 0 && os.Getenv("VLLM_API_KEY") != "" {
+		cfg.APIKeys = []string{os.Getenv("VLLM_API_KEY")}
 	}
-	type module struct{ name, path string }
-	var modules []module
 	for _, m := range *loraModules {
-		var mod module
-		if strings.HasPrefix(strings.TrimSpace(m), "{") {
-			var j struct{ Name, Path string }
-			if err := json.Unmarshal([]byte(m), &j); err != nil {
-				return fmt.Errorf("--lora-modules %s: %v", m, err)
-			}
-			mod = module{j.Name, j.Path}
-		} else {
-			n, p, _ := strings.Cut(m, "=")
-			mod = module{n, p}
+		mod, err := loraModule(m)
+		if err != nil {
+			return cfg, lopts, err
 		}
-		if mod.name == "" || mod.path == "" {
-			return fmt.Errorf("--lora-modules %q: want name=path", m)
-		}
-		modules = append(modules, mod)
+		cfg.LoRAModules = append(cfg.LoRAModules, mod)
 	}
+	return cfg, lopts, nil
+}
 
-	eng, err := sim.New(cfg)
-	if err != nil {
-		return err
-	}
-	defer eng.Close()
-	for _, m := range modules {
-		if err := eng.LoadAdapter(ctx, m.name, m.path); err != nil {
-			return fmt.Errorf("--lora-modules %s=%s: %v", m.name, m.path, err)
+// loraModule reads one --lora-modules value: name=path, or vLLM's JSON form.
+func loraModule(m string) (program.LoRAModule, error) {
+	var mod program.LoRAModule
+	if strings.HasPrefix(strings.TrimSpace(m), "{") {
+		if err := json.Unmarshal([]byte(m), &mod); err != nil {
+			return mod, fmt.Errorf("--lora-modules %s: %v", m, err)
 		}
+	} else {
+		mod.Name, mod.Path, _ = strings.Cut(m, "=")
 	}
-	root := ""
-	if len(*served) > 0 {
-		root = *model
+	if mod.Name == "" || mod.Path == "" {
+		return mod, fmt.Errorf("--lora-modules %q: want name=path", m)
 	}
-	srv := simserver.New(simserver.Config{
-		Root:             root,
-		APIKeys:          keys,
-		LegacyErrors:     *legacyErrors,
-		AllowRuntimeLoRA: *allowLoRA,
-		GPUCacheMetric:   *gpuCache,
-		ShutdownTimeout:  *shutdownTimeout,
-	}, eng, log)
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("sim-server listen: %w", err)
-	}
-	fmt.Fprintf(stdout, "sim-server listening on http://%s\n", ln.Addr())
-	log.Info("serving", "addr", ln.Addr().String(), "models", names, "adapters", len(modules), "runtime_lora", *allowLoRA)
-	return srv.Serve(ctx, ln)
+	return mod, nil
 }
 
 // envTrue is vLLM's reading of a boolean environment variable.

@@ -1,17 +1,15 @@
 package cli
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"net/http"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/tokenbus/tokenbus/internal/program"
 )
 
 func TestExpandNargs(t *testing.T) {
@@ -28,43 +26,20 @@ func TestExpandNargs(t *testing.T) {
 	}
 }
 
-var simServerLine = regexp.MustCompile(`^sim-server listening on (http://\S+)$`)
-
-// startSimServer runs `tokenbus sim-server args...` and returns its URL and a
-// stop function that reports Run's error.
+// startSimServer starts sim-server as its flags args configure it and
+// returns its URL and a stop function that reports the program's error.
 func startSimServer(t *testing.T, args ...string) (string, func() error) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	pr, pw := io.Pipe()
-	errc := make(chan error, 1)
-	go func() {
-		err := Run(ctx, append([]string{"sim-server", "--log-level", "warn"}, args...), pw, io.Discard)
-		pw.CloseWithError(fmt.Errorf("sim-server exited: %v", err))
-		errc <- err
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	m := simServerLine.FindStringSubmatch(strings.TrimSpace(line))
-	if m == nil {
-		cancel()
-		t.Fatalf("sim-server did not start: %q %v %v", line, err, <-errc)
+	cfg, _, err := simServerConfig(args, io.Discard)
+	if err != nil {
+		t.Fatal(err)
 	}
-	go io.Copy(io.Discard, pr)
-	stopped := false
-	var runErr error
-	stop := func() error {
-		if !stopped {
-			stopped = true
-			cancel()
-			select {
-			case runErr = <-errc:
-			case <-time.After(10 * time.Second):
-				runErr = fmt.Errorf("sim-server did not stop within 10s")
-			}
-		}
-		return runErr
+	srv, err := program.StartSimServer(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = stop() })
-	return m[1], stop
+	t.Cleanup(func() { _ = srv.Close() })
+	return "http://" + srv.Addr(), srv.Close
 }
 
 func call(t *testing.T, method, url, body string, headers ...string) (int, string) {

@@ -1,0 +1,100 @@
+package program
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/internal/natsconn"
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+// DispatcherConfig configures a standalone dispatcher program: it serves the
+// request subjects in the dispatchers' queue group, for NATS-native clients
+// and gateways without an embedded dispatcher.
+type DispatcherConfig struct {
+	NATS       natsconn.Options
+	RedisURL   string // the model registry; "" none (unknown models then get 404)
+	Metrics    string // listen address of /metrics; "" off
+	Dispatcher dispatcher.Config
+	Log        *slog.Logger
+}
+
+// DefaultDispatcher is `tokenbus dispatcher` with no flags.
+func DefaultDispatcher() DispatcherConfig {
+	return DispatcherConfig{
+		NATS:       natsconn.Options{URL: nats.DefaultURL},
+		RedisURL:   "redis://127.0.0.1:6379/0",
+		Dispatcher: DefaultDispatcherConfig(),
+	}
+}
+
+// Dispatcher is a running dispatcher program.
+type Dispatcher struct {
+	*life
+	cfg     DispatcherConfig
+	nc      *nats.Conn
+	store   *registry.Store // ours to close; nil when lent or absent
+	metrics *metricsServer
+	d       *dispatcher.Dispatcher
+}
+
+// StartDispatcher starts a dispatcher: it connects to NATS (retrying for
+// 30s) and Redis and returns once the dispatcher takes requests.
+func StartDispatcher(ctx context.Context, cfg DispatcherConfig) (*Dispatcher, error) {
+	return startDispatcher(ctx, cfg, host{})
+}
+
+func startDispatcher(ctx context.Context, cfg DispatcherConfig, h host) (*Dispatcher, error) {
+	p := &Dispatcher{life: newLife(), cfg: cfg}
+	err := p.start(ctx, h)
+	if err := p.begin(err, p.metrics.shutdown, p.release); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Dispatcher) start(ctx context.Context, h host) error {
+	log := logger(p.cfg.Log)
+	var err error
+	if p.nc, err = h.dialer()(ctx, p.cfg.NATS, "tokenbus-dispatcher", log); err != nil {
+		return err
+	}
+	var models dispatcher.Registry
+	if h.cache != nil {
+		models = h.cache
+	} else if p.cfg.RedisURL != "" {
+		if p.store, err = registry.Open(ctx, p.cfg.RedisURL); err != nil {
+			return err
+		}
+		cache := registry.NewCache(p.store, log)
+		p.part("registry cache", func() error { cache.Run(p.ctx, p.nc, 10*time.Second); return nil })
+		models = cache
+	}
+	reg := h.registry()
+	if p.metrics, err = listenMetrics(p.cfg.Metrics, reg); err != nil {
+		return err
+	}
+	if p.metrics != nil {
+		p.part("metrics", p.metrics.serve)
+	}
+	p.d = dispatcher.New(p.cfg.Dispatcher, p.nc, models, reg, log)
+	p.part("dispatcher", func() error { return p.d.Run(p.ctx) })
+	return p.waitReady(ctx, p.d.Ready(), "the dispatcher")
+}
+
+func (p *Dispatcher) release() {
+	drain(p.nc)
+	if p.store != nil {
+		_ = p.store.Close()
+	}
+}
+
+// Addr is the bound address of /metrics, "" when it is off.
+func (p *Dispatcher) Addr() string { return p.metrics.addr() }
+
+// ID is the dispatcher's id.
+func (p *Dispatcher) ID() string { return p.d.ID() }

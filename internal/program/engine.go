@@ -1,0 +1,83 @@
+package program
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
+	"github.com/tokenbus/tokenbus/workers/engine/openai"
+	"github.com/tokenbus/tokenbus/workers/engine/sim"
+	"github.com/tokenbus/tokenbus/workers/engine/vllm"
+)
+
+// EngineConfig chooses and configures the engine a worker drives.
+type EngineConfig struct {
+	Kind         string        // sim (built in, no GPU), vllm or openai (any OpenAI-compatible server)
+	Model        string        // sim: the model name it serves
+	URL          string        // vllm, openai: the server's URL (vllm: default from VLLMCmd's --port, else :8000)
+	VLLMCmd      string        // vllm: start vLLM as a child process with this command line
+	APIKey       string        // vllm, openai: sent to the engine as a Bearer token
+	Models       []string      // openai: the models the server serves (nil: read from its /v1/models)
+	MaxLoras     int           // vllm: adapters kept loaded (0: VLLMCmd's --max-loras, else vLLM's own)
+	StartTimeout time.Duration // vllm, openai: how long to wait for the first good health check
+	Sim          sim.Config    // sim: latency and capacity (Model is set from Model)
+}
+
+// DefaultEngine is the sim serving llama-8b.
+func DefaultEngine() EngineConfig {
+	return EngineConfig{Kind: "sim", Model: "llama-8b", StartTimeout: 20 * time.Minute, Sim: sim.DefaultConfig()}
+}
+
+// Desc is a short description for start-up messages.
+func (c EngineConfig) Desc() string {
+	if c.Kind == "sim" {
+		return "sim"
+	}
+	return strings.TrimSpace(c.Kind + " " + c.URL)
+}
+
+// newEngine builds the engine; for HTTP engines it waits until the server
+// answers its health check (ctx and StartTimeout bound the wait).
+func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.Engine, error) {
+	hc := httpengine.Config{URL: c.URL, APIKey: c.APIKey, Models: c.Models, Command: c.VLLMCmd,
+		StartTimeout: c.StartTimeout, Logger: log}
+	switch c.Kind {
+	case "sim":
+		cfg := c.Sim
+		cfg.Model = c.Model
+		return sim.New(cfg)
+	case "vllm":
+		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras})
+		if err != nil {
+			return nil, err
+		}
+		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
+	case "openai":
+		if c.VLLMCmd != "" {
+			return nil, fmt.Errorf("--vllm-cmd goes with --engine vllm")
+		}
+		if c.URL == "" {
+			return nil, fmt.Errorf("--engine openai needs --engine-url")
+		}
+		e, err := openai.New(hc)
+		if err != nil {
+			return nil, err
+		}
+		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
+	}
+	return nil, fmt.Errorf("unknown --engine %q (sim, vllm or openai)", c.Kind)
+}
+
+func waitEngine(ctx context.Context, e engine.Engine, wait func(context.Context) error, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := wait(ctx); err != nil {
+		e.Close()
+		return fmt.Errorf("engine %s not ready: %w", e.Name(), err)
+	}
+	return nil
+}

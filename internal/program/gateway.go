@@ -1,0 +1,278 @@
+package program
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/admin"
+	"github.com/tokenbus/tokenbus/auth"
+	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/fleet"
+	"github.com/tokenbus/tokenbus/gateway"
+	"github.com/tokenbus/tokenbus/internal/natsconn"
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+// HTTPConfig is a gateway's HTTP side: the OpenAI-compatible API and the
+// admin API. Gateway and dev share it.
+type HTTPConfig struct {
+	Listen          string        // the OpenAI API's listen address
+	BodyLimit       int           // largest request body in bytes (also capped by the NATS server's max_payload); past it 413
+	RequestTimeout  time.Duration // longest a request may take end to end
+	ShutdownTimeout time.Duration // on Close, how long open streams may go on
+	Auth            bool          // require API keys and enforce their model lists and rate limits (needs the store)
+	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
+	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
+	AdminToken      string        // the bearer token the admin API requires
+}
+
+// GatewayConfig configures a gateway program.
+type GatewayConfig struct {
+	NATS     natsconn.Options
+	RedisURL string // registry, API keys, limits and usage; "" none (then Auth off and Admin "")
+	HTTP     HTTPConfig
+	// EmbedDispatcher routes requests with a dispatcher inside the gateway,
+	// straight to workers; Dispatcher configures it (it runs Embedded).
+	// Without it the gateway publishes to standalone dispatchers.
+	EmbedDispatcher bool
+	Dispatcher      dispatcher.Config
+	Version         string
+	Log             *slog.Logger
+}
+
+// DefaultHTTP is the gateway's HTTP side as `tokenbus gateway` has it.
+func DefaultHTTP() HTTPConfig {
+	return HTTPConfig{
+		Listen:          ":8080",
+		BodyLimit:       8 << 20,
+		RequestTimeout:  10 * time.Minute,
+		ShutdownTimeout: 10 * time.Second,
+		Auth:            true,
+		KeyCacheTTL:     10 * time.Second,
+		Admin:           "127.0.0.1:8081",
+	}
+}
+
+// DefaultDispatcherConfig is a dispatcher's configuration as the tokenbus command
+// has it.
+func DefaultDispatcherConfig() dispatcher.Config {
+	return dispatcher.Config{QueueSize: 1024, QueueTimeout: 60 * time.Second, ReplyPrefixes: []string{"_INBOX."}}
+}
+
+// DefaultGateway is `tokenbus gateway` with no flags.
+func DefaultGateway() GatewayConfig {
+	return GatewayConfig{
+		NATS:            natsconn.Options{URL: nats.DefaultURL},
+		RedisURL:        "redis://127.0.0.1:6379/0",
+		HTTP:            DefaultHTTP(),
+		EmbedDispatcher: true,
+		Dispatcher:      DefaultDispatcherConfig(),
+	}
+}
+
+// check reports settings that do not go together.
+func (c HTTPConfig) check(haveStore bool) error {
+	switch {
+	case c.Auth && !haveStore:
+		return errors.New("API keys (Auth) need the store (a Redis URL)")
+	case c.Admin != "" && !haveStore:
+		return errors.New("the admin API needs the store (a Redis URL)")
+	case c.Admin != "" && c.AdminToken == "":
+		return errors.New("the admin API needs an admin token")
+	}
+	return nil
+}
+
+// Gateway is a running gateway program: the OpenAI-compatible HTTP API, its
+// admin API if configured, and its embedded dispatcher if configured.
+type Gateway struct {
+	*life
+	cfg GatewayConfig
+	log *slog.Logger
+
+	nc        *nats.Conn
+	store     *registry.Store // ours to close; nil when lent or absent
+	unsubKeys func()          // the API key cache's event subscription
+	stopDisp  context.CancelFunc
+	cl        *client.Client
+	g         *gateway.Gateway
+	au        *auth.Auth
+	adm       *admin.Server
+	ln, admLn net.Listener
+}
+
+// StartGateway starts a gateway: it connects to NATS (retrying for 30s) and
+// Redis, starts the embedded dispatcher, and serves once it takes requests.
+func StartGateway(ctx context.Context, cfg GatewayConfig) (*Gateway, error) {
+	return startGateway(ctx, cfg, host{})
+}
+
+func startGateway(ctx context.Context, cfg GatewayConfig, h host) (*Gateway, error) {
+	gw := &Gateway{life: newLife(), cfg: cfg, log: logger(cfg.Log)}
+	err := gw.start(ctx, h)
+	if err := gw.begin(err, gw.shutdown, gw.release); err != nil {
+		return nil, err
+	}
+	return gw, nil
+}
+
+func (gw *Gateway) start(ctx context.Context, h host) error {
+	cfg, log := gw.cfg, gw.log
+	if err := cfg.HTTP.check(h.store != nil || cfg.RedisURL != ""); err != nil {
+		return err
+	}
+	var err error
+	if gw.nc, err = h.dialer()(ctx, cfg.NATS, "tokenbus-gateway", log); err != nil {
+		return err
+	}
+	store, cache := h.store, h.cache
+	if store == nil && cfg.RedisURL != "" {
+		if store, err = registry.Open(ctx, cfg.RedisURL); err != nil {
+			return err
+		}
+		gw.store = store
+		cache = registry.NewCache(store, log)
+		_ = cache.Refresh(ctx)
+		gw.part("registry cache", func() error { cache.Run(gw.ctx, gw.nc, 10*time.Second); return nil })
+	}
+	reg := h.registry()
+
+	d := h.dispatcher
+	if d == nil && cfg.EmbedDispatcher {
+		var models dispatcher.Registry
+		if cache != nil {
+			models = cache
+		}
+		dcfg := cfg.Dispatcher
+		dcfg.Embedded = true
+		d = dispatcher.New(dcfg, gw.nc, models, reg, log.With("component", "dispatcher"))
+		// Its own context: it routes until the gateway has stopped.
+		dctx, stop := context.WithCancel(context.Background())
+		gw.stopDisp = stop
+		gw.part("embedded dispatcher", func() error { return d.Run(dctx) })
+		if err := gw.waitReady(ctx, d.Ready(), "the embedded dispatcher"); err != nil {
+			return err
+		}
+	}
+
+	copts := client.Options{Logger: log}
+	var workers *fleet.Fleet
+	if d != nil {
+		workers = d.Fleet()
+		copts.Submit = d.Submit
+	} else {
+		workers = fleet.New()
+		if err := fleet.Watch(gw.ctx, gw.nc, workers); err != nil {
+			return err
+		}
+	}
+	if gw.cl, err = client.New(gw.nc, copts); err != nil {
+		return err
+	}
+	limit := cfg.HTTP.BodyLimit
+	if mp := int(gw.nc.MaxPayload()) - 16<<10; mp > 0 && mp < limit {
+		limit = mp // headers need room too
+	}
+	gcfg := gateway.Config{
+		BodyLimit:       limit,
+		RequestTimeout:  cfg.HTTP.RequestTimeout,
+		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
+		Version:         cfg.Version,
+	}
+	if store != nil {
+		acfg := auth.Config{Limiter: registry.NewLimiter(store), Log: log, Metrics: reg}
+		if cfg.HTTP.Auth {
+			acfg.Keys = registry.NewKeyCache(store, cfg.HTTP.KeyCacheTTL, log)
+			if gw.unsubKeys, err = acfg.Keys.Subscribe(gw.nc); err != nil {
+				return err
+			}
+		}
+		gw.au = auth.New(acfg)
+		gcfg.OnUsage = gw.au.OnUsage
+		if cfg.HTTP.Auth {
+			gcfg.Authorize = gw.au.Authorize
+		}
+	}
+	var models gateway.Registry
+	if cache != nil {
+		models = cache
+	}
+	gw.g = gateway.New(gcfg, gw.cl, gateway.NewCatalog(workers, models), gw.nc, reg, log)
+
+	if cfg.HTTP.Admin != "" {
+		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
+			Log: log.With("component", "admin")}); err != nil {
+			return err
+		}
+		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		gw.part("admin API", func() error { return gw.adm.Serve(gw.admLn) })
+	}
+	if gw.ln, err = net.Listen("tcp", cfg.HTTP.Listen); err != nil {
+		return fmt.Errorf("gateway listen: %w", err)
+	}
+	gw.part("gateway", func() error { return gw.g.Serve(gw.ln) })
+	return nil
+}
+
+// shutdown stops the HTTP side within ShutdownTimeout (open streams may
+// finish; the admin API at once), waits for the usage of the last requests,
+// then stops the embedded dispatcher.
+func (gw *Gateway) shutdown() {
+	sctx, cancel := context.WithTimeout(context.Background(), gw.cfg.HTTP.ShutdownTimeout)
+	defer cancel()
+	if gw.adm != nil {
+		_ = gw.adm.Shutdown(sctx)
+	}
+	if gw.admLn != nil {
+		// A Serve that had not begun when the program failed would serve a
+		// listener Shutdown did not know of: closed, it returns at once.
+		_ = gw.admLn.Close()
+	}
+	if gw.g != nil {
+		if err := gw.g.Shutdown(sctx); err != nil {
+			gw.log.Warn("gateway shutdown", "err", err)
+		}
+	}
+	if gw.ln != nil {
+		_ = gw.ln.Close()
+	}
+	if gw.au != nil {
+		_ = gw.au.Wait(sctx)
+	}
+	if gw.cl != nil {
+		_ = gw.cl.Close()
+	}
+	if gw.stopDisp != nil {
+		gw.stopDisp()
+	}
+}
+
+func (gw *Gateway) release() {
+	if gw.unsubKeys != nil {
+		gw.unsubKeys()
+	}
+	drain(gw.nc)
+	if gw.store != nil {
+		_ = gw.store.Close()
+	}
+}
+
+// Addr is the OpenAI API's bound address (host:port).
+func (gw *Gateway) Addr() string { return gw.ln.Addr().String() }
+
+// AdminAddr is the admin API's bound address, "" when it is off.
+func (gw *Gateway) AdminAddr() string {
+	if gw.admLn == nil {
+		return ""
+	}
+	return gw.admLn.Addr().String()
+}

@@ -1,0 +1,60 @@
+package program
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsServer serves /metrics for a program with no other HTTP listener
+// (dispatcher, worker). A nil *metricsServer is one that is off.
+type metricsServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// listenMetrics listens on addr for /metrics of reg; "" is off (nil).
+func listenMetrics(addr string, reg *prometheus.Registry) (*metricsServer, error) {
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics listen: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}, nil
+}
+
+// serve serves until shutdown, then returns nil.
+func (m *metricsServer) serve() error {
+	if err := m.srv.Serve(m.ln); !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// shutdown stops serving, letting a scrape in progress finish within 1s.
+func (m *metricsServer) shutdown() {
+	if m == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = m.srv.Shutdown(ctx)
+}
+
+// addr is the bound address, "" when off.
+func (m *metricsServer) addr() string {
+	if m == nil {
+		return ""
+	}
+	return m.ln.Addr().String()
+}

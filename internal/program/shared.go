@@ -1,0 +1,60 @@
+package program
+
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// host is what a program gets from the process it runs in. A program started
+// on its own (StartGateway...) gets the zero host: it dials NATS by URL and
+// opens what its config names. Dev starts its programs on a host that
+// connects them in-process and shares its store, model cache and metrics
+// registry; what a host lends, the program uses and does not close.
+type host struct {
+	dial    dialer               // nil: dialURL
+	store   *registry.Store      // nil: open the config's RedisURL, if any
+	cache   *registry.Cache      // with store: the shared, running model cache
+	metrics *prometheus.Registry // nil: a registry of the program's own
+	// dispatcher, for a gateway: route in-process through this one (dev's),
+	// whose fleet also answers /ready, /v1/models and the admin API.
+	dispatcher *dispatcher.Dispatcher
+	// engine, for a worker: drive this engine (dev builds its engines first,
+	// to learn which models they serve); the worker closes it.
+	engine engine.Engine
+}
+
+func (h host) dialer() dialer {
+	if h.dial == nil {
+		return dialURL
+	}
+	return h.dial
+}
+
+func (h host) registry() *prometheus.Registry {
+	if h.metrics != nil {
+		return h.metrics
+	}
+	return newRegistry()
+}
+
+// newRegistry is a metrics registry with the Go runtime's and the process's
+// collectors, as every program exposes.
+func newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// logger is log, or one that discards.
+func logger(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return log
+}

@@ -1,0 +1,134 @@
+package program
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/tokenbus/tokenbus/internal/natsconn"
+	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers"
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// WorkerConfig configures a worker program: one engine behind the bus.
+type WorkerConfig struct {
+	// NATS: an empty Inbox is schemas.WorkerInboxPrefix, the workers' own
+	// namespace, so NATS permissions can let workers read their replies (the
+	// start-up ping) without reading any client's inbox.
+	NATS     natsconn.Options
+	RedisURL string // when set, the worker registers its models there
+	Metrics  string // listen address of /metrics; "" off
+	// Worker: an empty ID is the host name and a random suffix; Version and
+	// Metrics are set by the program.
+	Worker  workers.Config
+	Engine  EngineConfig
+	Version string
+	Log     *slog.Logger
+}
+
+// DefaultWorker is `tokenbus worker` with no flags.
+func DefaultWorker() WorkerConfig {
+	return WorkerConfig{
+		NATS:   natsconn.Options{URL: nats.DefaultURL},
+		Worker: workers.Config{MaxConcurrency: 256, DrainTimeout: 30 * time.Second},
+		Engine: DefaultEngine(),
+	}
+}
+
+// Worker is a running worker program.
+type Worker struct {
+	*life
+	cfg     WorkerConfig
+	eng     engine.Engine
+	nc      *nats.Conn
+	metrics *metricsServer
+	w       *workers.Worker
+}
+
+// StartWorker starts a worker: it builds the engine (waiting for an HTTP
+// engine's first good health check, within Engine.StartTimeout), connects to
+// NATS (retrying for 30s) and returns once the worker takes requests. A
+// worker whose id is already in use fails here.
+func StartWorker(ctx context.Context, cfg WorkerConfig) (*Worker, error) {
+	return startWorker(ctx, cfg, host{})
+}
+
+func startWorker(ctx context.Context, cfg WorkerConfig, h host) (*Worker, error) {
+	p := &Worker{life: newLife(), cfg: cfg, eng: h.engine}
+	err := p.start(ctx, h)
+	if err := p.begin(err, p.metrics.shutdown, p.release); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *Worker) start(ctx context.Context, h host) error {
+	cfg, log := p.cfg, logger(p.cfg.Log)
+	var err error
+	if p.eng == nil {
+		if p.eng, err = newEngine(ctx, cfg.Engine, log); err != nil {
+			p.eng = nil // newEngine closed it
+			return err
+		}
+	}
+	if cfg.NATS.Inbox == "" {
+		cfg.NATS.Inbox = schemas.WorkerInboxPrefix
+	}
+	if p.nc, err = h.dialer()(ctx, cfg.NATS, "tokenbus-worker", log); err != nil {
+		return err
+	}
+	if cfg.RedisURL != "" {
+		if err := registerModels(ctx, cfg.RedisURL, p.eng.Models(), p.nc); err != nil {
+			log.Warn("could not register models in Redis; serving anyway", "err", err)
+		}
+	}
+	reg := h.registry()
+	if p.metrics, err = listenMetrics(cfg.Metrics, reg); err != nil {
+		return err
+	}
+	if p.metrics != nil {
+		p.part("metrics", p.metrics.serve)
+	}
+	wcfg := cfg.Worker
+	if wcfg.ID == "" {
+		wcfg.ID = hostID("worker") + "-" + nuid.Next()[:6]
+	}
+	wcfg.Version, wcfg.Metrics = cfg.Version, reg
+	if p.w, err = workers.New(wcfg, p.nc, p.eng, log); err != nil {
+		return err
+	}
+	p.part("worker", func() error { return p.w.Run(p.ctx) })
+	return p.waitReady(ctx, p.w.Ready(), "the worker")
+}
+
+// release drains the connection once the worker has drained its requests,
+// then closes the engine.
+func (p *Worker) release() {
+	drain(p.nc)
+	if p.eng != nil {
+		p.eng.Close()
+	}
+}
+
+// Addr is the bound address of /metrics, "" when it is off.
+func (p *Worker) Addr() string { return p.metrics.addr() }
+
+// ID is the worker's id.
+func (p *Worker) ID() string { return p.w.ID() }
+
+// Models are the models the worker's engine serves.
+func (p *Worker) Models() []string { return p.eng.Models() }
+
+// hostID is the host name as a subject token, prefix if it has none.
+func hostID(prefix string) string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = prefix
+	}
+	return schemas.SafeToken(h)
+}
