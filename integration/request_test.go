@@ -7,6 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -16,7 +17,9 @@ import (
 // another case is not the field, a repeated field is refused. These are the
 // bodies issue 11 found walking around the gateway.
 func TestOneReadingOfARequest(t *testing.T) {
-	d := startDev(t, "--sim-decode-base", "1ms", "--sim-prefill-base", "1ms")
+	d := startDev(t, func(c *program.DevConfig) {
+		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
+	})
 	msgs := `"messages":[{"role":"user","content":"Tell me a long story"}]`
 
 	// "Stream" is not "stream": a stream:false request gets a whole
