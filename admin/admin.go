@@ -1,13 +1,3 @@
-// Package admin is tokenbus's management API: models and LoRA adapters, the
-// live workers (a fleet.View), API keys and usage. It listens on its own address (like
-// TorchServe's management port), apart from the OpenAI API, and every request
-// needs "Authorization: Bearer <admin token>". JSON in and out; every error
-// is OpenAI's {"error":{"message","type","param","code"}} with its status:
-// 400 bad JSON or fields, 401 bad token, 404 unknown, 409 conflicts, 503 when
-// Redis cannot be reached (Retry-After: 1). docs/admin-api.md has the routes.
-//
-// Every registry change is announced on tokenbus.v1.events.* before the
-// response is sent, so gateway and dispatcher caches follow at once.
 package admin
 
 import (

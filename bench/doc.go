@@ -48,4 +48,6 @@
 // the 2×rounds phases gets an equal share, so both sides get equal time);
 // cancelling ctx (Ctrl-C in the main binary) aborts requests in flight and
 // prints the partial report. Memory is about 4 bytes per streamed chunk.
+//
+// Tokenbus imports: internal/flagenv, schemas.
 package bench

@@ -99,6 +99,14 @@ func New(nc *nats.Conn, opts Options) (*Client, error) {
 	if err := sub.SetPendingLimits(1<<20, 256<<20); err != nil {
 		return nil, err
 	}
+	// Replies must find the subscription at the server from the first
+	// request on: a request may leave on another connection (an embedded
+	// dispatcher's), and a worker answers it at once, so a SUB still in this
+	// connection's write buffer would lose the first frames.
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
 	c.sub = sub
 	return c, nil
 }

@@ -189,3 +189,24 @@ func TestStall(t *testing.T) {
 		})
 	}
 }
+
+// New returns only once the server has the reply subscription: a request can
+// leave on another connection (an embedded dispatcher's) and its worker
+// answer at once, and a SUB still in this connection's buffer would lose the
+// first frame (seen as "expected frame 1, got 2" on the first request of a
+// freshly started gateway).
+func TestNewSubscribesBeforeReturning(t *testing.T) {
+	ns := testenv.NATS(t)
+	for i := range 20 {
+		nc := testenv.Connect(t, ns)
+		before := ns.NumSubscriptions()
+		c, err := New(nc, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after := ns.NumSubscriptions(); after != before+1 {
+			t.Fatalf("client %d: the server has %d subscriptions right after New, want %d", i, after, before+1)
+		}
+		c.Close()
+	}
+}

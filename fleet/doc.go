@@ -17,4 +17,6 @@
 // Imports: schemas (heartbeats, done notices, subjects) and nats.go (Watch);
 // nothing else of tokenbus. Dispatcher, gateway, admin and the programs import
 // fleet, never the other way.
+//
+// Tokenbus imports: schemas.
 package fleet

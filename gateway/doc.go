@@ -100,4 +100,6 @@
 // knows the model (else "unknown"), so label cardinality stays bounded. Stream
 // metrics (time to first token, inter-token latency, duration, chunks) are
 // recorded in the stream writer, after the handler has returned.
+//
+// Tokenbus imports: client, fleet, gateway/httpstream, internal/tracing, schemas.
 package gateway

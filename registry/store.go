@@ -1,13 +1,3 @@
-// Package registry is tokenbus's control-plane state in Redis: the models
-// and LoRA adapters that exist, API keys (stored as hashes), rate-limit
-// windows and usage counters. Gateways and dispatchers read models through a
-// Cache and keys through a KeyCache, so serving goes on while Redis is down.
-//
-// Every Redis key carries the hash tag {tokenbus}, so all of it lives in one
-// slot of a Redis Cluster and multi-key transactions and scripts work there.
-// The control plane is small and its write rate is about one script call per
-// LLM request (admit) and one per finished request (usage), far below what
-// one shard serves.
 package registry
 
 import (

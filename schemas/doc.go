@@ -13,5 +13,5 @@
 // describes its JSON bodies for clients written in other languages; keep all
 // three in step.
 //
-// It imports nothing of tokenbus: everything else imports it.
+// Tokenbus imports: none.
 package schemas

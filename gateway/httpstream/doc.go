@@ -74,4 +74,6 @@
 // reading while frames wait for the writer (StuckTimeout without a frame) is
 // cut the same way. No SSE comments are sent during silence: openai-go before
 // v3.43 breaks on them.
+//
+// Tokenbus imports: schemas.
 package httpstream

@@ -1,5 +1,3 @@
-// Package embedded starts the servers `tokenbus dev` runs in-process: a NATS
-// server with JetStream and a Redis-compatible store.
 package embedded
 
 import (

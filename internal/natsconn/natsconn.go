@@ -1,5 +1,3 @@
-// Package natsconn holds the NATS connection settings every subcommand shares
-// and connects with them.
 package natsconn
 
 import (

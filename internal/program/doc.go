@@ -28,4 +28,8 @@
 // dispatcher, workers and their engines, admin, auth, registry, fleet,
 // client, schemas, and the internal helpers (natsconn, embedded). Nothing
 // imports program but internal/cli and tests.
+//
+// Tokenbus imports: admin, auth, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
+// registry, schemas, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,
+// workers/engine/sim, workers/engine/sim/simserver, workers/engine/vllm.
 package program

@@ -1,6 +1,3 @@
-// Package engine defines what a worker needs from an inference engine. The
-// engines themselves live in sub-packages: sim (built in, no GPU), vllm and
-// openai (HTTP servers).
 package engine
 
 import (
@@ -61,9 +58,9 @@ type Engine interface {
 
 // Stats is an engine's load, as heartbeats advertise it.
 type Stats struct {
-	Running      int     // sequences being decoded
-	Waiting      int     // sequences queued inside the engine
-	KVCacheUsage float64 // 0..1
+	Running      int      // sequences being decoded
+	Waiting      int      // sequences queued inside the engine
+	KVCacheUsage float64  // 0..1
 	Adapters     []string // LoRA adapters loaded now, sorted
 	MaxLoras     int      // adapter slots; 0: no limit (or unknown)
 }

@@ -1,17 +1,3 @@
-// Package vllm is the engine for a vLLM OpenAI server, attached by URL or
-// started as a child process ("vllm serve ...", with
-// VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment). Requests and
-// answers pass through untouched (see httpengine).
-//
-// On top of httpengine it adds what vLLM offers:
-//
-//   - load from /metrics, scraped every MetricsInterval (metrics.go);
-//   - served models from /v1/models, base models and LoRA adapters (entries
-//     with a parent);
-//   - the runtime LoRA API as engine.Adapters (lora.go): one upstream load or
-//     unload per call, with vLLM's quirks handled. Which adapters to load,
-//     coalescing, eviction and slots are the worker's adapter manager's
-//     (workers/lora), as for every engine.
 package vllm
 
 import (

@@ -1,0 +1,20 @@
+// Package auth implements the gateway's Authorize and OnUsage hooks on the
+// registry: API keys (Authorization: Bearer tb-...), per-key model
+// allow-lists, requests- and tokens-per-minute limits shared by every gateway
+// replica through Redis, and usage per key and model.
+//
+// Answers, all in OpenAI's error shape:
+//
+//	no key, or not a key         401 invalid_request_error, code invalid_api_key
+//	model not in the key's list  403 permission_error, code model_not_allowed, param model
+//	over RPM or TPM              429 rate_limit_error, code rate_limit_exceeded, Retry-After
+//	Redis down, key not cached   503 overloaded_error, code store_unavailable
+//
+// Keys with limits get OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// headers on every response, for the limits they have. Redis down during the
+// limit check fails open: the request is allowed, a warning is logged and
+// tokenbus_auth_ratelimit_fail_open_total counts it, so a Redis outage does
+// not stop serving.
+//
+// Tokenbus imports: gateway, registry, schemas.
+package auth

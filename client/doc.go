@@ -1,0 +1,10 @@
+// Package client is the Go client of tokenbus's NATS protocol. The gateway
+// uses it, and so can any Go program that wants to skip HTTP: publish an
+// OpenAI request body, read the reply stream frame by frame.
+//
+// One Client holds one wildcard subscription on its inbox prefix and routes
+// replies to streams through a map: a subscription per stream would cost
+// about 512 KB and several microseconds per token.
+//
+// Tokenbus imports: schemas.
+package client

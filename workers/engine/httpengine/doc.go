@@ -1,0 +1,38 @@
+// Package httpengine is the part the vllm and openai engines share: it drives
+// an OpenAI-compatible HTTP server (vLLM, llama.cpp server, SGLang, TGI,
+// another tokenbus) and passes its JSON through untouched.
+//
+// Requests: the client's body is POSTed byte for byte to /v1/chat/completions
+// or /v1/completions (by Request.Kind) with X-Request-Id and traceparent. A
+// text/event-stream answer is read line by line; the JSON after each "data: "
+// goes to the Sink as is, and every data line already in the read buffer goes
+// in the same Chunks call ('\n'-separated), without ever waiting for more. The
+// stream ends at "data: [DONE]" (the rest of the body is read in the
+// background, so the connection is reused); an end of stream before it is an
+// error. Any other 2xx answer is the non-stream response, returned whole as
+// Result.Response.
+//
+// Usage: the last chunk with a "usage" object fills Result.Usage. A stream
+// without one (the client did not ask for stream_options.include_usage, and
+// the body is never changed to ask for it) gets a best-effort count: each
+// data chunk without usage counts as one completion token, prompt tokens 0.
+//
+// Errors, all *schemas.Error: a non-2xx answer keeps its status and becomes
+// OpenAI's nested error (from vLLM's flat or nested shape, TGI's, FastAPI's
+// "detail" or plain text); a data line whose first key is "error" (vLLM,
+// SGLang, OpenAI and TGI send the error object alone) ends the request with
+// that error (status from its code, else 502); a connection that cannot be
+// made or breaks before the answer is a 503 engine_unhealthy; one that breaks
+// mid-stream, a stream silent for StallTimeout or a non-stream answer slower
+// than ResponseTimeout is a 502 engine_error. A cancelled ctx cancels the
+// upstream request, which closes its connection, so the server aborts the
+// generation.
+//
+// Health is polled in the background (Health never does I/O). When it has
+// failed for UnhealthyAbort, requests in flight are ended with a 503, so a
+// hung server cannot hold them.
+//
+// With Command set, the server is a child process (see process.go).
+//
+// Tokenbus imports: internal/tracing, schemas, workers/engine.
+package httpengine

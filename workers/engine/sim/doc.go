@@ -1,0 +1,48 @@
+// Package sim is tokenbus's built-in simulated inference engine. It behaves
+// like vLLM as seen from its OpenAI API (same request fields, same JSON,
+// same errors) and like a GPU from the outside (time to first token, time
+// per output token, batching, KV-cache pressure), without a GPU or a model.
+//
+// It is a scheduler model, not a sleep per token. One goroutine runs steps,
+// like vLLM's engine loop. Sequences wait in a FIFO queue and are admitted
+// into the running batch while there are fewer than MaxNumSeqs running, while
+// the step's prefill token budget lasts and while the KV cache has blocks for
+// them. The KV cache is paged (BlockSize tokens per block, NumBlocks blocks)
+// with prefix caching: full blocks of prompt tokens are found again by a
+// chained hash, also after their sequence finished (they wait in an LRU of
+// free cached blocks), so a repeated prompt prefix prefills faster and is
+// reported as usage.prompt_tokens_details.cached_tokens. A running sequence
+// that needs a block when none is free preempts the most recently admitted
+// one, which goes back to the head of the queue and is recomputed later.
+//
+// Every step produces one token for every running sequence and costs, in
+// simulated time (one sleep per step, for the whole batch):
+//
+//	base + PrefillPerToken × (tokens prefilled in the step, cache hits excluded)
+//	     + DecodePerSeq × (sequences decoding in the step)
+//
+// where base is PrefillBase if the step admits anything, else DecodeBase.
+// With all four durations zero the engine runs as fast as the CPU allows.
+//
+// Output text is drawn from a list of common English words, each one
+// cl100k_base token, from a seed (the request's seed, else a hash of the
+// prompt), so it is deterministic and its token count is exact. Prompts are
+// counted with cl100k_base; chat messages get a ChatML template
+// (<|im_start|>role\ncontent<|im_end|>\n each, and <|im_start|>assistant\n).
+// Without ignore_eos a sequence ends by itself ("stop") at a length drawn
+// from the seed between MinEOS and MaxEOS tokens, with a full stop.
+//
+// Request fields honoured: model, messages (string content or text parts),
+// prompt (string, strings, token ids, arrays of token ids), max_tokens
+// (completions default 16), max_completion_tokens, n, stop,
+// include_stop_str_in_output, stream, stream_options (as in vLLM, present
+// means include_usage unless it is false), seed, ignore_eos, min_tokens.
+// Others (temperature, logprobs, tools, echo...) are accepted and ignored:
+// logprobs are always null and there are no tool calls.
+//
+// A streaming request gets one Sink.Chunks call per step with a chunk for
+// each of its sequences that produced text, made by the scheduler goroutine;
+// a Sink error or a done context aborts the request within one step.
+//
+// Tokenbus imports: schemas, workers/engine.
+package sim
