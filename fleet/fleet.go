@@ -176,3 +176,13 @@ func (f *Fleet) Remove(worker string) {
 	f.forgetPendingLocked(worker)
 	f.mu.Unlock()
 }
+
+// ModelsOf returns the models worker serves.
+func (f *Fleet) ModelsOf(worker string) []string {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if w := f.workers[worker]; w != nil {
+		return w.hb.Models
+	}
+	return nil
+}

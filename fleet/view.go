@@ -64,16 +64,6 @@ func (f *Fleet) Len() int {
 	return len(f.workers)
 }
 
-// ModelsOf returns the models worker serves.
-func (f *Fleet) ModelsOf(worker string) []string {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	if w := f.workers[worker]; w != nil {
-		return w.hb.Models
-	}
-	return nil
-}
-
 // Models returns every model served by a live, healthy worker.
 func (f *Fleet) Models() []string {
 	f.mu.RLock()

@@ -92,8 +92,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 			caller: caller, start: start, span: span}
 		var reqCtx context.Context
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
-		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline,
-			schemas.ErrRequestTimeout.New(g.cfg.RequestTimeout))
+		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline, g.errTimeout)
 
 		st, err := g.cl.Start(&client.Request{
 			ID:       id,

@@ -81,8 +81,11 @@ type Gateway struct {
 
 	// base is the parent of every request's context; Shutdown cancels it
 	// (cause errShuttingDown) to cut whatever is still open at its deadline.
-	base    context.Context
-	cutBase context.CancelCauseFunc
+	base context.Context
+	// errTimeout is the cause of a request that ran past RequestTimeout,
+	// made once: every request's deadline carries it.
+	errTimeout *schemas.Error
+	cutBase    context.CancelCauseFunc
 
 	draining atomic.Bool
 	inflight tracker            // handlers and stream writers still running
@@ -103,6 +106,7 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 	}
 	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg)}
 	g.base, g.cutBase = context.WithCancelCause(context.Background())
+	g.errTimeout = schemas.ErrRequestTimeout.New(cfg.RequestTimeout)
 	g.app = fiber.New(fiber.Config{
 		DisableStartupMessage: true,
 		BodyLimit:             cfg.BodyLimit,

@@ -44,11 +44,3 @@ func (s *Server) Drain() { s.idle.closeAll() }
 
 // IdleConns is the number of handed-back connections waiting for a request.
 func (s *Server) IdleConns() int { return int(s.idle.n.Load()) }
-
-// keepAlive reports whether a stream of rc may leave its connection open:
-// HTTP/1.1 (chunked framing), the client did not ask to close, and the
-// server is not draining.
-func (s *Server) keepAlive(rc *fasthttp.RequestCtx) bool {
-	h := &rc.Request.Header
-	return h.IsHTTP11() && !h.ConnectionClose() && !s.idle.draining.Load()
-}

@@ -3,10 +3,14 @@ package httpstream
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
+	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/valyala/fasthttp"
 )
 
@@ -169,4 +173,154 @@ func (st *Stream) end() error {
 		st.state.CompareAndSwap(stateOpen, stateEnded)
 	}
 	return nil
+}
+
+// keepAlive reports whether a stream of rc may leave its connection open:
+// HTTP/1.1 (chunked framing), the client did not ask to close, and the
+// server is not draining.
+func (s *Server) keepAlive(rc *fasthttp.RequestCtx) bool {
+	h := &rc.Request.Header
+	return h.IsHTTP11() && !h.ConnectionClose() && !s.idle.draining.Load()
+}
+
+// --- Writing: bursts, chunked framing, SSE events ---
+
+// The body is written in bursts, each in one syscall. In chunked mode
+// (HTTP/1.1 keep-alive) every burst is one HTTP chunk and the body ends with
+// the last chunk, so the connection can serve the client's next request;
+// otherwise the body ends when the connection closes.
+//
+// The buffer holds, in order: the response head until the first burst goes
+// out (hlen bytes), chunkHeadroom bytes kept free for the burst's chunk size
+// line, then the burst. The size line is written right-aligned in the
+// headroom and the head moved up against it, so that head, size line, burst
+// and chunk end leave in one contiguous write without a copy of the burst.
+
+// chunkHeadroom is room for a chunk's size line: up to 8 hex digits and CRLF.
+const chunkHeadroom = 10
+
+// burstSize is the burst a write carries before it is flushed anyway.
+const burstSize = 32 << 10
+
+// bufCap is the capacity of a pooled buffer: a burst with its framing and a
+// response head of ordinary size. Buffers that grew past maxPooled (a head or
+// a single event larger than that) are left to the garbage collector.
+const (
+	bufCap    = chunkHeadroom + burstSize + 2<<10
+	maxPooled = 2 * bufCap
+)
+
+var bufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, bufCap)
+	return &b
+}}
+
+// add appends p to the burst, flushing when the burst is full.
+func (st *Stream) add(p []byte) error {
+	if st.err != nil {
+		return st.err
+	}
+	st.buf = append(st.buf, p...)
+	if len(st.buf)-st.hlen-chunkHeadroom >= burstSize {
+		return st.flush(false)
+	}
+	return nil
+}
+
+// flush sends the head (if not sent yet) and the burst; with last, the end
+// of the body too.
+func (st *Stream) flush(last bool) error {
+	if st.err != nil {
+		return st.err
+	}
+	if !st.live && !last {
+		// Before Run on a connection that may hold an earlier response:
+		// Run sends it (see Flush).
+		st.pending = true
+		return nil
+	}
+	base := st.hlen + chunkHeadroom
+	n := len(st.buf) - base
+	if n == 0 && !(last && st.chunked) && st.hlen == 0 {
+		return nil
+	}
+	start := base
+	if st.chunked {
+		if n > 0 {
+			var size [chunkHeadroom]byte
+			line := strconv.AppendUint(size[:0], uint64(n), 16)
+			line = append(line, '\r', '\n')
+			start = base - len(line)
+			copy(st.buf[start:], line)
+			st.buf = append(st.buf, '\r', '\n')
+		}
+		if last {
+			st.buf = append(st.buf, "0\r\n\r\n"...)
+		}
+	}
+	if st.hlen > 0 {
+		copy(st.buf[start-st.hlen:start], st.buf[:st.hlen]) // overlapping: a memmove
+		start -= st.hlen
+		st.hlen = 0
+	}
+	_, st.err = st.conn.Write(st.buf[start:])
+	st.buf = st.buf[:chunkHeadroom]
+	st.pending = false
+	return st.err
+}
+
+// release returns the buffer to the pool.
+func (st *Stream) release() {
+	if cap(st.buf) <= maxPooled {
+		*st.pooled = st.buf[:0]
+		bufs.Put(st.pooled)
+	}
+	st.buf, st.pooled = nil, nil
+}
+
+// The bytes of an SSE stream on /v1: data lines only, no comments, ids or
+// event names (some OpenAI SDKs break on those).
+var (
+	sseData = []byte("data: ")
+	sseEnd  = []byte("\n\n")
+	sseDone = []byte("data: [DONE]\n\n")
+)
+
+var errNotRunning = errors.New("httpstream: Done or Fail outside the function given to Run")
+
+// WriteEvents adds every line of payload (a chunk frame's payload: one JSON
+// object per line) as one event, "data: <line>\n\n", byte for byte. It
+// returns the number of events and the first write error. Flush sends them.
+func (st *Stream) WriteEvents(payload []byte) (int, error) {
+	n := 0
+	err := schemas.ForEachLine(payload, func(line []byte) error {
+		n++
+		_ = st.add(sseData)
+		_ = st.add(line)
+		return st.add(sseEnd)
+	})
+	return n, err
+}
+
+// Done ends the stream: [DONE] and the end of the body, sent.
+func (st *Stream) Done() error {
+	if !st.running {
+		return errNotRunning
+	}
+	if err := st.add(sseDone); err != nil {
+		return err
+	}
+	return st.end()
+}
+
+// Fail ends a stream that failed after its first byte: the error in-band as
+// OpenAI clients expect it, data: {"error":{...}}, then [DONE].
+func (st *Stream) Fail(e *schemas.Error) error {
+	if !st.running {
+		return errNotRunning
+	}
+	_ = st.add(sseData)
+	_ = st.add(e.JSON())
+	_ = st.add(sseEnd)
+	return st.Done()
 }
