@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -85,7 +88,12 @@ func TestPeerGone(t *testing.T) {
 			if tc.name == "peek" {
 				_, _ = cli.Write([]byte("G"))
 				if peekedBytes(srv) >= 0 { // the byte is there before the probe looks
-					waitFor(t, time.Second, func() bool { return peekedBytes(srv) == 1 })
+					testenv.WaitFor(t, time.Second, func() error {
+						if n := peekedBytes(srv); n != 1 {
+							return fmt.Errorf("%d bytes to peek, want the one sent", n)
+						}
+						return nil
+					})
 				}
 				if peerGone(conn) {
 					t.Fatal("a client with a byte pending looks gone")
@@ -97,7 +105,12 @@ func TestPeerGone(t *testing.T) {
 				}
 			}
 			_ = cli.Close()
-			waitFor(t, time.Second, func() bool { return peerGone(conn) })
+			testenv.WaitFor(t, time.Second, func() error {
+				if !peerGone(conn) {
+					return errors.New("the closed client does not look gone")
+				}
+				return nil
+			})
 			// The deadline is reset: a later read blocks as usual, with EOF here.
 			if tc.name != "peek" {
 				if _, err := srv.Read(make([]byte, 1)); err != io.EOF {
