@@ -52,6 +52,7 @@ type Server struct {
 	APIKey    string        // if set, required as a Bearer token on /v1
 	LoadDelay time.Duration // how long a LoRA load takes
 	NoLoRAAPI bool          // as without VLLM_ALLOW_RUNTIME_LORA_UPDATING: 404 {"detail":"Not Found"}
+	AnyModel  bool          // serve whatever model a request names, as llama.cpp's server does
 	// Default scripts the requests whose body has no x_fake.
 	Default Script
 

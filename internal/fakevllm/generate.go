@@ -62,7 +62,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, f.Status, "BadRequestError", fmt.Sprintf("nested %d", f.Status), &param)
 		return
 	}
-	if !s.IsBase(view.Model) && !s.isLoaded(view.Model) {
+	if !s.AnyModel && !s.IsBase(view.Model) && !s.isLoaded(view.Model) {
 		param := "model"
 		writeError(w, 404, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", view.Model), &param)
 		return
