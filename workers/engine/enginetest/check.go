@@ -163,8 +163,8 @@ func checkWhole(t *testing.T, kind schemas.Kind, model string, n int, res *engin
 	return w
 }
 
-// checkUsage checks that u counts completion tokens (n choices of
-// maxTokens each, the requests being ignore_eos) and a prompt.
+// checkUsage checks that u counts the completion tokens asked for (the
+// suite's requests are ignore_eos: all of max_tokens, times n) and a prompt.
 func checkUsage(t *testing.T, u schemas.Usage, completion int) {
 	t.Helper()
 	if u.CompletionTokens != completion || u.PromptTokens <= 0 || u.TotalTokens != u.PromptTokens+u.CompletionTokens {

@@ -122,11 +122,11 @@ const (
 	// waitLong bounds the waits for what must happen soon (Stats dropping
 	// back, a model listed).
 	waitLong = 5 * time.Second
-	// prompt is how soon Generate must return once its request is ended;
+	// promptly is how soon Generate must return once its request is ended;
 	// the long requests the suite ends would run for several seconds more.
-	prompt = 3 * time.Second
+	promptly = 3 * time.Second
 	// longTokens is a request that lasts: at a millisecond per decode step,
-	// 8 seconds, well past prompt.
+	// 8 seconds, well past promptly.
 	longTokens = 8000
 )
 

@@ -93,16 +93,22 @@ func testStreamFailures(t *testing.T, h *Harness) {
 // request too: the server sees its client go.
 func testCancelUpstream(t *testing.T, h *Harness) {
 	slow := fake(`{"mode":"slow"}`)
+	cancel := func(_ engine.Engine, cancel context.CancelFunc) { cancel() }
 	for _, tc := range []struct {
-		name    string
-		members string
-		end     func(t *testing.T, e engine.Engine, cancel context.CancelFunc)
-		check   func(t *testing.T, err error)
+		name      string
+		members   string
+		sinkFails bool                                             // the sink's first call fails
+		end       func(e engine.Engine, cancel context.CancelFunc) // or this ends the request
+		want      func(t *testing.T, err error)
 	}{
-		{"cancel, stream", `"stream":true,` + slow, cancelled, wantCanceled},
-		{"cancel, stream:false", slow, cancelled, wantCanceled},
-		{"sink error", `"stream":true,` + slow, nil, wantGone},
-		{"close", slow, closeEngine, func(t *testing.T, err error) {
+		{"cancel, stream", `"stream":true,` + slow, false, cancel, wantCanceled},
+		{"cancel, stream:false", slow, false, cancel, wantCanceled},
+		{"sink error", `"stream":true,` + slow, true, nil, func(t *testing.T, err error) {
+			if !errors.Is(err, errGone) {
+				t.Errorf("Generate returned %v, want the sink's error", err)
+			}
+		}},
+		{"close", slow, false, func(e engine.Engine, _ context.CancelFunc) { e.Close() }, func(t *testing.T, err error) {
 			if se := asError(t, err, 503); code(se) != schemas.CodeShuttingDown {
 				t.Errorf("%v, want code %s", se, schemas.CodeShuttingDown)
 			}
@@ -113,7 +119,7 @@ func testCancelUpstream(t *testing.T, h *Harness) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			s := newSink()
-			if tc.end == nil {
+			if tc.sinkFails {
 				s.fail = func(int) error { return errGone }
 			}
 			req := request(t, schemas.KindChat, h.Model, tc.members)
@@ -125,9 +131,9 @@ func testCancelUpstream(t *testing.T, h *Harness) {
 				return nil
 			})
 			if tc.end != nil {
-				tc.end(t, e, cancel)
+				tc.end(e, cancel)
 			}
-			tc.check(t, await(t, out, prompt, "its end").err)
+			tc.want(t, await(t, out, promptly, "its end").err)
 			deadline := time.After(waitLong)
 			for {
 				select {
@@ -143,20 +149,9 @@ func testCancelUpstream(t *testing.T, h *Harness) {
 	}
 }
 
-func cancelled(_ *testing.T, _ engine.Engine, cancel context.CancelFunc) { cancel() }
-
-func closeEngine(_ *testing.T, e engine.Engine, _ context.CancelFunc) { e.Close() }
-
 func wantCanceled(t *testing.T, err error) {
 	t.Helper()
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("Generate returned %v, want context.Canceled", err)
-	}
-}
-
-func wantGone(t *testing.T, err error) {
-	t.Helper()
-	if !errors.Is(err, errGone) {
-		t.Errorf("Generate returned %v, want the sink's error", err)
 	}
 }

@@ -69,7 +69,7 @@ func testCancel(t *testing.T, h *Harness) {
 			}
 			running(t, e)
 			cancel()
-			if o := await(t, out, prompt, "its cancel"); !errors.Is(o.err, context.Canceled) {
+			if o := await(t, out, promptly, "its cancel"); !errors.Is(o.err, context.Canceled) {
 				t.Fatalf("Generate returned %v, %v; want context.Canceled", o.res, o.err)
 			}
 			idle(t, e)
@@ -111,7 +111,7 @@ func testDeadline(t *testing.T, h *Harness) {
 			req := request(t, schemas.KindChat, h.Model, fmt.Sprintf(`"stream":%v,%s`, stream, long))
 			req.Deadline = time.Now().Add(100 * time.Millisecond)
 			s := newSink()
-			if o := await(t, goGenerate(t.Context(), e, req, s), prompt, "its deadline"); !errors.Is(o.err, context.DeadlineExceeded) {
+			if o := await(t, goGenerate(t.Context(), e, req, s), promptly, "its deadline"); !errors.Is(o.err, context.DeadlineExceeded) {
 				t.Fatalf("Generate returned %v, %v; want context.DeadlineExceeded", o.res, o.err)
 			}
 			idle(t, e)
@@ -130,7 +130,7 @@ func testClose(t *testing.T, h *Harness) {
 	s.firstChunk(t)
 	closed := make(chan error, 1)
 	go func() { closed <- e.Close() }()
-	if se := asError(t, await(t, out, prompt, "Close").err, 503); code(se) != schemas.CodeShuttingDown {
+	if se := asError(t, await(t, out, promptly, "Close").err, 503); code(se) != schemas.CodeShuttingDown {
 		t.Errorf("a request in flight at Close: %v, want code %s", se, schemas.CodeShuttingDown)
 	}
 	select {
@@ -138,8 +138,8 @@ func testClose(t *testing.T, h *Harness) {
 		if err != nil {
 			t.Errorf("Close: %v", err)
 		}
-	case <-time.After(prompt):
-		t.Fatalf("Close did not return within %s", prompt)
+	case <-time.After(promptly):
+		t.Fatalf("Close did not return within %s", promptly)
 	}
 	_, err := generate(t.Context(), e, request(t, schemas.KindChat, h.Model, `"stream":true`), newSink())
 	if se := asError(t, err, 503); code(se) != schemas.CodeShuttingDown {
