@@ -258,15 +258,16 @@ func TestErrorMessage(t *testing.T) {
 	}
 }
 
-// doOne sends one request of outLen tokens to srv and returns its record.
-func doOne(t *testing.T, srv *fakeServer, endpoint string, stream bool, outLen int, timeout time.Duration) record {
+// doOne sends one request of outLen tokens to the server at url (its /v1)
+// and returns its record.
+func doOne(t *testing.T, url, endpoint string, stream bool, outLen int, timeout time.Duration) record {
 	t.Helper()
 	path := "/chat/completions"
 	if endpoint == "completions" {
 		path = "/completions"
 	}
 	c := &caller{
-		url: srv.URL() + path, chat: endpoint == "chat", stream: stream, usage: stream,
+		url: url + path, chat: endpoint == "chat", stream: stream, usage: stream,
 		timeout: timeout, client: &http.Client{Transport: newTransport(4)}, maxChunks: outLen + 1,
 	}
 	defer c.client.CloseIdleConnections()
@@ -283,34 +284,34 @@ func TestStreamVerification(t *testing.T) {
 	t.Cleanup(func() { afterDoneGrace = old })
 	tests := []struct {
 		name   string
-		opts   fakeOpts
+		opts   defectServer
 		want   string // failure kind; "" = ok
 		detail string // substring of the message
 	}{
-		{"ok", fakeOpts{}, "", ""},
-		{"ok several tokens per chunk", fakeOpts{perTok: 3}, "", ""},
-		{"missing [DONE]", fakeOpts{defect: "no_done"}, "protocol_missing_done", "[DONE]"},
-		{"two ids", fakeOpts{defect: "two_ids"}, "protocol_id_changed", "-other"},
-		{"missing id", fakeOpts{defect: "no_id"}, "protocol_missing_id", ""},
-		{"error chunk", fakeOpts{defect: "error_chunk"}, "stream_error", "engine died"},
-		{"error null", fakeOpts{defect: "error_null"}, "protocol_error_key", "null"},
-		{"missing finish_reason", fakeOpts{defect: "no_finish"}, "protocol_missing_finish_reason", ""},
-		{"second finish_reason", fakeOpts{defect: "double_finish"}, "protocol_chunk_after_finish", ""},
-		{"missing usage", fakeOpts{defect: "no_usage"}, "protocol_missing_usage", ""},
-		{"bad choice index", fakeOpts{defect: "bad_index"}, "protocol_choice_index", "1"},
-		{"comment line", fakeOpts{defect: "comment_line"}, "protocol_non_data_line", ": ping"},
-		{"data after [DONE]", fakeOpts{defect: "data_after_done"}, "protocol_data_after_done", "late"},
-		{"bad json", fakeOpts{defect: "bad_json"}, "protocol_bad_json", ""},
-		{"wrong content type", fakeOpts{defect: "wrong_ct"}, "protocol_content_type", "application/json"},
-		{"open after [DONE]", fakeOpts{defect: "linger"}, "protocol_open_after_done", ""},
-		{"non-200 with JSON error", fakeOpts{status: 503}, "http_503", "model overloaded"},
-		{"non-200 400", fakeOpts{status: 400}, "http_400", "model overloaded"},
+		{"ok", defectServer{}, "", ""},
+		{"ok several tokens per chunk", defectServer{perTok: 3}, "", ""},
+		{"missing [DONE]", defectServer{defect: "no_done"}, "protocol_missing_done", "[DONE]"},
+		{"two ids", defectServer{defect: "two_ids"}, "protocol_id_changed", "-other"},
+		{"missing id", defectServer{defect: "no_id"}, "protocol_missing_id", ""},
+		{"error chunk", defectServer{defect: "error_chunk"}, "stream_error", "engine died"},
+		{"error null", defectServer{defect: "error_null"}, "protocol_error_key", "null"},
+		{"missing finish_reason", defectServer{defect: "no_finish"}, "protocol_missing_finish_reason", ""},
+		{"second finish_reason", defectServer{defect: "double_finish"}, "protocol_chunk_after_finish", ""},
+		{"missing usage", defectServer{defect: "no_usage"}, "protocol_missing_usage", ""},
+		{"bad choice index", defectServer{defect: "bad_index"}, "protocol_choice_index", "1"},
+		{"comment line", defectServer{defect: "comment_line"}, "protocol_non_data_line", ": ping"},
+		{"data after [DONE]", defectServer{defect: "data_after_done"}, "protocol_data_after_done", "late"},
+		{"bad json", defectServer{defect: "bad_json"}, "protocol_bad_json", ""},
+		{"wrong content type", defectServer{defect: "wrong_ct"}, "protocol_content_type", "application/json"},
+		{"open after [DONE]", defectServer{defect: "linger"}, "protocol_open_after_done", ""},
+		{"non-200 with JSON error", defectServer{status: 503}, "http_503", "model overloaded"},
+		{"non-200 400", defectServer{status: 400}, "http_400", "model overloaded"},
 	}
 	for _, endpoint := range []string{"chat", "completions"} {
 		for _, tt := range tests {
 			t.Run(endpoint+"/"+tt.name, func(t *testing.T) {
-				srv := newFakeServer(t, tt.opts)
-				rec := doOne(t, srv, endpoint, true, 8, 10*time.Second)
+				srv := newDefectServer(t, tt.opts)
+				rec := doOne(t, srv.URL(), endpoint, true, 8, 10*time.Second)
 				if rec.Err != tt.want {
 					t.Fatalf("kind %q (%s), want %q", rec.Err, rec.ErrMsg, tt.want)
 				}
@@ -334,12 +335,12 @@ func TestStreamVerification(t *testing.T) {
 func TestNonStreamVerification(t *testing.T) {
 	for _, endpoint := range []string{"chat", "completions"} {
 		srv := newFakeServer(t, fakeOpts{})
-		rec := doOne(t, srv, endpoint, false, 6, 10*time.Second)
+		rec := doOne(t, srv.URL(), endpoint, false, 6, 10*time.Second)
 		if rec.Err != "" || rec.Tokens != 6 || !rec.FromUsage || rec.TTFT() != rec.E2E {
 			t.Errorf("%s: %+v", endpoint, rec)
 		}
 		srv = newFakeServer(t, fakeOpts{status: 429})
-		if rec := doOne(t, srv, endpoint, false, 6, 10*time.Second); rec.Err != "http_429" {
+		if rec := doOne(t, srv.URL(), endpoint, false, 6, 10*time.Second); rec.Err != "http_429" {
 			t.Errorf("%s: kind %q, want http_429", endpoint, rec.Err)
 		}
 	}
@@ -349,12 +350,12 @@ func TestTimeoutAndConnectionErrors(t *testing.T) {
 	hold := make(chan struct{})
 	srv := newFakeServer(t, fakeOpts{hold: hold})
 	defer close(hold)
-	if rec := doOne(t, srv, "chat", true, 4, 50*time.Millisecond); rec.Err != "timeout" {
+	if rec := doOne(t, srv.URL(), "chat", true, 4, 50*time.Millisecond); rec.Err != "timeout" {
 		t.Errorf("kind %q (%s), want timeout", rec.Err, rec.ErrMsg)
 	}
 	dead := newFakeServer(t, fakeOpts{})
 	dead.Close()
-	if rec := doOne(t, dead, "chat", true, 4, time.Second); rec.Err != "connection" {
+	if rec := doOne(t, dead.URL(), "chat", true, 4, time.Second); rec.Err != "connection" {
 		t.Errorf("kind %q (%s), want connection", rec.Err, rec.ErrMsg)
 	}
 }
@@ -435,7 +436,7 @@ func TestRunEndToEnd(t *testing.T) {
 }
 
 func TestRunCountsErrorsByKind(t *testing.T) {
-	srv := newFakeServer(t, fakeOpts{defect: "no_done"})
+	srv := newFakeServer(t, fakeOpts{mode: "nodone"})
 	stdout, err, m := runBench(t, context.Background(), "--url", srv.URL(), "--num-prompts", "5", "--output-len", "3", "--quiet")
 	if err == nil || !strings.Contains(err.Error(), "all 5 requests failed") {
 		t.Errorf("err = %v, want all failed", err)
@@ -675,7 +676,7 @@ func TestProgressNotTTY(t *testing.T) {
 
 // BenchmarkReadStream measures the client's cost per streamed chunk.
 func BenchmarkReadStream(b *testing.B) {
-	srv := newFakeServer(b, fakeOpts{})
+	srv := newDefectServer(b, defectServer{})
 	c := &caller{url: srv.URL() + "/chat/completions", chat: true, stream: true, usage: true,
 		timeout: time.Minute, client: &http.Client{Transport: newTransport(4)}, maxChunks: 1001}
 	body := buildBody(promptSpec{prompt: "x", outputLen: 1000}, "m", "chat", true, true, true)

@@ -10,16 +10,19 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
 )
 
-// fakeOpts configures the in-test OpenAI-compatible server.
+// fakeOpts configures the target the bench runs against: the fake vLLM
+// (internal/fakevllm), scripted for every request (the bench adds no x_fake
+// to its bodies), behind a gate the test holds.
 type fakeOpts struct {
 	ttft    time.Duration // delay before the first content chunk
-	itl     time.Duration // delay between content chunks
-	perTok  int           // tokens per content chunk (default 1)
-	defect  string        // see fakeServer.stream
-	status  int           // non-200 status with an OpenAI error body
-	hold    chan struct{} // if set, every request waits here before streaming
+	itl     time.Duration // delay after each content chunk
+	mode    string        // a fakevllm mode for every request, e.g. "nodone"
+	status  int           // a non-200 status with an OpenAI error body
+	hold    chan struct{} // if set, every request waits here before it is served
 	arrived chan struct{} // if set, gets a value (non-blocking) per request
 	name    string        // with order: appended to order on every request
 	order   *orderLog
@@ -43,48 +46,101 @@ func (o *orderLog) get() []string {
 	return slices.Clone(o.seq)
 }
 
-// fakeServer is an OpenAI-compatible server for /v1/chat/completions and
-// /v1/completions that streams max_tokens tokens.
+// fakeServer is the fake vLLM, serving any model, which streams or returns
+// max_tokens tokens per request.
 type fakeServer struct {
 	*httptest.Server
-	opts fakeOpts
-
-	mu      sync.Mutex
-	prompts []string // prompt or messages of each request, in arrival order
-	bodies  []map[string]any
+	fake *fakevllm.Server
 }
 
 func newFakeServer(t testing.TB, o fakeOpts) *fakeServer {
-	fs := &fakeServer{opts: o}
-	fs.Server = httptest.NewServer(http.HandlerFunc(fs.handle))
+	f := fakevllm.New()
+	f.AnyModel = true
+	f.Default = fakevllm.Script{Mode: o.mode, TTFTMS: int(o.ttft / time.Millisecond), DelayMS: int(o.itl / time.Millisecond)}
+	if o.status != 0 {
+		f.Default.Mode, f.Default.Status = "error_nested", o.status
+	}
+	fs := &fakeServer{fake: f}
+	fs.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "completions") {
+			if o.order != nil {
+				o.order.add(o.name)
+			}
+			if o.arrived != nil {
+				select {
+				case o.arrived <- struct{}{}:
+				default:
+				}
+			}
+			if o.hold != nil {
+				select {
+				case <-o.hold:
+				case <-r.Context().Done():
+					return
+				}
+			}
+		}
+		f.ServeHTTP(w, r)
+	}))
 	t.Cleanup(fs.Close)
 	return fs
 }
 
 func (fs *fakeServer) URL() string { return fs.Server.URL + "/v1" }
 
-// seen returns the prompts and decoded bodies received so far.
+// seen returns the prompts (a completion's prompt, a chat's messages as
+// JSON) and decoded bodies received so far, in arrival order.
 func (fs *fakeServer) seen() ([]string, []map[string]any) {
-	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	return slices.Clone(fs.prompts), slices.Clone(fs.bodies)
+	var prompts []string
+	var bodies []map[string]any
+	for _, r := range fs.fake.Received() {
+		var req struct {
+			Prompt   string          `json:"prompt"`
+			Messages json.RawMessage `json:"messages"`
+		}
+		var raw map[string]any
+		_ = json.Unmarshal(r.Body, &req)
+		_ = json.Unmarshal(r.Body, &raw)
+		if strings.HasSuffix(r.Path, "/chat/completions") {
+			prompts = append(prompts, string(req.Messages))
+		} else {
+			prompts = append(prompts, req.Prompt)
+		}
+		bodies = append(bodies, raw)
+	}
+	return prompts, bodies
 }
 
-func (fs *fakeServer) handle(w http.ResponseWriter, r *http.Request) {
+// defectServer is a purpose-built OpenAI-compatible streaming server for
+// the stream verification tests and the client benchmark, not the fake
+// vLLM: it breaks the protocol in ways a fake engine should not (see
+// stream), and writes its stream with no work of its own, so the
+// benchmark measures the bench's client.
+type defectServer struct {
+	*httptest.Server
+	defect string // see stream
+	perTok int    // tokens per content chunk (default 1)
+	status int    // a non-200 status with an OpenAI error body
+}
+
+func newDefectServer(t testing.TB, d defectServer) *defectServer {
+	ds := &d
+	ds.Server = httptest.NewServer(http.HandlerFunc(ds.handle))
+	t.Cleanup(ds.Close)
+	return ds
+}
+
+func (ds *defectServer) URL() string { return ds.Server.URL + "/v1" }
+
+func (ds *defectServer) handle(w http.ResponseWriter, r *http.Request) {
 	var req struct {
-		Model         string          `json:"model"`
-		Prompt        string          `json:"prompt"`
-		Messages      json.RawMessage `json:"messages"`
-		MaxTokens     int             `json:"max_tokens"`
-		Stream        bool            `json:"stream"`
+		Model         string `json:"model"`
+		MaxTokens     int    `json:"max_tokens"`
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
 	}
-	var raw map[string]any
-	dec := json.NewDecoder(r.Body)
-	var body json.RawMessage
-	if err := dec.Decode(&body); err != nil || json.Unmarshal(body, &req) != nil || json.Unmarshal(body, &raw) != nil {
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		httpError(w, 400, "bad json")
 		return
 	}
@@ -93,43 +149,15 @@ func (fs *fakeServer) handle(w http.ResponseWriter, r *http.Request) {
 		httpError(w, 404, "no route "+r.URL.Path)
 		return
 	}
-	fs.mu.Lock()
-	if chat {
-		fs.prompts = append(fs.prompts, string(req.Messages))
-	} else {
-		fs.prompts = append(fs.prompts, req.Prompt)
-	}
-	fs.bodies = append(fs.bodies, raw)
-	fs.mu.Unlock()
-	if fs.opts.order != nil {
-		fs.opts.order.add(fs.opts.name)
-	}
-	if fs.opts.arrived != nil {
-		select {
-		case fs.opts.arrived <- struct{}{}:
-		default:
-		}
-	}
-	if fs.opts.hold != nil {
-		select {
-		case <-fs.opts.hold:
-		case <-r.Context().Done():
-			return
-		}
-	}
-	if fs.opts.status != 0 {
-		httpError(w, fs.opts.status, "model overloaded")
+	if ds.status != 0 {
+		httpError(w, ds.status, "model overloaded")
 		return
 	}
 	n := req.MaxTokens
 	if n <= 0 {
 		n = 16
 	}
-	if !req.Stream {
-		fs.whole(w, r, chat, req.Model, n)
-		return
-	}
-	fs.stream(w, r, chat, req.Model, n, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	ds.stream(w, r, chat, req.Model, n, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 }
 
 func httpError(w http.ResponseWriter, status int, msg string) {
@@ -138,38 +166,11 @@ func httpError(w http.ResponseWriter, status int, msg string) {
 	fmt.Fprintf(w, `{"error":{"message":%q,"type":"invalid_request_error","param":null,"code":null}}`, msg)
 }
 
-func (fs *fakeServer) whole(w http.ResponseWriter, r *http.Request, chat bool, model string, n int) {
-	if !sleepCtx(r, fs.opts.ttft+time.Duration(n-1)*fs.opts.itl) {
-		return
-	}
-	text := strings.TrimSpace(strings.Repeat(" tok", n))
-	w.Header().Set("Content-Type", "application/json")
-	if chat {
-		fmt.Fprintf(w, `{"id":"chatcmpl-x","object":"chat.completion","created":1,"model":%q,"choices":[{"index":0,"message":{"role":"assistant","content":%q},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":%d,"total_tokens":%d}}`, model, text, n, n+10)
-	} else {
-		fmt.Fprintf(w, `{"id":"cmpl-x","object":"text_completion","created":1,"model":%q,"choices":[{"index":0,"text":%q,"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":10,"completion_tokens":%d,"total_tokens":%d}}`, model, text, n, n+10)
-	}
-}
-
-func sleepCtx(r *http.Request, d time.Duration) bool {
-	if d <= 0 {
-		return r.Context().Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-r.Context().Done():
-		return false
-	}
-}
-
 // stream writes an SSE response. Defects: no_done, two_ids, error_chunk,
 // error_null, no_finish, no_usage, bad_index, comment_line, data_after_done,
 // bad_json, wrong_ct, no_id, double_finish, linger.
-func (fs *fakeServer) stream(w http.ResponseWriter, r *http.Request, chat bool, model string, n int, includeUsage bool) {
-	defect := fs.opts.defect
+func (ds *defectServer) stream(w http.ResponseWriter, r *http.Request, chat bool, model string, n int, includeUsage bool) {
+	defect := ds.defect
 	fl := w.(http.Flusher)
 	if defect == "wrong_ct" {
 		w.Header().Set("Content-Type", "application/json")
@@ -209,14 +210,8 @@ func (fs *fakeServer) stream(w http.ResponseWriter, r *http.Request, chat bool, 
 	if defect == "comment_line" {
 		fmt.Fprint(w, ": ping\n\n")
 	}
-	per := max(fs.opts.perTok, 1)
-	if !sleepCtx(r, fs.opts.ttft) {
-		return
-	}
+	per := max(ds.perTok, 1)
 	for i := 0; i < n; i += per {
-		if i > 0 && !sleepCtx(r, fs.opts.itl) {
-			return
-		}
 		cid, index := id, 0
 		if defect == "two_ids" && i > 0 {
 			cid = id + "-other"

@@ -24,15 +24,23 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", timeout)
+// metricIs is a condition for testenv.WaitFor: metric name (no labels) is want.
+func (h *harness) metricIs(t *testing.T, name string, want float64) func() error {
+	return func() error {
+		if v := h.metric(t, name, nil); v != want {
+			return fmt.Errorf("%s = %v, want %v", name, v, want)
 		}
-		time.Sleep(5 * time.Millisecond)
+		return nil
+	}
+}
+
+// usageIs is a condition for testenv.WaitFor: n usage records so far.
+func (h *harness) usageIs(n int) func() error {
+	return func() error {
+		if got := h.usageCalls(); len(got) != n {
+			return fmt.Errorf("%d usage records, want %d: %q", len(got), n, got)
+		}
+		return nil
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -51,7 +52,7 @@ func TestAuthorize(t *testing.T) {
 			}
 		}
 	}
-	waitFor(t, 2*time.Second, func() bool { return len(h.usageCalls()) == 2 })
+	testenv.WaitFor(t, 2*time.Second, h.usageIs(2))
 	if u := h.usageCalls(); u[0] != "acme llama-8b 11" || u[1] != "acme llama-8b 11" {
 		t.Fatalf("OnUsage %q", u)
 	}

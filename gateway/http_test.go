@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"net/http"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -50,7 +52,7 @@ func TestSSEBytes(t *testing.T) {
 			h.nextRequest(t)
 		})
 	}
-	waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 0 })
+	testenv.WaitFor(t, 2*time.Second, h.metricIs(t, "tokenbus_gateway_active_streams", 0))
 	if got := h.metric(t, "tokenbus_gateway_output_chunks_total", nil); got != 5+3+5 {
 		t.Fatalf("output chunks %v", got)
 	}
@@ -364,10 +366,8 @@ func TestClientHangUp(t *testing.T) {
 					break
 				}
 			}
-			waitFor(t, 2*time.Second, func() bool {
-				return h.metric(t, "tokenbus_gateway_client_disconnects_total", nil) == 1 &&
-					h.metric(t, "tokenbus_gateway_active_streams", nil) == 0
-			})
+			testenv.WaitFor(t, 2*time.Second, h.metricIs(t, "tokenbus_gateway_client_disconnects_total", 1))
+			testenv.WaitFor(t, 2*time.Second, h.metricIs(t, "tokenbus_gateway_active_streams", 0))
 		})
 	}
 }
@@ -397,7 +397,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 	h.post(t, "/v1/chat/completions", "application/json", `{"model":"secret-model-name","messages":[{"role":"user","content":"hi"}]}`, nil)
 	h.get(t, "/v1/models/"+testSlashedModel)
 	h.get(t, "/some/random/path")
-	waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 0 })
+	testenv.WaitFor(t, 2*time.Second, h.metricIs(t, "tokenbus_gateway_active_streams", 0))
 
 	resp, body = h.get(t, "/metrics")
 	if resp.StatusCode != 200 {
@@ -515,10 +515,15 @@ func TestShutdown(t *testing.T) {
 		}})
 		got := h.postAsync(t, "/v1/chat/completions", chatBody)
 		h.nextRequest(t)
-		waitFor(t, 2*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 1 })
+		testenv.WaitFor(t, 2*time.Second, h.metricIs(t, "tokenbus_gateway_active_streams", 1))
 		shut := make(chan error, 1)
 		go func() { shut <- h.shutdown(5 * time.Second) }()
-		waitFor(t, 2*time.Second, h.gw.draining.Load) // Shutdown has begun
+		testenv.WaitFor(t, 2*time.Second, func() error { // Shutdown has begun
+			if !h.gw.draining.Load() {
+				return errors.New("not draining")
+			}
+			return nil
+		})
 		time.Sleep(50 * time.Millisecond)
 		select {
 		case err := <-shut:

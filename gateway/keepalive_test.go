@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -145,7 +147,12 @@ func TestShutdownClosesResumedConn(t *testing.T) {
 	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != standardSSE(chatFrames) || resp.Close {
 		t.Fatalf("stream: close=%v %q %v", resp.Close, b, err)
 	}
-	waitFor(t, 2*time.Second, func() bool { return h.gw.streams.IdleConns() == 1 }) // handed back
+	testenv.WaitFor(t, 2*time.Second, func() error { // handed back
+		if n := h.gw.streams.IdleConns(); n != 1 {
+			return fmt.Errorf("%d connections handed back, want 1", n)
+		}
+		return nil
+	})
 	start := time.Now()
 	if err := h.shutdown(5 * time.Second); err != nil {
 		t.Fatalf("shutdown: %v", err)
@@ -197,5 +204,5 @@ func TestStuckClientCut(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no cancel for a client that reads nothing")
 	}
-	waitFor(t, 5*time.Second, func() bool { return h.metric(t, "tokenbus_gateway_active_streams", nil) == 0 })
+	testenv.WaitFor(t, 5*time.Second, h.metricIs(t, "tokenbus_gateway_active_streams", 0))
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -96,7 +97,7 @@ func TestOpenAIChat(t *testing.T) {
 		})
 	}
 	// One OnUsage call per finished request, stream and not.
-	waitFor(t, 2*time.Second, func() bool { return len(h.usageCalls()) == 8 })
+	testenv.WaitFor(t, 2*time.Second, h.usageIs(8))
 	for _, u := range h.usageCalls() {
 		if !strings.HasSuffix(u, " 11") {
 			t.Fatalf("OnUsage calls: %q", h.usageCalls())

@@ -8,17 +8,14 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/internal/tracing"
@@ -184,54 +181,39 @@ func TestTracingAcrossTheBus(t *testing.T) {
 	}
 }
 
-// headerRecorder is a reverse proxy in front of an engine that records the
-// traceparent of every completion request.
-type headerRecorder struct {
-	URL string
-	mu  sync.Mutex
-	got []string
+// fakeEngine is the fake vLLM serving llama-8b, idle in its /metrics; it
+// records the traceparent of every completion request it gets.
+func fakeEngine(t *testing.T) (*fakevllm.Server, string) {
+	f := fakevllm.New()
+	f.Base = []string{"llama-8b"}
+	f.SetMetrics("")
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	return f, srv.URL
 }
 
-func recordTraceparents(t *testing.T, target string) *headerRecorder {
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
+// traceparents are the traceparents of the completion requests f got.
+func traceparents(f *fakevllm.Server) []string {
+	var out []string
+	for _, r := range f.Received() {
+		out = append(out, r.Header.Get("traceparent"))
 	}
-	r := &headerRecorder{}
-	proxy := httputil.NewSingleHostReverseProxy(u)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		if strings.HasSuffix(req.URL.Path, "completions") {
-			r.mu.Lock()
-			r.got = append(r.got, req.Header.Get("traceparent"))
-			r.mu.Unlock()
-		}
-		proxy.ServeHTTP(w, req)
-	}))
-	t.Cleanup(srv.Close)
-	r.URL = srv.URL
-	return r
-}
-
-func (r *headerRecorder) traceparents() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.got...)
+	return out
 }
 
 // TestTracingToVLLM: with --engine vllm the worker's engine client span is
 // what the vLLM server gets as traceparent, in the client's trace.
 func TestTracingToVLLM(t *testing.T) {
-	eng := startSimServer(t, fastSim)
-	rec := recordTraceparents(t, eng.URL())
+	eng, url := fakeEngine(t)
 	rcv := testenv.StartOTLPReceiver(t)
-	d := startDevIn(t, process{otlp: rcv.URL}, vllmEngine(rec.URL))
+	d := startDevIn(t, process{otlp: rcv.URL}, vllmEngine(url))
 
 	tp, traceID, spanID := newTraceparent()
 	checkStream(t, post(t, d.URL, "/v1/chat/completions",
 		`{"model":"llama-8b","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, "traceparent", tp), true, 1, false)
 	d.stop()
 
-	sent := rec.traceparents()
+	sent := traceparents(eng)
 	if len(sent) != 1 {
 		t.Fatalf("the engine got %d completion requests: %v", len(sent), sent)
 	}
@@ -262,9 +244,8 @@ func TestTracingOff(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
 	t.Setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", rcv.URL+"/v1/traces")
-	eng := startSimServer(t, fastSim)
-	rec := recordTraceparents(t, eng.URL())
-	d := startDev(t, vllmEngine(rec.URL))
+	eng, url := fakeEngine(t)
+	d := startDev(t, vllmEngine(url))
 	if tracing.Enabled() {
 		t.Fatal("tracing is on with no endpoint")
 	}
@@ -272,17 +253,12 @@ func TestTracingOff(t *testing.T) {
 	checkStream(t, post(t, d.URL, "/v1/chat/completions",
 		`{"model":"llama-8b","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`, "traceparent", tp), true, 1, false)
 	d.stop()
-	if sent := rec.traceparents(); len(sent) != 1 || sent[0] != tp {
+	if sent := traceparents(eng); len(sent) != 1 || sent[0] != tp {
 		t.Fatalf("the engine got %v, want the client's %q passed through", sent, tp)
 	}
 	if n := rcv.Requests(); n != 0 {
 		t.Fatalf("%d exports with tracing off", n)
 	}
-}
-
-// fastSim makes a sim-server answer in about a millisecond a step.
-func fastSim(c *program.SimServerConfig) {
-	c.Sim.DecodeBase, c.Sim.PrefillBase = time.Millisecond, time.Millisecond
 }
 
 // jsonLog is the command's --log-format json --log-level debug, into w.

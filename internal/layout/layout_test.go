@@ -32,7 +32,7 @@ var layers = map[string]int{
 	"internal/layout": 3,
 }
 
-var testOnly = []string{"internal/testenv", "internal/fakevllm", "workers/engine/internal/fakevllm", "integration"}
+var testOnly = []string{"internal/testenv", "internal/fakevllm", "workers/engine/enginetest", "integration"}
 
 // allowed are the imports within a layer: each goes from a package to one
 // it builds on, never back.

@@ -1,7 +1,10 @@
-// Package testenv starts the real servers tests run against: a NATS server
-// (the nats-server module, in-process, on a real TCP port) and a Redis server
-// (the redis-server binary, as a child process). Helpers in the manner of
-// nats-server's RunServer and checkFor.
+// Package testenv is the tests' shared scaffolding: it starts the real
+// servers tests run against, a NATS server (the nats-server module,
+// in-process, on a real TCP port), a Redis server (the redis-server binary,
+// as a child process) and an OTLP trace receiver, and WaitFor is the one way
+// a test waits for a condition. Helpers in the manner of nats-server's
+// RunServer and checkFor. The fake vLLM server is internal/fakevllm; the
+// suite every engine must pass is workers/engine/enginetest.
 //
 // Tokenbus imports: internal/embedded, internal/tracing.
 package testenv

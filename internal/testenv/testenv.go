@@ -78,18 +78,16 @@ func (r *Redis) start(bin string) error {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: r.Addr})
 	defer rdb.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	err := poll(10*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := rdb.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+		defer cancel()
+		return rdb.Ping(ctx).Err()
+	})
+	if err == nil {
+		return nil
 	}
 	log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-	return fmt.Errorf("redis-server did not answer on %s; log:\n%s", r.Addr, log)
+	return fmt.Errorf("redis-server did not answer on %s (%v); log:\n%s", r.Addr, err, log)
 }
 
 // Stop kills the server (to test an outage); Restart brings it back on the same port.
@@ -121,19 +119,32 @@ func FreePort(t testing.TB) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// WaitFor polls cond every 10ms until it returns nil or timeout passes, then
-// fails the test with cond's last error. Use it instead of sleeping.
+// WaitFor polls cond until it returns nil; if timeout passes first, it
+// fails the test with cond's last error, which should say what is still
+// awaited and why ("running 2, want 0"), as nats-server's checkFor does. Use
+// it instead of sleeping. It polls every millisecond at first, then less
+// often, up to every 10ms: a short wait ends soon after its condition holds,
+// a long one costs little CPU.
 func WaitFor(t testing.TB, timeout time.Duration, cond func() error) {
 	t.Helper()
+	if err := poll(timeout, cond); err != nil {
+		t.Fatalf("timed out after %s: %v", timeout, err)
+	}
+}
+
+// poll is WaitFor's loop: cond's last error if timeout passed first.
+func poll(timeout time.Duration, cond func() error) error {
 	deadline := time.Now().Add(timeout)
-	var err error
+	wait := time.Millisecond
 	for {
-		if err = cond(); err == nil {
-			return
+		err := cond()
+		if err == nil {
+			return nil
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s: %v", timeout, err)
+			return err
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(wait)
+		wait = min(2*wait, 10*time.Millisecond)
 	}
 }

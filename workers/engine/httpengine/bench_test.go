@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // sseBody is a vLLM-like chat stream of n content chunks, a usage chunk and [DONE].
@@ -53,6 +55,8 @@ func BenchmarkSSEParse(b *testing.B) {
 
 // A whole request over loopback HTTP: a server writing 256 chunks as fast as
 // it can (each flushed on its own, as vLLM does), the engine reading them.
+// The server is purpose-built, not the fake vLLM: it writes pre-rendered
+// events, so that its own cost stays out of the engine's per-chunk figure.
 func BenchmarkStreamHTTP(b *testing.B) {
 	body := sseBody(256)
 	events := strings.SplitAfter(body, "\n\n")
@@ -101,7 +105,13 @@ func TestConnectionReuse(t *testing.T) {
 	if _, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond) // the first model refresh
+	// The first model refresh, after the probe, opens its connection first.
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := f.ModelsRequests(); n < 2 {
+			return fmt.Errorf("%d GET /v1/models, want the probe's and the refresh's", n)
+		}
+		return nil
+	})
 	before := conns.Load()
 	for i := range 40 {
 		// As the worker does: the request's context ends when Generate returns.

@@ -30,10 +30,16 @@ var (
 )
 
 // Generate passes req to the server and its answer to sink (see the package
-// doc), in a client span that ends with the stream.
+// doc), in a client span that ends with the stream. It ends with ctx or
+// req.Deadline, whichever comes first.
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
 	if e.closed() {
 		return nil, errClosed
+	}
+	if !req.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
+		defer cancel()
 	}
 	var path string
 	switch req.Kind {

@@ -2,16 +2,18 @@ package httpengine
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 // The body reaches the server byte for byte (unknown fields, number
@@ -43,28 +45,41 @@ func TestStreamPassThrough(t *testing.T) {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
 		}
 	}
-	if got, want := sink.lines(), f.Sent(req.ID); !slices.Equal(got, want) {
-		t.Errorf("sink got\n%q\nserver sent\n%q", got, want)
+	if got, want := sink.lines(), f.Sent(req.ID); !slices.Equal(got, want) || len(want) != 6 {
+		t.Errorf("sink got\n%q\nserver sent (role and 5 chunks)\n%q", got, want)
 	}
-	// No usage asked for: the chunk count stands in for completion tokens.
-	if res.Usage != (schemas.Usage{CompletionTokens: 5, TotalTokens: 5}) || res.Response != nil {
+	// No usage asked for: the chunk count (the role chunk's too) stands in
+	// for completion tokens.
+	if res.Usage != (schemas.Usage{CompletionTokens: 6, TotalTokens: 6}) || res.Response != nil {
 		t.Errorf("result %+v", res)
+	}
+
+	// A whole response comes back untouched, fields unknown to tokenbus too.
+	for _, req := range []*engine.Request{chat(`{"model":"base","x_fake":{"chunks":9}}`), completion(`{"model":"base","x_fake":{"chunks":9}}`)} {
+		var sink recSink
+		res, err := e.Generate(t.Context(), req, &sink)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(f.Body(req.ID)) != string(req.Body) || !strings.Contains(string(res.Response), `"x_extra":{"kept":true}`) || sink.ncalls() != 0 {
+			t.Errorf("%s: body changed, or response %s, or %d Chunks calls", req.Kind, res.Response, sink.ncalls())
+		}
 	}
 }
 
+// A stream without a usage chunk (the client did not ask, and the body is
+// never changed to ask) is counted by its chunks; the usage chunk, when
+// asked for, is the conformance suite's (enginetest, run by vllm and openai).
 func TestStreamUsage(t *testing.T) {
 	_, srv := startFake(t)
 	e := newEngine(t, fastConfig(srv.URL))
-	real := schemas.Usage{PromptTokens: 7, CompletionTokens: 4, TotalTokens: 11, PromptTokensDetails: &schemas.TokenDetails{CachedTokens: 2}}
 	for _, tc := range []struct {
 		name    string
 		options string
 		want    schemas.Usage
 	}{
-		{"include_usage", `"stream_options":{"include_usage":true},`, real},
-		{"empty stream_options (vLLM: usage on)", `"stream_options":{},`, real},
-		{"no usage asked: chunk count", ``, schemas.Usage{CompletionTokens: 4, TotalTokens: 4}},
-		{"usage off", `"stream_options":{"include_usage":false},`, schemas.Usage{CompletionTokens: 4, TotalTokens: 4}},
+		{"no usage asked: chunk count", ``, schemas.Usage{CompletionTokens: 5, TotalTokens: 5}},
+		{"usage off", `"stream_options":{"include_usage":false},`, schemas.Usage{CompletionTokens: 5, TotalTokens: 5}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true,`+tc.options+`"x_fake":{"chunks":4}}`), &recSink{})
@@ -83,37 +98,6 @@ func jsonOf(v any) string {
 	return string(b)
 }
 
-func TestNonStream(t *testing.T) {
-	f, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	for _, kind := range []schemas.Kind{schemas.KindChat, schemas.KindCompletion} {
-		t.Run(string(kind), func(t *testing.T) {
-			req := chat(`{"model":"base","stream":false,"x_fake":{"chunks":9}}`)
-			if req.Kind = kind; kind == schemas.KindCompletion {
-				req.Body = []byte(`{"model":"base","prompt":"hi","stream":false,"x_fake":{"chunks":9}}`)
-			}
-			var sink recSink
-			res, err := e.Generate(t.Context(), req, &sink)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if sink.ncalls() != 0 {
-				t.Errorf("%d Chunks calls for a non-stream request", sink.ncalls())
-			}
-			want := map[schemas.Kind]string{schemas.KindChat: `"object":"chat.completion"`, schemas.KindCompletion: `"object":"text_completion"`}[kind]
-			if !strings.Contains(string(res.Response), want) || !strings.Contains(string(res.Response), `"x_extra":{"kept":true}`) {
-				t.Errorf("response %s", res.Response)
-			}
-			if res.Usage != (schemas.Usage{PromptTokens: 5, CompletionTokens: 9, TotalTokens: 14}) {
-				t.Errorf("usage %+v", res.Usage)
-			}
-			if string(f.Body(req.ID)) != string(req.Body) {
-				t.Errorf("body changed")
-			}
-		})
-	}
-}
-
 // Every line already buffered goes in one Chunks call; lines that arrive
 // apart go apart.
 func TestBatching(t *testing.T) {
@@ -125,12 +109,12 @@ func TestBatching(t *testing.T) {
 	if _, err := e.Generate(t.Context(), req, &burst); err != nil {
 		t.Fatal(err)
 	}
-	if burst.ncalls() != 1 || !slices.Equal(burst.lines(), f.Sent(req.ID)) || len(burst.lines()) != 21 {
-		t.Errorf("burst of 21 chunks came in %d calls: %q", burst.ncalls(), burst.calls)
+	if burst.ncalls() != 1 || !slices.Equal(burst.lines(), f.Sent(req.ID)) || len(burst.lines()) != 22 {
+		t.Errorf("burst of 22 chunks came in %d calls: %q", burst.ncalls(), burst.calls)
 	}
 
 	var paced recSink
-	req = chat(`{"model":"base","stream":true,"x_fake":{"chunks":4,"delay_ms":30}}`)
+	req = completion(`{"model":"base","stream":true,"x_fake":{"chunks":4,"delay_ms":30}}`)
 	if _, err := e.Generate(t.Context(), req, &paced); err != nil {
 		t.Fatal(err)
 	}
@@ -257,41 +241,6 @@ func TestUpstreamErrorShapes(t *testing.T) {
 	}
 }
 
-// Error answers over HTTP, in both vLLM shapes and for the other failures.
-func TestErrors(t *testing.T) {
-	_, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	for _, tc := range []struct {
-		name   string
-		body   string
-		status int
-		code   string
-		msg    string
-	}{
-		{"flat 400", `{"model":"base","stream":true,"x_fake":{"mode":"error_flat","status":400}}`, 400, "", "flat 400"},
-		{"nested 422", `{"model":"base","x_fake":{"mode":"error_nested","status":422}}`, 422, "", "nested 422"},
-		{"nested 503", `{"model":"base","stream":true,"x_fake":{"mode":"error_nested","status":503}}`, 503, "", "nested 503"},
-		{"unknown model", `{"model":"nope","stream":true}`, 404, "", "does not exist"},
-		{"malformed JSON", `{"model":`, 400, "", "could not parse the JSON body"},
-		{"mid-stream error", `{"model":"base","stream":true,"x_fake":{"mode":"midstream_error"}}`, 500, "", "engine exploded"},
-		{"connection broken mid-stream", `{"model":"base","stream":true,"x_fake":{"mode":"break"}}`, 502, "engine_error", "broke"},
-		{"no [DONE]", `{"model":"base","stream":true,"x_fake":{"mode":"nodone"}}`, 502, "engine_error", "unexpected EOF"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var sink recSink
-			req := chat(tc.body)
-			_, err := e.Generate(t.Context(), req, &sink)
-			se := asError(t, err, tc.status, tc.code)
-			if !strings.Contains(se.Body.Message, tc.msg) {
-				t.Errorf("message %q, want %q in it", se.Body.Message, tc.msg)
-			}
-			if strings.Contains(tc.name, "mid-stream") && len(sink.lines()) != 3 {
-				t.Errorf("the chunks before the failure did not reach the sink: %q", sink.lines())
-			}
-		})
-	}
-}
-
 func TestUnreachable(t *testing.T) {
 	_, srv := startFake(t)
 	url := srv.URL
@@ -299,59 +248,8 @@ func TestUnreachable(t *testing.T) {
 	e := newEngine(t, fastConfig(url))
 	_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{})
 	asError(t, err, 503, schemas.CodeEngineUnhealthy)
-	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "healthy with nothing there")
+	unhealthy(t, e)
 	asError(t, e.Health(t.Context()), 503, schemas.CodeEngineUnhealthy)
-}
-
-// A cancelled request cancels the upstream request: the server sees its
-// client go, stream or not.
-func TestCancel(t *testing.T) {
-	f, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	for _, stream := range []bool{true, false} {
-		t.Run(map[bool]string{true: "stream", false: "non-stream"}[stream], func(t *testing.T) {
-			ctx, cancel := context.WithCancel(t.Context())
-			defer cancel()
-			req := chat(`{"model":"base","stream":` + map[bool]string{true: "true", false: "false"}[stream] + `,"x_fake":{"mode":"slow"}}`)
-			sink := &recSink{}
-			errc := make(chan error, 1)
-			go func() { _, err := e.Generate(ctx, req, sink); errc <- err }()
-			if stream {
-				eventually(t, 5*time.Second, func() bool { return sink.ncalls() == 1 }, "first chunk never came")
-			} else {
-				eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
-			}
-			cancel()
-			select {
-			case id := <-f.Cancelled:
-				if id != req.ID {
-					t.Errorf("server saw %s go, want %s", id, req.ID)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("the server never saw the request cancelled")
-			}
-			if err := <-errc; !errors.Is(err, context.Canceled) {
-				t.Errorf("Generate returned %v", err)
-			}
-		})
-	}
-}
-
-// A sink error (the client is gone) ends the request and the upstream one.
-func TestSinkError(t *testing.T) {
-	f, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	gone := errors.New("client gone")
-	sink := &recSink{onCall: func(int) error { return gone }}
-	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
-	if _, err := e.Generate(t.Context(), req, sink); err != gone {
-		t.Fatalf("Generate returned %v", err)
-	}
-	select {
-	case <-f.Cancelled:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the server never saw the request cancelled")
-	}
 }
 
 func TestStall(t *testing.T) {
@@ -389,7 +287,12 @@ func TestEngineDeath(t *testing.T) {
 		_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`), sink)
 		errc <- err
 	}()
-	eventually(t, 5*time.Second, func() bool { return sink.ncalls() == 1 }, "first chunk never came")
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if sink.ncalls() != 1 {
+			return errors.New("the first chunk never came")
+		}
+		return nil
+	})
 	addr := srv.Listener.Addr().String()
 	srv.CloseClientConnections()
 	srv.Close()
@@ -399,7 +302,7 @@ func TestEngineDeath(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the request hung after the engine died")
 	}
-	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "still healthy")
+	unhealthy(t, e)
 
 	serveAt(t, addr, f)
 	healthy(t, e)
@@ -415,7 +318,7 @@ func TestHealthToggle(t *testing.T) {
 	e := newEngine(t, cfg)
 	healthy(t, e)
 	f.SetHealthy(false)
-	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "healthy while /health fails")
+	unhealthy(t, e)
 	se := asError(t, e.Health(t.Context()), 503, schemas.CodeEngineUnhealthy)
 	if !strings.Contains(se.Body.Message, "503") {
 		t.Errorf("%v", se)
@@ -436,7 +339,7 @@ func TestUnhealthyAbort(t *testing.T) {
 	errc := make(chan error, 1)
 	req := chat(`{"model":"base","x_fake":{"mode":"slow"}}`)
 	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
-	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	arrived(t, f, req.ID)
 	f.SetHealthy(false)
 	select {
 	case err := <-errc:
@@ -457,36 +360,29 @@ func TestModels(t *testing.T) {
 	f, srv := startFake(t)
 	f.Base = []string{"m1", "m2"}
 	e := newEngine(t, fastConfig(srv.URL))
-	eventually(t, 5*time.Second, func() bool { return slices.Equal(e.Models(), []string{"m1", "m2"}) }, "models %v", e.Models())
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if ms := e.Models(); !slices.Equal(ms, []string{"m1", "m2"}) {
+			return fmt.Errorf("models %v", ms)
+		}
+		return nil
+	})
 
 	cfg := fastConfig(srv.URL)
 	cfg.Models = []string{"static"}
 	e = newEngine(t, cfg)
 	healthy(t, e)
-	time.Sleep(100 * time.Millisecond) // a refresh or two
+	// The list never changes: look again after ten more probes of
+	// /v1/models, 100ms, two periods of the model refresh.
+	probed := f.ModelsRequests()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := f.ModelsRequests() - probed; n < 10 {
+			return fmt.Errorf("%d more GET /v1/models", n)
+		}
+		return nil
+	})
 	if !slices.Equal(e.Models(), []string{"static"}) {
 		t.Errorf("models %v", e.Models())
 	}
-}
-
-func TestClosed(t *testing.T) {
-	_, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	e.Close()
-	_, err := e.Generate(t.Context(), chat(`{"model":"base"}`), &recSink{})
-	asError(t, err, 503, schemas.CodeShuttingDown)
-}
-
-// Close ends requests in flight.
-func TestCloseAborts(t *testing.T) {
-	f, srv := startFake(t)
-	e := newEngine(t, fastConfig(srv.URL))
-	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
-	errc := make(chan error, 1)
-	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
-	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
-	e.Close()
-	asError(t, <-errc, 503, schemas.CodeShuttingDown)
 }
 
 func TestURLFromCommand(t *testing.T) {
@@ -525,7 +421,7 @@ func TestUnhealthyAbortFromStart(t *testing.T) {
 	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
 	errc := make(chan error, 1)
 	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
-	eventually(t, 5*time.Second, func() bool { return f.Body(req.ID) != nil }, "request never came")
+	arrived(t, f, req.ID)
 	select {
 	case err := <-errc:
 		t.Fatalf("aborted at once: %v", err)

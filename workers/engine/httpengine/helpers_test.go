@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
-	"github.com/tokenbus/tokenbus/workers/engine/internal/fakevllm"
 )
 
 // startFake serves a fake vLLM on a random local port.
@@ -32,8 +33,7 @@ func startFake(t testing.TB) (*fakevllm.Server, *httptest.Server) {
 func serveAt(t testing.TB, addr string, h http.Handler) *http.Server {
 	t.Helper()
 	var l net.Listener
-	var err error
-	eventually(t, 5*time.Second, func() bool { l, err = net.Listen("tcp", addr); return err == nil }, "listen on %s: %v", addr, err)
+	testenv.WaitFor(t, 5*time.Second, func() (err error) { l, err = net.Listen("tcp", addr); return err })
 	srv := &http.Server{Handler: h}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
@@ -64,26 +64,35 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 
 func healthy(t testing.TB, e *Engine) {
 	t.Helper()
-	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) == nil }, "engine never healthy: %v", e.Health(t.Context()))
+	testenv.WaitFor(t, 5*time.Second, func() error { return e.Health(t.Context()) })
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
+// unhealthy waits until the engine sees its server fail.
+func unhealthy(t testing.TB, e *Engine) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: "+format, append([]any{d}, args...)...)
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if e.Health(t.Context()) == nil {
+			return errors.New("still healthy")
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+}
+
+// arrived waits until the fake has the body of request id.
+func arrived(t testing.TB, f *fakevllm.Server, id string) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if f.Body(id) == nil {
+			return fmt.Errorf("request %s never reached the server", id)
+		}
+		return nil
+	})
 }
 
 // recSink records each Chunks call's lines.
 type recSink struct {
-	mu     sync.Mutex
-	calls  [][]string
-	onCall func(n int) error
+	mu    sync.Mutex
+	calls [][]string
 }
 
 func (s *recSink) Chunks(b []byte) error {
@@ -93,11 +102,7 @@ func (s *recSink) Chunks(b []byte) error {
 		lines = append(lines, string(l))
 	}
 	s.calls = append(s.calls, lines)
-	n, f := len(s.calls), s.onCall
 	s.mu.Unlock()
-	if f != nil {
-		return f(n)
-	}
 	return nil
 }
 
@@ -122,19 +127,33 @@ var reqSeq struct {
 	n int
 }
 
-// chat makes a chat request with a fresh id.
+// chat makes a chat request with a fresh id. These tests are about the
+// transport: a body that names no messages gets one, so that it is a chat
+// request every reader accepts.
 func chat(body string) *engine.Request {
-	reqSeq.Lock()
-	reqSeq.n++
-	id := fmt.Sprintf("req-%d", reqSeq.n)
-	reqSeq.Unlock()
-	// These tests are about the transport: a body that names no messages
-	// gets one, so that it is a chat request every reader accepts.
 	if strings.HasPrefix(body, "{") && !strings.Contains(body, `"messages"`) {
 		body = `{"messages":[{"role":"user","content":"hi"}],` + strings.TrimPrefix(body, "{")
 		body = strings.Replace(body, `,}`, `}`, 1)
 	}
-	return &engine.Request{ID: id, Kind: schemas.KindChat, Model: "base", Body: []byte(body)}
+	return newRequest(schemas.KindChat, body)
+}
+
+// completion makes a completion request with a fresh id, its body given a
+// prompt as chat gives messages.
+func completion(body string) *engine.Request {
+	if strings.HasPrefix(body, "{") && !strings.Contains(body, `"prompt"`) {
+		body = `{"prompt":"hi",` + strings.TrimPrefix(body, "{")
+		body = strings.Replace(body, `,}`, `}`, 1)
+	}
+	return newRequest(schemas.KindCompletion, body)
+}
+
+func newRequest(kind schemas.Kind, body string) *engine.Request {
+	reqSeq.Lock()
+	reqSeq.n++
+	id := fmt.Sprintf("req-%d", reqSeq.n)
+	reqSeq.Unlock()
+	return &engine.Request{ID: id, Kind: kind, Model: "base", Body: []byte(body)}
 }
 
 // asError checks that err is a *schemas.Error with status (and code, if not "").

@@ -230,8 +230,13 @@ func (e *Engine) RefreshSoon() {
 func (e *Engine) Stats() engine.Stats { return engine.Stats{Running: e.InFlight()} }
 
 // Health returns the last health probe's verdict (a *schemas.Error 503 when
-// bad). It does no I/O.
-func (e *Engine) Health(context.Context) error { return e.health.Load().err }
+// bad), or after Close a 503 shutting_down. It does no I/O.
+func (e *Engine) Health(context.Context) error {
+	if e.closed() {
+		return errClosed
+	}
+	return e.health.Load().err
+}
 
 // WaitReady blocks until the server is healthy or ctx ends.
 func (e *Engine) WaitReady(ctx context.Context) error {

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -79,16 +81,15 @@ func mustGen(t testing.TB, e *Engine, kind schemas.Kind, body string, sink engin
 	return res
 }
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+// wantStats waits until e's Stats pass ok.
+func wantStats(t testing.TB, e *Engine, ok func(engine.Stats) bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if st := e.Stats(); !ok(st) {
+			return fmt.Errorf("stats %+v", st)
 		}
-		time.Sleep(time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func asError(t testing.TB, err error) *schemas.Error {

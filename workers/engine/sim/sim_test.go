@@ -465,8 +465,7 @@ func TestCancelFreesSlot(t *testing.T) {
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
 		}
-		eventually(t, time.Second, "Running 0", func() bool { return e.Stats().Running == 0 })
-		eventually(t, time.Second, "KV cache empty", func() bool { return e.Stats().KVCacheUsage == 0 })
+		wantStats(t, e, func(st engine.Stats) bool { return st.Running == 0 && st.KVCacheUsage == 0 })
 		if calls := len(sink.lines()); calls > 3*2+2+4 {
 			t.Errorf("%d chunks after cancelling at the 3rd call", calls)
 		}
@@ -486,7 +485,7 @@ func TestCancelFreesSlot(t *testing.T) {
 		if n := len(sink.lines()); n != 5*2+2 {
 			t.Errorf("sink called after its error: %d chunks", n)
 		}
-		eventually(t, time.Second, "Running 0", func() bool { return e.Stats().Running == 0 })
+		wantStats(t, e, func(st engine.Stats) bool { return st.Running == 0 })
 	})
 	t.Run("waiting", func(t *testing.T) {
 		cfg := fastConfig()
@@ -494,16 +493,16 @@ func TestCancelFreesSlot(t *testing.T) {
 		cfg.MaxNumSeqs = 1
 		e := newEngine(t, cfg)
 		go gen(t, e, schemas.KindCompletion, `{"prompt":"a","max_tokens":5000,"ignore_eos":true}`, nil)
-		eventually(t, time.Second, "running", func() bool { return e.Stats().Running == 1 })
+		wantStats(t, e, func(st engine.Stats) bool { return st.Running == 1 })
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error, 1)
 		go func() {
 			_, err := e.Generate(ctx, &engine.Request{Kind: schemas.KindCompletion, Body: []byte(`{"prompt":"b"}`)}, nil)
 			errc <- err
 		}()
-		eventually(t, time.Second, "waiting", func() bool { return e.Stats().Waiting == 1 })
+		wantStats(t, e, func(st engine.Stats) bool { return st.Waiting == 1 })
 		cancel()
-		eventually(t, time.Second, "Waiting 0", func() bool { return e.Stats().Waiting == 0 })
+		wantStats(t, e, func(st engine.Stats) bool { return st.Waiting == 0 })
 		if err := <-errc; !errors.Is(err, context.Canceled) {
 			t.Errorf("err %v", err)
 		}
@@ -600,10 +599,7 @@ func TestWaitingQueue(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, 2*time.Second, "2 running, 3 waiting", func() bool {
-		s := e.Stats()
-		return s.Running == 2 && s.Waiting == 3
-	})
+	wantStats(t, e, func(st engine.Stats) bool { return st.Running == 2 && st.Waiting == 3 })
 	wg.Wait()
 	if s := e.Stats(); s.Running != 0 || s.Waiting != 0 || s.KVCacheUsage != 0 {
 		t.Errorf("stats after: %+v", s)
@@ -712,17 +708,6 @@ func TestAdapterLoadCancelled(t *testing.T) {
 	}
 }
 
-func TestDeadline(t *testing.T) {
-	cfg := fastConfig()
-	cfg.DecodeBase = time.Millisecond
-	e := newEngine(t, cfg)
-	req := &engine.Request{Kind: schemas.KindCompletion, Body: []byte(`{"prompt":"x","max_tokens":5000,"ignore_eos":true}`), Deadline: time.Now().Add(20 * time.Millisecond)}
-	if _, err := e.Generate(context.Background(), req, nil); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("err %v", err)
-	}
-	eventually(t, time.Second, "Running 0", func() bool { return e.Stats().Running == 0 })
-}
-
 func TestKVCacheLRU(t *testing.T) {
 	kv := newKVCache(4)
 	a, b := kv.alloc(), kv.alloc()
@@ -750,42 +735,10 @@ func TestKVCacheLRU(t *testing.T) {
 	}
 }
 
-func TestClose(t *testing.T) {
-	cfg := fastConfig()
-	cfg.DecodeBase = time.Millisecond
-	e, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if e.Health(context.Background()) != nil || e.Name() != "sim" {
-		t.Fatal("unhealthy at start")
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := gen(t, e, schemas.KindCompletion, `{"prompt":"x","max_tokens":5000,"ignore_eos":true,"stream":true}`, &recSink{})
-		errc <- err
-	}()
-	eventually(t, time.Second, "running", func() bool { return e.Stats().Running == 1 })
-	e.Close()
-	if err := <-errc; asError(t, err).Status != 503 {
-		t.Errorf("running request at close: %v", err)
-	}
-	if e.Health(context.Background()) == nil {
-		t.Error("healthy after Close")
-	}
-	if _, err := gen(t, e, schemas.KindCompletion, `{"prompt":"x"}`, nil); err == nil || asError(t, err).Status != 503 {
-		t.Errorf("request after close: %v", err)
-	}
-	if s := e.Stats(); s.Running != 0 || s.Waiting != 0 {
-		t.Errorf("stats %+v", s)
-	}
-	e.Close()
-}
-
 func TestConfig(t *testing.T) {
 	e := newEngine(t, Config{})
 	c := e.Config()
-	if c.Model != "sim" || c.MaxNumSeqs != 256 || c.BlockSize != 16 || c.MaxModelLen != 8192 || c.DecodeBase != 0 {
+	if e.Name() != "sim" || c.Model != "sim" || c.MaxNumSeqs != 256 || c.BlockSize != 16 || c.MaxModelLen != 8192 || c.DecodeBase != 0 {
 		t.Errorf("filled config %+v", c)
 	}
 	if _, err := New(Config{MaxModelLen: 1000, NumBlocks: 10, BlockSize: 16}); err == nil {

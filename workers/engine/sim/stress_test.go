@@ -55,10 +55,7 @@ func TestStress(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	eventually(t, time.Second, "idle", func() bool {
-		s := e.Stats()
-		return s.Running == 0 && s.Waiting == 0 && s.KVCacheUsage == 0
-	})
+	wantStats(t, e, func(s engine.Stats) bool { return s.Running == 0 && s.Waiting == 0 && s.KVCacheUsage == 0 })
 	e.Close() // the scheduler is gone: its state can be read
 	if e.kv.used != 0 || e.kv.free() != cfg.NumBlocks || len(e.running) != 0 || e.waitingLen() != 0 {
 		t.Errorf("kv used %d free %d, running %d waiting %d", e.kv.used, e.kv.free(), len(e.running), e.waitingLen())

@@ -15,10 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
-	"github.com/tokenbus/tokenbus/workers/engine/internal/fakevllm"
 )
 
 // TestMain doubles as the child-process stand-in for "vllm serve": with
@@ -73,19 +74,24 @@ func newEngine(t testing.TB, cfg Config) *Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.Close() })
-	eventually(t, 10*time.Second, func() bool { return e.Health(t.Context()) == nil }, "engine never healthy: %v", e.Health(t.Context()))
+	healthy(t, e, 10*time.Second)
 	return e
 }
 
-func eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
+func healthy(t testing.TB, e *Engine, d time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: "+format, append([]any{d}, args...)...)
+	testenv.WaitFor(t, d, func() error { return e.Health(t.Context()) })
+}
+
+// wantStats waits until the engine's Stats pass ok.
+func wantStats(t testing.TB, e *Engine, ok func(engine.Stats) bool) {
+	t.Helper()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if st := e.Stats(); !ok(st) {
+			return fmt.Errorf("stats %+v", st)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 type recSink struct {

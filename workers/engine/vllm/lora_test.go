@@ -3,13 +3,16 @@ package vllm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/lora"
 )
 
@@ -32,7 +35,12 @@ func TestModelsAndAdapters(t *testing.T) {
 	f, srv := startFake(t)
 	f.AddAdapter("sql", "/loras/sql")
 	e := newEngine(t, fastConfig(srv.URL))
-	eventually(t, 5*time.Second, func() bool { return slices.Equal(e.Models(), []string{"base", "sql"}) }, "models %v", e.Models())
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if ms := e.Models(); !slices.Equal(ms, []string{"base", "sql"}) {
+			return fmt.Errorf("models %v", ms)
+		}
+		return nil
+	})
 	if st := e.Stats(); !slices.Equal(st.Adapters, []string{"sql"}) {
 		t.Errorf("adapters %v", st.Adapters)
 	}
@@ -54,7 +62,7 @@ func TestModelsAndAdapters(t *testing.T) {
 	}
 	// Loaded by someone else: picked up by the next refresh.
 	f.AddAdapter("other", "/loras/other")
-	eventually(t, 5*time.Second, func() bool { return slices.Contains(e.Stats().Adapters, "other") }, "adapters %v", e.Stats().Adapters)
+	wantStats(t, e, func(st engine.Stats) bool { return slices.Contains(st.Adapters, "other") })
 }
 
 // A /v1/models read that began before a load or unload ended does not undo it.
@@ -223,7 +231,12 @@ func TestLoadBoundedByContext(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- e.LoadAdapter(t.Context(), "y", "/l/y") }()
-	eventually(t, 5*time.Second, func() bool { return f.Loads.Load() == 2 }, "second load never reached vLLM")
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := f.Loads.Load(); n != 2 {
+			return fmt.Errorf("%d loads reached vLLM, want the second", n)
+		}
+		return nil
+	})
 	e.Close()
 	select {
 	case err := <-done:
@@ -247,7 +260,12 @@ func TestInUseNotEvicted(t *testing.T) {
 	sink := &recSink{}
 	done := make(chan struct{})
 	go func() { generate(ctx, m, e, "a", "/l/a", `,"x_fake":{"mode":"slow"}`, sink); close(done) }()
-	eventually(t, 5*time.Second, func() bool { return sink.n() == 1 }, "request on a never started")
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if sink.n() != 1 {
+			return errors.New("the request on a never started")
+		}
+		return nil
+	})
 	short, stop := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer stop()
 	if err := m.Load(short, "b", "", "/l/b"); !errors.Is(err, context.DeadlineExceeded) {
@@ -307,7 +325,7 @@ func TestOnDemandLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	if sink.n() != 3 || !slices.Equal(f.Loaded(), []string{"sql"}) || !slices.Contains(e.Models(), "sql") {
+	if sink.n() != 4 || !slices.Equal(f.Loaded(), []string{"sql"}) || !slices.Contains(e.Models(), "sql") {
 		t.Errorf("%d chunks; vLLM has %v; models %v", sink.n(), f.Loaded(), e.Models())
 	}
 	if string(f.Body(req.ID)) != string(req.Body) {

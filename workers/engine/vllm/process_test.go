@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // childConfig runs this test binary as a stand-in "vllm serve" on a free port.
@@ -109,8 +112,12 @@ func TestChildProcess(t *testing.T) {
 	if st := e.Stats(); st.MaxLoras != 3 {
 		t.Errorf("max_loras %d, want the command's 3", st.MaxLoras)
 	}
-	eventually(t, 5*time.Second, func() bool { return logs.has("INFO fake vllm serving on port") && logs.has("stream=stderr") },
-		"the child's output was not logged")
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if !logs.has("INFO fake vllm serving on port") || !logs.has("stream=stderr") {
+			return errors.New("the child's output was not logged")
+		}
+		return nil
+	})
 	if _, err := e.Generate(t.Context(), request("base", ""), &recSink{}); err != nil {
 		t.Fatal(err)
 	}
@@ -119,8 +126,13 @@ func TestChildProcess(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, func() bool { return e.Health(t.Context()) != nil }, "healthy after the child died")
-	eventually(t, 20*time.Second, func() bool { return e.Health(t.Context()) == nil }, "never back: %v", e.Health(t.Context()))
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if e.Health(t.Context()) == nil {
+			return errors.New("healthy after the child died")
+		}
+		return nil
+	})
+	healthy(t, e, 20*time.Second)
 	pid2, _ := strconv.Atoi(get(t, e.URL()+"/pid"))
 	if pid2 == pid || e.Restarts() != 1 {
 		t.Errorf("pid %d → %d, %d restarts", pid, pid2, e.Restarts())
@@ -174,7 +186,12 @@ func TestChildStartTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	eventually(t, 20*time.Second, func() bool { return e.Restarts() >= 2 }, "restarts %d", e.Restarts())
+	testenv.WaitFor(t, 20*time.Second, func() error {
+		if n := e.Restarts(); n < 2 {
+			return fmt.Errorf("%d restarts", n)
+		}
+		return nil
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	err = e.WaitReady(ctx)

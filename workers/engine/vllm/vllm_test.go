@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenbus/tokenbus/workers/engine/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 func TestParseMetrics(t *testing.T) {
@@ -62,16 +63,14 @@ vllm:lora_requests_info{max_lora="2",running_lora_adapters="older",waiting_lora_
 func TestStats(t *testing.T) {
 	f, srv := startFake(t)
 	e := newEngine(t, fastConfig(srv.URL))
-	eventually(t, 5*time.Second, func() bool {
-		st := e.Stats()
+	wantStats(t, e, func(st engine.Stats) bool {
 		return st.Running == 3 && st.Waiting == 2 && st.KVCacheUsage == 0.25 && st.MaxLoras == 4
-	}, "stats %+v", e.Stats())
+	})
 
 	f.SetMetrics("vllm:num_requests_running 0\nvllm:num_requests_waiting 7\nvllm:gpu_cache_usage_perc 0.5\n")
-	eventually(t, 5*time.Second, func() bool {
-		st := e.Stats()
+	wantStats(t, e, func(st engine.Stats) bool {
 		return st.Running == 0 && st.Waiting == 7 && st.KVCacheUsage == 0.5 && st.MaxLoras == 0
-	}, "stats %+v", e.Stats())
+	})
 
 	// The engine's own requests count when vLLM's figure lags behind.
 	ctx, cancel := context.WithCancel(t.Context())
@@ -79,7 +78,7 @@ func TestStats(t *testing.T) {
 	for range 2 {
 		go e.Generate(ctx, request("base", `,"x_fake":{"mode":"slow"}`), &recSink{})
 	}
-	eventually(t, 5*time.Second, func() bool { return e.Stats().Running == 2 }, "stats %+v", e.Stats())
+	wantStats(t, e, func(st engine.Stats) bool { return st.Running == 2 })
 }
 
 func TestDefaults(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/sim"
 )
 
@@ -200,15 +203,29 @@ func value(fams map[string]*dto.MetricFamily, name string, want ...string) float
 	return -1
 }
 
-func eventually(t testing.TB, d time.Duration, cond func() bool, format string, args ...any) {
+// wantSim waits until the sim's Stats and Metrics pass ok.
+func wantSim(t testing.TB, eng *sim.Engine, ok func(engine.Stats, sim.Metrics) bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: "+format, append([]any{d}, args...)...)
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if st, m := eng.Stats(), eng.Metrics(); !ok(st, m) {
+			return fmt.Errorf("stats %+v, metrics %+v", st, m)
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
+}
+
+// running waits until the sim runs n sequences.
+func running(t testing.TB, eng *sim.Engine, n int) {
+	t.Helper()
+	wantSim(t, eng, func(st engine.Stats, _ sim.Metrics) bool { return st.Running == n })
+}
+
+// aborted waits until the sim runs nothing and has aborted n sequences.
+func aborted(t testing.TB, eng *sim.Engine, n int) {
+	t.Helper()
+	wantSim(t, eng, func(st engine.Stats, m sim.Metrics) bool {
+		return st.Running == 0 && m.RequestSuccess["abort"] == uint64(n)
+	})
 }
 
 func newSim(t testing.TB, sc sim.Config) *sim.Engine {

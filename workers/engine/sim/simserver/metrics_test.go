@@ -2,9 +2,12 @@ package simserver
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 func TestMetrics(t *testing.T) {
@@ -65,17 +68,24 @@ func TestMetrics(t *testing.T) {
 	resp = doCtx(t, ctx, http.MethodPost, ts.url+"/v1/chat/completions",
 		`{"model":"ad","messages":[{"role":"user","content":"hi"}],"max_tokens":5000,"ignore_eos":true,"stream":true}`)
 	firstEvent(t, resp)
-	eventually(t, 5*time.Second, func() bool {
+	testenv.WaitFor(t, 5*time.Second, func() error {
 		f := scrape(t, ts.url)
-		return value(f, mRunning, ml...) == 1 && value(f, mKVCache, ml...) > 0 &&
-			value(f, mLoRAInfo, "max_lora", "4", "running_lora_adapters", "ad") > 0
-	}, "the stream is not running on adapter ad")
+		if value(f, mRunning, ml...) != 1 || value(f, mKVCache, ml...) <= 0 ||
+			value(f, mLoRAInfo, "max_lora", "4", "running_lora_adapters", "ad") <= 0 {
+			return fmt.Errorf("the stream is not running on adapter ad: running %v, KV cache %v",
+				value(f, mRunning, ml...), value(f, mKVCache, ml...))
+		}
+		return nil
+	})
 	cancel()
 	resp.Body.Close()
-	eventually(t, 5*time.Second, func() bool {
+	testenv.WaitFor(t, 5*time.Second, func() error {
 		f := scrape(t, ts.url)
-		return value(f, mRunning, ml...) == 0 && value(f, mSuccess, append(ml, "finished_reason", "abort")...) == 1
-	}, "the request still runs after its client left")
+		if r, a := value(f, mRunning, ml...), value(f, mSuccess, append(ml, "finished_reason", "abort")...); r != 0 || a != 1 {
+			return fmt.Errorf("the request still runs after its client left: running %v, aborted %v", r, a)
+		}
+		return nil
+	})
 	// The newest lora_requests_info sample has no adapter running any more.
 	f := scrape(t, ts.url)
 	newest, labels := 0.0, ""

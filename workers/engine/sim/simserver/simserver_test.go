@@ -239,10 +239,8 @@ func TestMidStreamError(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	go func() {
-		eventually(t, 5*time.Second, func() bool { return ts.eng.Stats().Running == 1 }, "never running")
-		ts.eng.Close()
-	}()
+	running(t, ts.eng, 1)
+	ts.eng.Close() // what the stream sent meanwhile waits in the connection
 	events := sse(t, resp)
 	last := decode[errorBody](t, []byte(events[len(events)-1]))
 	if last.Error == nil || last.Error.Code != float64(503) || last.Error.Type != "Service Unavailable" {
@@ -299,6 +297,5 @@ func TestServeShutdown(t *testing.T) {
 		t.Fatal("Serve did not return")
 	}
 	resp.Body.Close()
-	eventually(t, 5*time.Second, func() bool { return eng.Stats().Running == 0 && eng.Metrics().RequestSuccess["abort"] == 1 },
-		"the cut stream still runs: %+v %+v", eng.Stats(), eng.Metrics())
+	aborted(t, eng, 1) // the cut stream
 }

@@ -39,14 +39,12 @@ func TestClientGone(t *testing.T) {
 				}
 				errc <- err
 			}()
-			eventually(t, 5*time.Second, func() bool { return ts.eng.Stats().Running == 1 }, "never running")
+			running(t, ts.eng, 1)
 			cancel()
 			if err := <-errc; !errors.Is(err, context.Canceled) {
 				t.Errorf("client: %v", err)
 			}
-			eventually(t, 5*time.Second, func() bool {
-				return ts.eng.Stats().Running == 0 && ts.eng.Metrics().RequestSuccess["abort"] == 1
-			}, "still running: %+v %+v", ts.eng.Stats(), ts.eng.Metrics())
+			aborted(t, ts.eng, 1)
 		})
 	}
 }

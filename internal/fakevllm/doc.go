@@ -1,0 +1,35 @@
+// Package fakevllm is a stand-in for vLLM's OpenAI server, for the tests of
+// anything that talks to one: the HTTP engines, the engine conformance suite
+// (workers/engine/enginetest), the bench tool, a worker in the integration
+// tests. It serves chat and completions (SSE or JSON) as vLLM writes them,
+// /v1/models with LoRA adapters, /metrics, /health, the runtime LoRA
+// endpoints, and the failures a client must survive. It is an http.Handler:
+// serve it with httptest.NewServer.
+//
+// A body is read with schemas.ReadRequest, as every part of tokenbus reads
+// it, so a bad field is vLLM's 400 naming it, and the answer follows the
+// request: n choices of max_tokens content chunks each (3 when max_tokens is
+// not set), a chat stream beginning with the role chunk, the last content
+// chunk of a choice carrying finish_reason "length", and a usage chunk when
+// stream_options asks (vLLM's rule: present means on unless include_usage is
+// false). Content chunk i of a choice is the text " tok<i>"; usage says 7
+// prompt tokens (2 cached) and one completion token per content chunk.
+//
+// A request scripts the rest with an "x_fake" object in its body (which also
+// shows that unknown fields reach the server), as envoyproxy/ai-gateway's
+// testupstreamlib is driven by its requests; a client that cannot add a field
+// (the bench tool, a gateway in front of the engine) gets Server.Default:
+//
+//	{"x_fake": {"mode": "...", "chunks": 3, "status": 400, "delay_ms": 0, "ttft_ms": 0}}
+//
+// Modes: "" (normal), "error_flat" and "error_nested" (a non-2xx answer in
+// vLLM's old and new shapes), "midstream_error" (chunks with no
+// finish_reason, then a data line with an error object), "break" (the same
+// chunks, then the connection is closed), "nodone" (the chunks of a normal
+// answer, then the body ends without [DONE]), "slow" (one chunk,
+// the role chunk of a chat stream, or nothing for stream:false, then wait
+// for the client to go: the request id is sent on Cancelled), "burst" (every
+// event in one write).
+//
+// Tokenbus imports: schemas.
+package fakevllm

@@ -1,0 +1,247 @@
+package fakevllm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Script is the x_fake object: how the fake answers one request.
+type Script struct {
+	Mode    string `json:"mode"`
+	Chunks  int    `json:"chunks"`   // content chunks per choice; default the request's max_tokens, else 3
+	Status  int    `json:"status"`   // of the error modes; default 400
+	DelayMS int    `json:"delay_ms"` // pause after each content chunk
+	TTFTMS  int    `json:"ttft_ms"`  // pause before the first content chunk (stream:false: before the answer)
+}
+
+// complete is POST /v1/chat/completions and /v1/completions.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	id := r.Header.Get("X-Request-Id")
+	s.mu.Lock()
+	if id == "" {
+		id = fmt.Sprintf("fake-%d", len(s.received)+1)
+	}
+	s.byID[id] = len(s.received)
+	s.received = append(s.received, Request{ID: id, Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
+	s.mu.Unlock()
+
+	kind := schemas.KindCompletion
+	if r.URL.Path == "/v1/chat/completions" {
+		kind = schemas.KindChat
+	}
+	// vLLM's "model" is optional: the first base model.
+	view, rerr := schemas.ReadRequest(kind, body, s.Base[0])
+	if rerr != nil {
+		writeError(w, rerr.Status, "BadRequestError", rerr.Body.Message, rerr.Body.Param)
+		return
+	}
+	f := s.Default
+	var x struct {
+		Fake *Script `json:"x_fake"`
+	}
+	if json.Unmarshal(body, &x) == nil && x.Fake != nil {
+		f = *x.Fake
+	}
+	if f.Status == 0 {
+		f.Status = 400
+	}
+	switch f.Mode {
+	case "error_flat":
+		writeJSON(w, f.Status, fmt.Sprintf(`{"object":"error","message":"flat %d","type":"BadRequestError","param":null,"code":%d}`, f.Status, f.Status))
+		return
+	case "error_nested":
+		param := "temperature"
+		writeError(w, f.Status, "BadRequestError", fmt.Sprintf("nested %d", f.Status), &param)
+		return
+	}
+	if !s.AnyModel && !s.IsBase(view.Model) && !s.isLoaded(view.Model) {
+		param := "model"
+		writeError(w, 404, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", view.Model), &param)
+		return
+	}
+	a := answer{s: s, id: id, view: view, script: f, chunks: f.Chunks}
+	if a.chunks <= 0 {
+		a.chunks = view.MaxTokens
+	}
+	if a.chunks <= 0 {
+		a.chunks = 3
+	}
+	a.chat = kind == schemas.KindChat
+	if a.chat {
+		a.prefix, a.object = "chatcmpl-", "chat.completion.chunk"
+	} else {
+		a.prefix, a.object = "cmpl-", "text_completion"
+	}
+	if view.Stream {
+		a.stream(w, r)
+	} else {
+		a.whole(w, r)
+	}
+}
+
+// writeError writes an error in vLLM's nested shape (≥ 0.10.1).
+func writeError(w http.ResponseWriter, status int, typ, msg string, param *string) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": param, "code": status}})
+	writeJSON(w, status, string(b))
+}
+
+// answer is one request's answer being written.
+type answer struct {
+	s      *Server
+	id     string
+	view   *schemas.Request
+	script Script
+	chunks int // content chunks per choice
+	chat   bool
+	prefix string // of the response id
+	object string // of a chunk
+}
+
+func (a *answer) usage() string {
+	n := a.chunks * a.view.N
+	return fmt.Sprintf(`{"prompt_tokens":7,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, n, 7+n)
+}
+
+func token(i int) string { return fmt.Sprintf(" tok%d", i) }
+
+// whole answers stream:false with the whole response.
+func (a *answer) whole(w http.ResponseWriter, r *http.Request) {
+	if a.script.Mode == "slow" {
+		<-r.Context().Done()
+		a.s.cancelled(a.id)
+		return
+	}
+	if !pause(r, time.Duration(a.script.TTFTMS)*time.Millisecond) {
+		return
+	}
+	var text strings.Builder
+	for i := range a.chunks {
+		text.WriteString(token(i))
+	}
+	var choices []string
+	for k := range a.view.N {
+		if a.chat {
+			choices = append(choices, fmt.Sprintf(`{"index":%d,"message":{"role":"assistant","content":%q},"logprobs":null,"finish_reason":"length"}`, k, text.String()))
+		} else {
+			choices = append(choices, fmt.Sprintf(`{"index":%d,"text":%q,"logprobs":null,"finish_reason":"length"}`, k, text.String()))
+		}
+	}
+	object := "text_completion"
+	if a.chat {
+		object = "chat.completion"
+	}
+	writeJSON(w, 200, fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[%s],"usage":%s,"x_extra":{"kept":true}}`,
+		a.prefix, a.id, object, a.view.Model, strings.Join(choices, ","), a.usage()))
+}
+
+// stream answers stream:true with server-sent events.
+func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream; charset=utf-8")
+	w.WriteHeader(200)
+	fl := w.(http.Flusher)
+	mode := a.script.Mode
+	var pending bytes.Buffer
+	send := func(data string, record bool) {
+		if record {
+			a.s.mu.Lock()
+			a.s.sent[a.id] = append(a.s.sent[a.id], data)
+			a.s.mu.Unlock()
+		}
+		pending.WriteString("data: " + data + "\n\n")
+		if mode != "burst" {
+			w.Write(pending.Bytes())
+			pending.Reset()
+			fl.Flush()
+		}
+	}
+	head := fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[`, a.prefix, a.id, a.object, a.view.Model)
+	if a.chat {
+		for k := range a.view.N {
+			send(head+fmt.Sprintf(`{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`, k), true)
+		}
+	}
+	if mode == "slow" {
+		if !a.chat {
+			send(head+`{"index":0,"text":" tok0","logprobs":null,"finish_reason":null}]}`, true)
+		}
+		<-r.Context().Done()
+		a.s.cancelled(a.id)
+		return
+	}
+	if !pause(r, time.Duration(a.script.TTFTMS)*time.Millisecond) {
+		return
+	}
+	// A stream that fails mid-generation never finishes its choices.
+	unfinished := mode == "midstream_error" || mode == "break"
+	for i := range a.chunks {
+		finish := "null"
+		if i == a.chunks-1 && !unfinished {
+			finish = `"length"`
+		}
+		for k := range a.view.N {
+			if a.chat {
+				send(head+fmt.Sprintf(`{"index":%d,"delta":{"content":%q},"logprobs":null,"finish_reason":%s}]}`, k, token(i), finish), true)
+			} else {
+				send(head+fmt.Sprintf(`{"index":%d,"text":%q,"logprobs":null,"finish_reason":%s}]}`, k, token(i), finish), true)
+			}
+		}
+		if mode != "burst" && !pause(r, time.Duration(a.script.DelayMS)*time.Millisecond) {
+			return
+		}
+	}
+	switch mode {
+	case "midstream_error":
+		send(`{"error": {"object": "error", "message": "engine exploded", "type": "InternalServerError", "param": null, "code": 500}}`, false)
+		send("[DONE]", false)
+		return
+	case "break":
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			buf.Flush()
+			conn.Close()
+		}
+		return
+	case "nodone":
+		return
+	}
+	if a.view.IncludeUsage {
+		send(fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[],"usage":%s}`, a.prefix, a.id, a.object, a.view.Model, a.usage()), true)
+	}
+	send("[DONE]", false)
+	if mode == "burst" {
+		w.Write(pending.Bytes())
+		fl.Flush()
+	}
+}
+
+// cancelled reports a request whose client went away; a full channel
+// drops it, so a test that does not read Cancelled never blocks the fake.
+func (s *Server) cancelled(id string) {
+	select {
+	case s.Cancelled <- id:
+	default:
+	}
+}
+
+// pause waits d, or less if the client goes away (then false).
+func pause(r *http.Request, d time.Duration) bool {
+	if d <= 0 {
+		return r.Context().Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-r.Context().Done():
+		return false
+	}
+}

@@ -1,0 +1,120 @@
+package enginetest
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/workers/engine"
+)
+
+// Feature is an optional part of the engine contract.
+type Feature string
+
+const (
+	// Adapters: the engine implements engine.Adapters, so LoRA adapters
+	// load, serve and unload at run time.
+	Adapters Feature = "adapters"
+	// StreamUsage: a stream's Result.Usage has the real counts even when the
+	// client did not ask for a usage chunk (stream_options).
+	StreamUsage Feature = "stream usage"
+	// Faults: the engine talks to a server whose failures it must survive
+	// (Harness.Faulty attaches it to the fake vLLM).
+	Faults Feature = "faults"
+)
+
+var features = []Feature{Adapters, StreamUsage, Faults}
+
+// Harness is what the suite needs of an engine.
+type Harness struct {
+	// New starts the engine under test, ready: Health nil, serving Model
+	// (Models may list it a little later). The suite closes it. A decode
+	// step must take about a millisecond or more (SimConfig does), so that a
+	// request of thousands of tokens is still running when the suite
+	// cancels it.
+	New func(t *testing.T) engine.Engine
+	// Model is the base model New's engine serves.
+	Model string
+	// Faulty starts the engine attached to the fake vLLM at url (its root,
+	// serving Model), for the behaviours that need a fault. Nil unless the
+	// engine has the Faults feature.
+	Faulty func(t *testing.T, url string) engine.Engine
+	// Lacks names each feature the engine does not have, with the reason.
+	Lacks map[Feature]string
+}
+
+// behaviour is one row of the table.
+type behaviour struct {
+	name  string
+	needs []Feature
+	run   func(t *testing.T, h *Harness)
+}
+
+// behaviours is the table.
+var behaviours = []behaviour{
+	{"models lists the served model", nil, testModels},
+	{"health is nil when up", nil, testHealth},
+	{"stream", nil, testStream},
+	{"include_usage", nil, testIncludeUsage},
+	{"stream usage without include_usage", []Feature{StreamUsage}, testStreamUsage},
+	{"whole response", nil, testWhole},
+	{"n choices", nil, testN},
+	{"unknown fields are accepted", nil, testUnknownFields},
+	{"concurrent requests", nil, testConcurrent},
+	{"bad request", nil, testBadRequest},
+	{"unknown model", nil, testUnknownModel},
+	{"cancel", nil, testCancel},
+	{"sink error", nil, testSinkError},
+	{"deadline", nil, testDeadline},
+	{"close", nil, testClose},
+	{"adapters", []Feature{Adapters}, testAdapters},
+	{"upstream errors", []Feature{Faults}, testUpstreamErrors},
+	{"stream failures", []Feature{Faults}, testStreamFailures},
+	{"cancel reaches the server", []Feature{Faults}, testCancelUpstream},
+}
+
+// Run runs every behaviour of the table against h's engine, each as a subtest.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.New == nil || h.Model == "" {
+		t.Fatal("enginetest: the harness needs New and Model")
+	}
+	for f, why := range h.Lacks {
+		if !slices.Contains(features, f) || why == "" {
+			t.Fatalf("enginetest: Lacks[%q] = %q: a known feature, with the reason the engine lacks it", f, why)
+		}
+	}
+	if _, lacks := h.Lacks[Faults]; lacks != (h.Faulty == nil) {
+		t.Fatal("enginetest: set Faulty, or list Faults in Lacks with the reason, not both")
+	}
+	for _, b := range behaviours {
+		t.Run(b.name, func(t *testing.T) {
+			for _, f := range b.needs {
+				if why, lacks := h.Lacks[f]; lacks {
+					t.Skipf("the engine lacks %s: %s", f, why)
+				}
+			}
+			b.run(t, &h)
+		})
+	}
+}
+
+const (
+	// waitLong bounds the waits for what must happen soon (Stats dropping
+	// back, a model listed).
+	waitLong = 5 * time.Second
+	// promptly is how soon Generate must return once its request is ended;
+	// the long requests the suite ends would run for several seconds more.
+	promptly = 3 * time.Second
+	// longTokens is a request that lasts: at a millisecond per decode step,
+	// 8 seconds, well past promptly.
+	longTokens = 8000
+)
+
+// start runs New and closes the engine after the test.
+func start(t *testing.T, h *Harness) engine.Engine {
+	t.Helper()
+	e := h.New(t)
+	t.Cleanup(func() { e.Close() })
+	return e
+}
