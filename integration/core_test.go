@@ -320,6 +320,9 @@ func TestNoWorker503(t *testing.T) {
 }
 
 func TestQueueFills503(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: waits out a queue timeout")
+	}
 	// One worker taking one request at a time, a queue of one, a slow engine.
 	d := startDev(t, func(c *program.DevConfig) {
 		c.SimWorkers, c.Worker.MaxConcurrency, c.Dispatcher.QueueSize, c.Engine.Sim.DecodeBase = 1, 1, 1, 50*time.Millisecond

@@ -88,6 +88,9 @@ func (p *proc) stop(t *testing.T, wait time.Duration) error {
 // TestDistributed runs gateway, two dispatchers and two workers as separate
 // processes against a standalone nats-server and redis-server.
 func TestDistributed(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes of the built binary, ~10 s")
+	}
 	bin := tokenbusBinary(t)
 	redis := testenv.StartRedis(t)
 	natsPort := testenv.FreePort(t)

@@ -98,6 +98,9 @@ func (s *simServer) metric(name string) float64 {
 // TestVLLMEngine: a worker with --engine vllm in front of a vLLM-compatible
 // server (tokenbus sim-server) over real HTTP, end to end through the gateway.
 func TestVLLMEngine(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: kills and revives the engine under load, ~6 s")
+	}
 	ctx := context.Background()
 	eng := startSimServer(t, func(c *program.SimServerConfig) {
 		c.Sim.DecodeBase, c.Sim.PrefillBase = 2*time.Millisecond, 2*time.Millisecond
@@ -266,6 +269,9 @@ func TestVLLMEngineLoRA(t *testing.T) {
 // TestVLLMChildProcess: --vllm-cmd starts the engine as a child process,
 // waits for its health, and restarts it when it dies.
 func TestVLLMChildProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the binary and runs it as vLLM")
+	}
 	bin := tokenbusBinary(t)
 	port := testenv.FreePort(t)
 	cmd := fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-decode-base 1ms", bin, port)
