@@ -78,6 +78,12 @@ func (r *replies) last() (schemas.Frame, int) {
 }
 
 func sendRequest(t *testing.T, nc *nats.Conn, model, id string) *replies {
+	return sendBody(t, nc, model, id, `{"model":"`+model+`","messages":[{"role":"user","content":"hi"}]}`)
+}
+
+// sendBody publishes a chat request with body on model's request subject
+// and records the frames that come back.
+func sendBody(t *testing.T, nc *nats.Conn, model, id, body string) *replies {
 	r := &replies{}
 	inbox := nats.NewInbox()
 	nc.Subscribe(inbox, func(m *nats.Msg) {
@@ -90,7 +96,7 @@ func sendRequest(t *testing.T, nc *nats.Conn, model, id string) *replies {
 	h := nats.Header{}
 	h.Set(schemas.HdrRequestID, id)
 	h.Set(schemas.HdrKind, "chat")
-	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject(model), Reply: inbox, Header: h, Data: []byte(`{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject(model), Reply: inbox, Header: h, Data: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
 	return r
@@ -288,24 +294,7 @@ func TestNATSNativeBodyIsRead(t *testing.T) {
 	nc := testenv.Connect(t, ns)
 	startDispatcher(t, nc, Config{})
 	w := newFakeWorker(t, nc, "w", 10)
-	send := func(id, body string) *replies {
-		r := &replies{}
-		inbox := nats.NewInbox()
-		nc.Subscribe(inbox, func(m *nats.Msg) {
-			f, _ := schemas.ParseFrame(m.Data)
-			f.Payload = append([]byte(nil), f.Payload...)
-			r.mu.Lock()
-			r.frames = append(r.frames, f)
-			r.mu.Unlock()
-		})
-		h := nats.Header{}
-		h.Set(schemas.HdrRequestID, id)
-		h.Set(schemas.HdrKind, "chat")
-		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: inbox, Header: h, Data: []byte(body)}); err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	send := func(id, body string) *replies { return sendBody(t, nc, "m", id, body) }
 	for _, tc := range []struct{ name, body, param string }{
 		{"no messages", `{"model":"m"}`, "messages"},
 		{"repeated max_tokens", `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_tokens":300}`, "max_tokens"},

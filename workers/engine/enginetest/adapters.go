@@ -51,7 +51,7 @@ func testAdapters(t *testing.T, h *Harness) {
 		if err != nil {
 			t.Fatalf("%s request on the adapter: %v", kind, err)
 		}
-		checkStream(t, kind, name, 1, s.lines())
+		checkStream(t, kind, name, 1, s.Lines())
 		checkUsage(t, res.Usage, tokens)
 	}
 	if err := ad.LoadAdapter(ctx, name, path); err != nil && !errors.As(err, new(*schemas.Error)) {

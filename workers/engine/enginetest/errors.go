@@ -37,7 +37,7 @@ func testBadRequest(t *testing.T, h *Harness) {
 			if se := asError(t, err, 400); param(se) != tc.param {
 				t.Errorf("param %q, want %q: %v", param(se), tc.param, se)
 			}
-			if n := s.ncalls(); n != 0 {
+			if n := s.Calls(); n != 0 {
 				t.Errorf("%d Sink.Chunks calls for a bad request", n)
 			}
 		})
@@ -46,7 +46,7 @@ func testBadRequest(t *testing.T, h *Harness) {
 		s := newSink()
 		_, err := generate(t.Context(), e, request(t, chat, m, `"stream":true,"max_tokens":100000000`), s)
 		asError(t, err, 400)
-		if n := s.ncalls(); n != 0 {
+		if n := s.Calls(); n != 0 {
 			t.Errorf("%d Sink.Chunks calls for a bad request", n)
 		}
 	})
@@ -63,7 +63,7 @@ func testUnknownModel(t *testing.T, h *Harness) {
 			if se := asError(t, err, 404); !strings.Contains(se.Body.Message, unknown) {
 				t.Errorf("the 404 does not name the model: %v", se)
 			}
-			if n := s.ncalls(); n != 0 {
+			if n := s.Calls(); n != 0 {
 				t.Errorf("%d Sink.Chunks calls for an unknown model", n)
 			}
 		})

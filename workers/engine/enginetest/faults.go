@@ -53,7 +53,7 @@ func testUpstreamErrors(t *testing.T, h *Harness) {
 			if !strings.Contains(se.Body.Message, tc.msg) || param(se) != tc.param {
 				t.Errorf("message %q param %q, want %q and %q", se.Body.Message, param(se), tc.msg, tc.param)
 			}
-			if n := s.ncalls(); n != 0 {
+			if n := s.Calls(); n != 0 {
 				t.Errorf("%d Sink.Chunks calls", n)
 			}
 		})
@@ -82,7 +82,7 @@ func testStreamFailures(t *testing.T, h *Harness) {
 			if code(se) != tc.code || !strings.Contains(se.Body.Message, tc.msg) {
 				t.Errorf("code %q message %q, want %q and %q", code(se), se.Body.Message, tc.code, tc.msg)
 			}
-			if got, sent := s.lines(), f.Sent(req.ID); len(sent) == 0 || !slices.Equal(got, sent) {
+			if got, sent := s.Lines(), f.Sent(req.ID); len(sent) == 0 || !slices.Equal(got, sent) {
 				t.Errorf("the sink got\n%q\nthe server sent\n%q", got, sent)
 			}
 		})
@@ -120,7 +120,7 @@ func testCancelUpstream(t *testing.T, h *Harness) {
 			defer cancel()
 			s := newSink()
 			if tc.sinkFails {
-				s.fail = func(int) error { return errGone }
+				s.OnCall = func(int) error { return errGone }
 			}
 			req := request(t, schemas.KindChat, h.Model, tc.members)
 			out := goGenerate(ctx, e, req, s)

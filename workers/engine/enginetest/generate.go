@@ -23,7 +23,7 @@ func testStream(t *testing.T, h *Harness) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := checkStream(t, kind, h.Model, 1, s.lines())
+			st := checkStream(t, kind, h.Model, 1, s.Lines())
 			if st.usage != nil {
 				t.Errorf("a usage chunk without stream_options: %+v", *st.usage)
 			}
@@ -54,7 +54,7 @@ func testIncludeUsage(t *testing.T, h *Harness) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				st := checkStream(t, kind, h.Model, 1, s.lines())
+				st := checkStream(t, kind, h.Model, 1, s.Lines())
 				if (st.usage != nil) != tc.want {
 					t.Fatalf("usage chunk %v, want one: %v", st.usage, tc.want)
 				}
@@ -96,7 +96,7 @@ func testWhole(t *testing.T, h *Harness) {
 			}
 			checkWhole(t, kind, h.Model, 1, res)
 			checkUsage(t, res.Usage, tokens)
-			if n := s.ncalls(); n != 0 {
+			if n := s.Calls(); n != 0 {
 				t.Errorf("%d Sink.Chunks calls for stream:false", n)
 			}
 		})
@@ -113,7 +113,7 @@ func testN(t *testing.T, h *Harness) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := checkStream(t, kind, h.Model, 2, s.lines())
+			st := checkStream(t, kind, h.Model, 2, s.Lines())
 			if st.usage == nil {
 				t.Fatal("no usage chunk")
 			}
@@ -142,7 +142,7 @@ func testUnknownFields(t *testing.T, h *Harness) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkStream(t, kind, h.Model, 1, s.lines())
+			checkStream(t, kind, h.Model, 1, s.Lines())
 		})
 	}
 }
@@ -151,7 +151,7 @@ func testUnknownFields(t *testing.T, h *Harness) {
 func testConcurrent(t *testing.T, h *Harness) {
 	e := start(t, h)
 	const n = 6
-	sinks := make([]*sink, n)
+	sinks := make([]*Sink, n)
 	outs := make([]<-chan outcome, n)
 	for i := range n {
 		sinks[i] = newSink()
@@ -162,7 +162,7 @@ func testConcurrent(t *testing.T, h *Harness) {
 		if o := await(t, outs[i], waitLong, "its start"); o.err != nil {
 			t.Fatalf("request %d: %v", i, o.err)
 		}
-		st := checkStream(t, kinds[i%2], h.Model, 1, sinks[i].lines())
+		st := checkStream(t, kinds[i%2], h.Model, 1, sinks[i].Lines())
 		if ids[st.id] {
 			t.Errorf("two streams with id %s", st.id)
 		}

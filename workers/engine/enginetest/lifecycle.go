@@ -85,7 +85,7 @@ var errGone = errors.New("enginetest: the client is gone")
 func testSinkError(t *testing.T, h *Harness) {
 	e := start(t, h)
 	s := newSink()
-	s.fail = func(call int) error {
+	s.OnCall = func(call int) error {
 		if call >= 2 {
 			return errGone
 		}
@@ -95,7 +95,7 @@ func testSinkError(t *testing.T, h *Harness) {
 	if o := await(t, out, waitLong, "its start"); !errors.Is(o.err, errGone) {
 		t.Fatalf("Generate returned %v, %v; want the sink's error", o.res, o.err)
 	}
-	if n := s.ncalls(); n != 2 {
+	if n := s.Calls(); n != 2 {
 		t.Errorf("%d Sink.Chunks calls, want 2: none after the one that failed", n)
 	}
 	idle(t, e)

@@ -10,11 +10,14 @@ import (
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
-// sink records what an engine hands over: each Chunks call's lines (copied:
+// Sink records what an engine hands over: each Chunks call's lines (copied:
 // the engine may reuse its buffer), and the calls made after Generate
-// returned, which the contract forbids.
-type sink struct {
-	fail func(call int) error // if set, Chunks returns its error
+// returned, which the contract forbids. It is the recording sink of the
+// engines' tests too (those that can import this package).
+type Sink struct {
+	// OnCall, if set, is called with the number of the call (from 1);
+	// Chunks returns its error.
+	OnCall func(call int) error
 
 	mu       sync.Mutex
 	calls    [][]string
@@ -23,10 +26,14 @@ type sink struct {
 	first    chan struct{} // closed by the first call
 }
 
-func newSink() *sink { return &sink{first: make(chan struct{})} }
+func newSink() *Sink { return &Sink{first: make(chan struct{})} }
 
-func (s *sink) Chunks(b []byte) error {
+// Chunks implements engine.Sink.
+func (s *Sink) Chunks(b []byte) error {
 	s.mu.Lock()
+	if s.first == nil {
+		s.first = make(chan struct{})
+	}
 	var lines []string
 	for l := range bytes.SplitSeq(b, []byte("\n")) {
 		lines = append(lines, string(l))
@@ -39,14 +46,16 @@ func (s *sink) Chunks(b []byte) error {
 	if n == 1 {
 		close(s.first)
 	}
+	f := s.OnCall
 	s.mu.Unlock()
-	if s.fail != nil {
-		return s.fail(n)
+	if f != nil {
+		return f(n)
 	}
 	return nil
 }
 
-func (s *sink) lines() []string {
+// Lines are the chunk lines handed over so far, in order.
+func (s *Sink) Lines() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
@@ -56,21 +65,22 @@ func (s *sink) lines() []string {
 	return out
 }
 
-func (s *sink) ncalls() int {
+// Calls is the number of Chunks calls so far.
+func (s *Sink) Calls() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.calls)
 }
 
 // done notes that Generate returned.
-func (s *sink) done() {
+func (s *Sink) done() {
 	s.mu.Lock()
 	s.returned = true
 	s.mu.Unlock()
 }
 
 // checkNoLate fails if the sink was called after Generate returned.
-func (s *sink) checkNoLate(t *testing.T) {
+func (s *Sink) checkNoLate(t *testing.T) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -86,14 +96,14 @@ type outcome struct {
 }
 
 // generate runs req to its end.
-func generate(ctx context.Context, e engine.Engine, req *engine.Request, s *sink) (*engine.Result, error) {
+func generate(ctx context.Context, e engine.Engine, req *engine.Request, s *Sink) (*engine.Result, error) {
 	res, err := e.Generate(ctx, req, s)
 	s.done()
 	return res, err
 }
 
 // goGenerate runs req in a goroutine; its outcome comes on the channel.
-func goGenerate(ctx context.Context, e engine.Engine, req *engine.Request, s *sink) <-chan outcome {
+func goGenerate(ctx context.Context, e engine.Engine, req *engine.Request, s *Sink) <-chan outcome {
 	c := make(chan outcome, 1)
 	go func() {
 		res, err := generate(ctx, e, req, s)
@@ -115,7 +125,7 @@ func await(t *testing.T, c <-chan outcome, d time.Duration, what string) outcome
 }
 
 // firstChunk waits for the sink's first call.
-func (s *sink) firstChunk(t *testing.T) {
+func (s *Sink) firstChunk(t *testing.T) {
 	t.Helper()
 	select {
 	case <-s.first:

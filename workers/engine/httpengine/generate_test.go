@@ -45,7 +45,7 @@ func TestStreamPassThrough(t *testing.T) {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
 		}
 	}
-	if got, want := sink.lines(), f.Sent(req.ID); !slices.Equal(got, want) || len(want) != 6 {
+	if got, want := sink.Lines(), f.Sent(req.ID); !slices.Equal(got, want) || len(want) != 6 {
 		t.Errorf("sink got\n%q\nserver sent (role and 5 chunks)\n%q", got, want)
 	}
 	// No usage asked for: the chunk count (the role chunk's too) stands in
@@ -61,8 +61,8 @@ func TestStreamPassThrough(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(f.Body(req.ID)) != string(req.Body) || !strings.Contains(string(res.Response), `"x_extra":{"kept":true}`) || sink.ncalls() != 0 {
-			t.Errorf("%s: body changed, or response %s, or %d Chunks calls", req.Kind, res.Response, sink.ncalls())
+		if string(f.Body(req.ID)) != string(req.Body) || !strings.Contains(string(res.Response), `"x_extra":{"kept":true}`) || sink.Calls() != 0 {
+			t.Errorf("%s: body changed, or response %s, or %d Chunks calls", req.Kind, res.Response, sink.Calls())
 		}
 	}
 }
@@ -109,8 +109,8 @@ func TestBatching(t *testing.T) {
 	if _, err := e.Generate(t.Context(), req, &burst); err != nil {
 		t.Fatal(err)
 	}
-	if burst.ncalls() != 1 || !slices.Equal(burst.lines(), f.Sent(req.ID)) || len(burst.lines()) != 22 {
-		t.Errorf("burst of 22 chunks came in %d calls: %q", burst.ncalls(), burst.calls)
+	if burst.Calls() != 1 || !slices.Equal(burst.Lines(), f.Sent(req.ID)) || len(burst.Lines()) != 22 {
+		t.Errorf("burst of 22 chunks came in %d calls: %q", burst.Calls(), burst.Lines())
 	}
 
 	var paced recSink
@@ -118,8 +118,8 @@ func TestBatching(t *testing.T) {
 	if _, err := e.Generate(t.Context(), req, &paced); err != nil {
 		t.Fatal(err)
 	}
-	if paced.ncalls() != 4 {
-		t.Errorf("4 paced chunks came in %d calls: %q", paced.ncalls(), paced.calls)
+	if paced.Calls() != 4 {
+		t.Errorf("4 paced chunks came in %d calls: %q", paced.Calls(), paced.Lines())
 	}
 }
 
@@ -182,8 +182,8 @@ func TestSSELines(t *testing.T) {
 			var sink recSink
 			s := sseState{maxLine: 1 << 20}
 			err := s.run(bufio.NewReaderSize(strings.NewReader(tc.in), 64<<10), &sink)
-			if !slices.Equal(sink.lines(), tc.want) {
-				t.Errorf("lines %.80q, want %.80q", sink.lines(), tc.want)
+			if !slices.Equal(sink.Lines(), tc.want) {
+				t.Errorf("lines %.80q, want %.80q", sink.Lines(), tc.want)
 			}
 			switch {
 			case tc.err == "" && err != errDone:
@@ -288,7 +288,7 @@ func TestEngineDeath(t *testing.T) {
 		errc <- err
 	}()
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if sink.ncalls() != 1 {
+		if sink.Calls() != 1 {
 			return errors.New("the first chunk never came")
 		}
 		return nil

@@ -1,7 +1,6 @@
 package httpengine
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
 )
 
 // startFake serves a fake vLLM on a random local port.
@@ -89,38 +89,8 @@ func arrived(t testing.TB, f *fakevllm.Server, id string) {
 	})
 }
 
-// recSink records each Chunks call's lines.
-type recSink struct {
-	mu    sync.Mutex
-	calls [][]string
-}
-
-func (s *recSink) Chunks(b []byte) error {
-	s.mu.Lock()
-	var lines []string
-	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		lines = append(lines, string(l))
-	}
-	s.calls = append(s.calls, lines)
-	s.mu.Unlock()
-	return nil
-}
-
-func (s *recSink) lines() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, c := range s.calls {
-		out = append(out, c...)
-	}
-	return out
-}
-
-func (s *recSink) ncalls() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.calls)
-}
+// recSink is the engines' one recording sink.
+type recSink = enginetest.Sink
 
 var reqSeq struct {
 	sync.Mutex

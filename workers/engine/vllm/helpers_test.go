@@ -1,7 +1,6 @@
 package vllm
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +18,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
+	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
 	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
 )
 
@@ -94,25 +94,8 @@ func wantStats(t testing.TB, e *Engine, ok func(engine.Stats) bool) {
 	})
 }
 
-type recSink struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (s *recSink) Chunks(b []byte) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for l := range bytes.SplitSeq(b, []byte("\n")) {
-		s.lines = append(s.lines, string(l))
-	}
-	return nil
-}
-
-func (s *recSink) n() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.lines)
-}
+// recSink is the engines' one recording sink.
+type recSink = enginetest.Sink
 
 var seq struct {
 	sync.Mutex

@@ -261,7 +261,7 @@ func TestInUseNotEvicted(t *testing.T) {
 	done := make(chan struct{})
 	go func() { generate(ctx, m, e, "a", "/l/a", `,"x_fake":{"mode":"slow"}`, sink); close(done) }()
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if sink.n() != 1 {
+		if len(sink.Lines()) != 1 {
 			return errors.New("the request on a never started")
 		}
 		return nil
@@ -325,8 +325,8 @@ func TestOnDemandLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	release()
-	if sink.n() != 4 || !slices.Equal(f.Loaded(), []string{"sql"}) || !slices.Contains(e.Models(), "sql") {
-		t.Errorf("%d chunks; vLLM has %v; models %v", sink.n(), f.Loaded(), e.Models())
+	if len(sink.Lines()) != 4 || !slices.Equal(f.Loaded(), []string{"sql"}) || !slices.Contains(e.Models(), "sql") {
+		t.Errorf("%d chunks; vLLM has %v; models %v", len(sink.Lines()), f.Loaded(), e.Models())
 	}
 	if string(f.Body(req.ID)) != string(req.Body) {
 		t.Errorf("body changed")
