@@ -19,15 +19,16 @@
 //
 // # Decisions
 //
-// Body pass-through. The gateway reads only what it needs (model, stream,
-// stream_options, n, priority, and that messages or prompt are there) and
-// publishes the client's body byte for byte, so unknown and engine-specific
-// fields reach the engine untouched. Chunks from workers are written as
-// "data: <line>\n\n" without being decoded. The fields it reads are matched
-// by exact key, and a body that repeats one of them is a 400: encoding/json
-// alone folds case and keeps the last duplicate, where the Python engines
-// behind the bus match exactly, so {"model":"a","Model":"b"} could be routed
-// (and later authorised) as one model and run as another.
+// Body pass-through. The gateway reads a body once, with schemas.ReadRequest,
+// the reader every process of tokenbus uses (the dispatcher for NATS-native
+// requests, the worker for its engine), decides on that view (model, stream,
+// n, priority...) and publishes the client's body byte for byte, so unknown
+// and engine-specific fields reach the engine untouched. Chunks from workers
+// are written as "data: <line>\n\n" without being decoded. Keys match
+// exactly and a body that repeats a field tokenbus reads is a 400:
+// encoding/json alone folds case and keeps the last duplicate, where the
+// Python engines behind the bus match exactly, so {"model":"a","Model":"b"}
+// could be routed (and later authorised) as one model and run as another.
 //
 // Bodies are read raw: a Content-Encoding other than identity is a 415 (Fiber
 // would inflate it with no bound). A body over BodyLimit is refused by fasthttp
