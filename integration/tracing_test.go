@@ -261,9 +261,10 @@ func TestTracingOff(t *testing.T) {
 	}
 }
 
-// jsonLog is the command's --log-format json --log-level debug, into w.
+// jsonLog is the command's --log-format json --log-level debug, into w: no
+// component of its own (the programs name theirs).
 func jsonLog(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "dev")
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // syncBuffer collects a log written from many goroutines.

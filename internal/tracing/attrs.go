@@ -10,6 +10,11 @@ const (
 	AttrAttempt      = "tokenbus.attempt" // workers the request bounced off so far
 	AttrStream       = "tokenbus.stream"
 	AttrOutcome      = "tokenbus.outcome"
+	AttrBounceReason = "tokenbus.bounce.reason" // why a worker handed a request back: full or draining
+	// AttrUsageEstimated is true when the token counts on a span are the
+	// engine's estimate (an HTTP engine's stream without a usage object:
+	// one token per chunk, prompt unknown), absent when they are counted.
+	AttrUsageEstimated = "tokenbus.usage.estimated"
 	AttrErrorStatus  = "tokenbus.error.status" // the HTTP status of a tokenbus error
 	AttrModel        = "gen_ai.request.model"
 	AttrOperation    = "gen_ai.operation.name" // chat or text_completion
