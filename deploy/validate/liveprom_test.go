@@ -558,4 +558,41 @@ scrape_configs:
 	if nrules < len(mustRecord)+len(mustAlert) {
 		t.Errorf("prometheus loaded %d rules", nrules)
 	}
+
+	// The dashboard at low traffic: every query evaluates, the panels the
+	// traffic fills have data, and the error ratio of a model that never
+	// failed reads 0, not nothing (/metrics, /health and /ready, scraped and
+	// polled all along, are no requests of the model).
+	var dash grafanaDashboard
+	if err := json.Unmarshal(readFile(t, "deploy/grafana/dashboards/tokenbus.json"), &dash); err != nil {
+		t.Fatal(err)
+	}
+	mustShow := map[string]bool{"Requests by model and status": true, "Error ratio (5xx and failed streams)": true,
+		"Time to first token": true, "Inter-token latency": true, "Request duration": true, "Queue depth by model": true,
+		"Workers by model": true, "Load by model: running + queued": true, "Tokens per second": true, "Worker running": true}
+	var walk func([]grafanaPanel)
+	walk = func(ps []grafanaPanel) {
+		for _, p := range ps {
+			walk(p.Panels)
+			for _, tg := range p.Targets {
+				q := grafanaMacros.Replace(tg.Expr)
+				res, err := prom.query(q)
+				switch {
+				case err != nil:
+					t.Errorf("panel %q: %v", p.Title, err)
+				case mustShow[p.Title] && len(res) == 0:
+					t.Errorf("panel %q: no data after the load: %q", p.Title, q)
+				}
+				if p.Title != "Error ratio (5xx and failed streams)" {
+					continue
+				}
+				for _, r := range res {
+					if v, err := sampleValue(r.Value); err != nil || v != 0 || r.Metric["model"] != liveModel {
+						t.Errorf("panel %q: %v = %v, want 0 for %s: no request failed", p.Title, r.Metric, r.Value, liveModel)
+					}
+				}
+			}
+		}
+	}
+	walk(dash.Panels)
 }
