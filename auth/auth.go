@@ -70,7 +70,11 @@ func New(cfg Config) *Auth {
 		}),
 	}
 	if cfg.Metrics != nil {
-		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.usageLost)
+		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.usageLost,
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "tokenbus_auth_usage_pending",
+				Help: "Usage records waiting to be written to Redis (past MaxPendingUsage they are dropped and counted lost).",
+			}, func() float64 { return float64(len(a.pending)) }))
 	}
 	return a
 }

@@ -24,6 +24,13 @@ func (r fakeRegistry) Get(m string) (registry.Model, bool) {
 	x, ok := r[m]
 	return x, ok
 }
+func (r fakeRegistry) Models() []registry.Model {
+	var out []registry.Model
+	for _, m := range r {
+		out = append(out, m)
+	}
+	return out
+}
 
 var loraRegistry = fakeRegistry{
 	"b":      {Name: "b"},

@@ -32,9 +32,14 @@ import (
 // worker of its base model, preferably one that has it loaded (see
 // fleet.Fleet.AcquireAdapter), and carries the adapter's base and path so
 // that the worker can load it.
+//
+// Models lists every registered model and adapter: each has a series in the
+// per-model gauges from start-up (0 queued, 0 workers), so that a model
+// registered with no worker up shows as such.
 type Registry interface {
 	Known(model string) bool
 	Get(name string) (registry.Model, bool)
+	Models() []registry.Model
 }
 
 // adapterRef is a LoRA adapter as a request for it is routed.
@@ -116,9 +121,10 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		fleet: fleet.New(), m: newMetrics(reg), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
+		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
+	d.register(reg)
 	return d
 }
 
@@ -201,6 +207,7 @@ func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
 	case hb.Draining && hb.Running == 0:
 		return // it left the fleet
 	case joined:
+		d.m.joined.Inc()
 		d.log.Info("worker joined", "worker", hb.Worker, "models", hb.Models, "max_concurrency", hb.MaxConcurrency)
 	}
 	d.drain(hb.Models)
@@ -451,7 +458,6 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		enqueued: time.Now(), expires: expires, adapter: r.adapter, span: r.span}
 	q.push(e)
 	d.byID[r.id] = e
-	d.m.queueDepth.WithLabelValues(r.model).Set(float64(q.Len()))
 	spanQueued(r.span, q.Len())
 	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
 		TimeoutMS: time.Until(expires).Milliseconds()})
@@ -461,7 +467,6 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 func (d *Dispatcher) unqueueLocked(e *queued) {
 	if q := d.queues[e.model]; q != nil {
 		q.remove(e)
-		d.m.queueDepth.WithLabelValues(e.model).Set(float64(q.Len()))
 	}
 	delete(d.byID, e.id)
 }
@@ -501,7 +506,6 @@ func (d *Dispatcher) drain(models []string) {
 			delete(d.byID, e.id)
 			out = append(out, fwd{e.msg, id, e.adapter, e.span})
 			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
-			d.m.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 		}
 	}
 	d.mu.Unlock()
@@ -550,6 +554,7 @@ func (d *Dispatcher) fail(span trace.Span, subject string, e *schemas.Error) {
 // or whose model lost its last worker.
 func (d *Dispatcher) sweep(now time.Time) {
 	for _, id := range d.fleet.Expire(now) {
+		d.m.lost.Inc()
 		d.log.Warn("worker lost: no heartbeat", "worker", id)
 	}
 	type rej struct {
@@ -583,8 +588,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 			d.unqueueLocked(e)
 		}
 		if q.Len() == 0 {
-			delete(d.queues, model)
-			d.m.queueDepth.DeleteLabelValues(model) // a series per model name ever queued would only grow
+			delete(d.queues, model) // the queue_depth series stays while the model is registered or served (modelStats)
 			for base, as := range d.adapterQueues {
 				delete(as, model)
 				if len(as) == 0 {
@@ -609,7 +613,6 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 		}
 	}
 	d.queues = map[string]*modelQueue{}
-	d.m.queueDepth.Reset()
 	d.byID = map[string]*queued{}
 	d.adapterQueues = map[string]map[string]struct{}{}
 	d.mu.Unlock()

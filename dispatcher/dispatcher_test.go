@@ -22,6 +22,15 @@ func (k knownModels) Known(m string) bool { return k[m] }
 func (k knownModels) Get(m string) (registry.Model, bool) {
 	return registry.Model{Name: m}, k[m]
 }
+func (k knownModels) Models() []registry.Model {
+	var out []registry.Model
+	for m, ok := range k {
+		if ok {
+			out = append(out, registry.Model{Name: m})
+		}
+	}
+	return out
+}
 
 // fakeWorker is a heartbeat and a work subscription on a real NATS server.
 type fakeWorker struct {

@@ -2,7 +2,9 @@
 // share the request subjects in a queue group; each keeps its own live view of
 // the workers (a fleet.Fleet) from heartbeats and done notices, forwards every
 // request to the least-loaded worker serving its model, and queues it
-// (bounded, priority then FIFO) when every such worker is full.
+// (bounded, priority then FIFO) when every such worker is full. Its per-model
+// gauges (queue depth, workers, running) are read at each scrape for every
+// model it knows, so an autoscaler reads 0, not nothing, while it is idle.
 //
 // Tokenbus imports: fleet, internal/tracing, registry, schemas.
 package dispatcher

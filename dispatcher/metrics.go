@@ -1,6 +1,10 @@
 package dispatcher
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 type metrics struct {
 	routed prometheus.Counter
@@ -9,12 +13,12 @@ type metrics struct {
 	adapterRouted *prometheus.CounterVec
 	bounces       prometheus.Counter
 	rejected      *prometheus.CounterVec
-	queueDepth    *prometheus.GaugeVec
 	queueWait     prometheus.Histogram
+	joined, lost  prometheus.Counter // workers that joined the fleet, and that it lost (heartbeats stopped)
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+func newMetrics() *metrics {
+	return &metrics{
 		routed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_routed_total", Help: "Requests forwarded to a worker."}),
 		adapterRouted: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -25,14 +29,115 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "tokenbus_dispatcher_bounces_total", Help: "Requests handed back by a full worker and routed again."}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_rejected_total", Help: "Requests answered with an error, by reason."}, []string{"reason"}),
-		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "tokenbus_dispatcher_queue_depth", Help: "Requests waiting for a worker, by model."}, []string{"model"}),
 		queueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tokenbus_dispatcher_queue_wait_seconds", Help: "Time requests spent queued before a worker took them.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}),
+		joined: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_workers_joined_total", Help: "Workers that joined this dispatcher's fleet (first heartbeat)."}),
+		lost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_workers_lost_total", Help: "Workers this dispatcher dropped because their heartbeats stopped."}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueDepth, m.queueWait)
+}
+
+// register registers d's metrics on reg (nil: nowhere).
+func (d *Dispatcher) register(reg prometheus.Registerer) {
+	if reg == nil {
+		return
 	}
-	return m
+	m := d.m
+	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, modelCollector{d})
+}
+
+// The per-model gauges are read at scrape time (modelCollector), not kept up
+// to date on the request path: a gauge that is written only when something
+// happens has no series until then, and one deleted when its queue empties
+// leaves an autoscaler reading nothing. Read at each scrape, every model the
+// dispatcher knows has a value, 0 when idle.
+var (
+	descQueueDepth = prometheus.NewDesc("tokenbus_dispatcher_queue_depth",
+		"Requests waiting in this dispatcher for a worker, by model (0 for every known model with none).", []string{"model"}, nil)
+	descWorkers = prometheus.NewDesc("tokenbus_dispatcher_workers",
+		"Live, healthy, non-draining workers serving the model, as this dispatcher sees them.", []string{"model"}, nil)
+	descRunning = prometheus.NewDesc("tokenbus_dispatcher_running",
+		"Requests in flight on the live workers serving the model, as this dispatcher estimates them (their last report plus what was sent since).", []string{"model"}, nil)
+)
+
+// modelCollector reports the per-model gauges of a dispatcher.
+type modelCollector struct{ d *Dispatcher }
+
+func (c modelCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- descQueueDepth
+	ch <- descWorkers
+	ch <- descRunning
+}
+
+func (c modelCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range c.d.modelStats() {
+		ch <- prometheus.MustNewConstMetric(descQueueDepth, prometheus.GaugeValue, float64(s.queued), s.model)
+		if s.base {
+			ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(s.workers), s.model)
+			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.running), s.model)
+		}
+	}
+}
+
+// modelStat is one model's line of the per-model gauges.
+type modelStat struct {
+	model   string
+	base    bool // a base model (not a LoRA adapter): it has workers and running
+	queued  int
+	workers int // live, healthy, non-draining workers serving it
+	running int // requests in flight on the live workers serving it
+}
+
+// modelStats lists every model the dispatcher knows: registered in the
+// registry, served by a live worker, or with requests queued. The set is
+// bounded by the registry and the workers' models (the gateway publishes only
+// requests for those; a NATS-native client's request for anything else is
+// refused at once, never queued, after the dispatcher's first seconds).
+func (d *Dispatcher) modelStats() []modelStat {
+	ws := d.fleet.Workers()
+	byName := map[string]*modelStat{}
+	get := func(name string) *modelStat {
+		s := byName[name]
+		if s == nil {
+			s = &modelStat{model: name}
+			byName[name] = s
+		}
+		return s
+	}
+	if d.models != nil {
+		for _, m := range d.models.Models() {
+			get(m.Name).base = !m.IsAdapter()
+		}
+	}
+	for _, w := range ws {
+		for _, name := range w.Models {
+			s := get(name)
+			if !slices.Contains(w.Adapters, name) {
+				s.base = true
+			}
+		}
+	}
+	d.mu.Lock()
+	for name, q := range d.queues {
+		get(name).queued = q.Len()
+	}
+	d.mu.Unlock()
+	out := make([]modelStat, 0, len(byName))
+	for _, s := range byName {
+		if s.base {
+			for _, w := range ws {
+				if !slices.Contains(w.Models, s.model) {
+					continue
+				}
+				s.running += w.Load
+				if w.Healthy && !w.Draining {
+					s.workers++
+				}
+			}
+		}
+		out = append(out, *s)
+	}
+	return out
 }

@@ -190,6 +190,7 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 		if r := recover(); r != nil {
 			outcome = "panic"
 			streamErr = fmt.Errorf("stream writer panic: %v", r)
+			g.m.streamErrors.WithLabelValues(x.label, "internal_error").Inc()
 			g.log.Error("stream writer panic", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 		}
 		g.m.activeStreams.Dec()
@@ -206,7 +207,9 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 	if f.Type == schemas.FrameChunk {
 		g.m.ttft.WithLabelValues(x.label).Observe(firstAt.Sub(x.start).Seconds())
 	}
+	// The label's children once per stream: nothing is looked up per token.
 	itl := g.m.itl.WithLabelValues(x.label)
+	chunks := g.m.chunks.WithLabelValues(x.label)
 	last := firstAt
 	written := f.Type == schemas.FrameChunk
 	for {
@@ -215,11 +218,11 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			var err error
 			if written {
 				written, err = false, s.Err()
-				g.m.chunks.Add(float64(sent))
+				chunks.Add(float64(sent))
 			} else {
 				var n int
 				n, err = s.WriteEvents(f.Payload)
-				g.m.chunks.Add(float64(n))
+				chunks.Add(float64(n))
 				if err == nil && !x.st.Buffered() {
 					err = s.Flush() // once per burst
 				}
@@ -251,6 +254,9 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			if e.Body.Code != nil {
 				outcome = *e.Body.Code
 			}
+			// Counted as a 200 (its status went out with the first chunk):
+			// this is where a stream that failed later is seen.
+			g.m.streamErrors.WithLabelValues(x.label, codeLabel(e)).Inc()
 			_ = s.Fail(e)
 			return
 		}
@@ -287,9 +293,19 @@ func (x *exchange) end(finished bool) {
 	x.g.inflight.done()
 }
 
-// usage hands the done payload's usage to OnUsage. A panicking hook is
-// logged; it must not break the response.
+// usage counts the done payload's usage in tokens_total and hands it to
+// OnUsage. A panicking hook is logged; it must not break the response.
 func (x *exchange) usage(done []byte) {
+	var u schemas.Usage
+	if p := schemas.UsageOf(done); p != nil {
+		u = *p
+	}
+	if u.PromptTokens > 0 {
+		x.g.m.tokens.WithLabelValues(x.label, "prompt").Add(float64(u.PromptTokens))
+	}
+	if u.CompletionTokens > 0 {
+		x.g.m.tokens.WithLabelValues(x.label, "completion").Add(float64(u.CompletionTokens))
+	}
 	if x.g.cfg.OnUsage == nil {
 		return
 	}
@@ -298,10 +314,6 @@ func (x *exchange) usage(done []byte) {
 			x.g.log.Error("OnUsage panicked", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r))
 		}
 	}()
-	var u schemas.Usage
-	if p := schemas.UsageOf(done); p != nil {
-		u = *p
-	}
 	x.g.cfg.OnUsage(x.caller, x.model, u)
 }
 

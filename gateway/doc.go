@@ -98,9 +98,12 @@
 // with the registry cache, which may be absent.
 //
 // Metrics are labelled by route pattern and by model only when the catalog
-// knows the model (else "unknown"), so label cardinality stays bounded. Stream
-// metrics (time to first token, inter-token latency, duration, chunks) are
-// recorded in the stream writer, after the handler has returned.
+// knows the model (else "unknown"), and error codes by the catalogue (else
+// "upstream"), so label cardinality stays bounded. Stream metrics (time to
+// first token, inter-token latency, duration, chunks, a stream that fails
+// after its first token: counted as 200 and in stream_errors_total) are
+// recorded in the stream writer, after the handler has returned, with the
+// label's series looked up once per stream, never per token.
 //
 // Tokenbus imports: client, fleet, gateway/httpstream, internal/tracing, schemas.
 package gateway

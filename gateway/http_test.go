@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -194,21 +195,40 @@ func TestNoResponders(t *testing.T) {
 	}
 }
 
-// An error after the first chunk goes in-band, then [DONE].
+// An error after the first chunk goes in-band, then [DONE]. The request
+// counts as a 200 (that status went out with the first chunk), and
+// tokenbus_gateway_stream_errors_total counts it by code: a code of the
+// catalogue as it is, an engine's own as "upstream".
 func TestErrorAfterFirstChunk(t *testing.T) {
-	engineErr := schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeStreamLost, "", "worker fake-1 went silent").WithRetryAfter(1)
-	h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
-		h.accept(m)
-		h.reply(m, schemas.FrameChunk, 2, chatRole)
-		h.reply(m, schemas.FrameError, 3, string(engineErr.Payload()))
-	}})
-	resp, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
-	want := "data: " + chatRole + "\n\ndata: " + string(engineErr.JSON()) + "\n\ndata: [DONE]\n\n"
-	if resp.StatusCode != 200 || body != want {
-		t.Fatalf("status %d body\n got %q\nwant %q", resp.StatusCode, body, want)
-	}
-	if len(h.usageCalls()) != 0 {
-		t.Fatal("OnUsage called for a failed request")
+	for _, tc := range []struct {
+		err  *schemas.Error
+		code string
+	}{
+		{schemas.FromUpstream(503, schemas.TypeOverloaded, schemas.CodeStreamLost, "", "worker fake-1 went silent").WithRetryAfter(1), "stream_lost"},
+		{schemas.FromUpstream(500, "server_error", "cuda_oom_42", "", "the engine ran out of memory"), "upstream"},
+	} {
+		h := newHarness(t, harnessOptions{worker: func(h *harness, m *nats.Msg) {
+			h.accept(m)
+			h.reply(m, schemas.FrameChunk, 2, chatRole)
+			h.reply(m, schemas.FrameError, 3, string(tc.err.Payload()))
+		}})
+		resp, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
+		want := "data: " + chatRole + "\n\ndata: " + string(tc.err.JSON()) + "\n\ndata: [DONE]\n\n"
+		if resp.StatusCode != 200 || body != want {
+			t.Fatalf("status %d body\n got %q\nwant %q", resp.StatusCode, body, want)
+		}
+		if len(h.usageCalls()) != 0 {
+			t.Fatal("OnUsage called for a failed request")
+		}
+		testenv.WaitFor(t, 2*time.Second, func() error {
+			if n := h.metric(t, "tokenbus_gateway_stream_errors_total", map[string]string{"code": tc.code}); n != 1 {
+				return fmt.Errorf("stream errors with code %s: %v, want 1", tc.code, n)
+			}
+			if n := h.metric(t, "tokenbus_gateway_requests_total", map[string]string{"status": "200"}); n != 1 {
+				return fmt.Errorf("requests with status 200: %v, want 1", n)
+			}
+			return nil
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/tokenbus/tokenbus/internal/tracing"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Keys of fiber.Ctx locals the handlers leave for observe.
@@ -32,10 +33,14 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	c.Set(fiber.HeaderXRequestID, id)
 
 	err := c.Next()
+	outcome := "done"
 	if err != nil {
-		if werr := g.errorHandler(c, err); werr != nil {
+		// As errorHandler does for a request observe saw.
+		e := APIError(c, err, g.cfg.BodyLimit)
+		if werr := writeError(c, e); werr != nil {
 			return werr
 		}
+		outcome = outcomeOf(e)
 	}
 
 	route := c.Route().Path
@@ -55,9 +60,22 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	if span == nil {
 		span = noop.Span{}
 	}
-	g.logRequest(id, route, model, status, d, c.Method(), "", tracing.TraceID(span))
-	endSpan(span, status, err, "")
+	g.logRequest(id, route, model, status, d, c.Method(), outcome, tracing.TraceID(span))
+	endSpan(span, status, err, outcome)
 	return nil
+}
+
+// outcomeOf is how a request that failed with e ended, for its log line and
+// span (tokenbus.outcome): client_gone when the client hung up (499), else
+// e's code.
+func outcomeOf(e *schemas.Error) string {
+	switch {
+	case e.Status == errClientGone.Status:
+		return "client_gone"
+	case e.Body.Code != nil && *e.Body.Code != "":
+		return *e.Body.Code
+	}
+	return "error"
 }
 
 // logRequest logs one finished request: health checks and scrapes at Debug,

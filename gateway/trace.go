@@ -55,8 +55,9 @@ func outgoingTrace(span trace.Span, incoming string) string {
 	return traceParent(incoming)
 }
 
-// endSpan ends a request's server span with its HTTP status; a 5xx is an
-// error (OpenTelemetry's HTTP server convention), a 4xx gets error.type.
+// endSpan ends a request's server span with its HTTP status and outcome; a
+// 5xx is an error (OpenTelemetry's HTTP server convention), a 4xx gets
+// error.type, a client that went away neither (it is no failure of ours).
 func endSpan(span trace.Span, status int, err error, outcome string) {
 	if span.IsRecording() {
 		span.SetAttributes(attribute.Int(tracing.AttrHTTPStatus, status))
@@ -64,6 +65,7 @@ func endSpan(span trace.Span, status int, err error, outcome string) {
 			span.SetAttributes(attribute.String(tracing.AttrOutcome, outcome))
 		}
 		switch {
+		case outcome == "client_gone":
 		case status >= 500 && err != nil:
 			tracing.Fail(span, err)
 		case status >= 500:

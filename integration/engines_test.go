@@ -35,7 +35,7 @@ type simServer struct {
 func startSimServer(t *testing.T, configure ...func(*program.SimServerConfig)) *simServer {
 	cfg := program.DefaultSimServer()
 	cfg.Listen, cfg.AllowRuntimeLoRA = "127.0.0.1:0", true
-	cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "sim-server")
+	cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})) // the program adds component=sim-server
 	for _, c := range configure {
 		c(&cfg)
 	}

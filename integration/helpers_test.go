@@ -59,7 +59,7 @@ func startDevIn(t *testing.T, p process, configure ...func(*program.DevConfig)) 
 	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:-1"
 	cfg.Log = p.log
 	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})).With("component", "dev")
+		cfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn})) // the programs add their components
 	}
 	for _, c := range configure {
 		c(&cfg)

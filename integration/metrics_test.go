@@ -2,8 +2,10 @@ package integration
 
 import (
 	"net/http"
+	"slices"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -46,6 +48,15 @@ func TestMetricsAfterARequest(t *testing.T) {
 		"tokenbus_worker_draining":                     false,
 		"tokenbus_worker_adapter_evictions_total":      false,
 		"tokenbus_worker_adapter_load_failures_total":  false,
+		"tokenbus_gateway_tokens_total":                true,
+		"tokenbus_dispatcher_queue_depth":              false,
+		"tokenbus_dispatcher_workers":                  true,
+		"tokenbus_dispatcher_running":                  false,
+		"tokenbus_dispatcher_workers_joined_total":     true,
+		"tokenbus_dispatcher_workers_lost_total":       false,
+		"tokenbus_nats_connected":                      true,
+		"tokenbus_redis_up":                            true,
+		"tokenbus_auth_usage_pending":                  false,
 	}
 	for name, mustCount := range want {
 		f, ok := families[name]
@@ -71,4 +82,35 @@ func TestMetricsAfterARequest(t *testing.T) {
 			t.Errorf("metric %s is zero after a request", name)
 		}
 	}
+	// The gateway's and the workers' latency histograms share their
+	// buckets, so the two sides compare bucket for bucket.
+	for _, pair := range [][2]string{
+		{"tokenbus_gateway_time_to_first_token_seconds", "tokenbus_worker_time_to_first_token_seconds"},
+		{"tokenbus_gateway_request_duration_seconds", "tokenbus_worker_request_duration_seconds"},
+	} {
+		if a, b := bounds(families[pair[0]]), bounds(families[pair[1]]); !slices.Equal(a, b) || len(a) < 20 {
+			t.Errorf("buckets of %s %v and of %s %v", pair[0], a, pair[1], b)
+		}
+	}
+	// Every model has its queue depth from the start, 0 when nothing waits.
+	for _, m := range families["tokenbus_dispatcher_queue_depth"].Metric {
+		if m.Gauge.GetValue() != 0 {
+			t.Errorf("queue depth %v after the request finished", m)
+		}
+	}
+	if n := len(families["tokenbus_dispatcher_queue_depth"].Metric); n != 2 { // llama-8b and its example adapter
+		t.Errorf("%d queue_depth series, want 2", n)
+	}
+}
+
+// bounds are the upper bounds of the first histogram of f.
+func bounds(f *dto.MetricFamily) []float64 {
+	if f == nil || len(f.Metric) == 0 || f.Metric[0].Histogram == nil {
+		return nil
+	}
+	var out []float64
+	for _, b := range f.Metric[0].Histogram.Bucket {
+		out = append(out, b.GetUpperBound())
+	}
+	return out
 }

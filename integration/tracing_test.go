@@ -3,17 +3,21 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/program"
@@ -90,15 +94,16 @@ func TestTracingAcrossTheBus(t *testing.T) {
 		check            func(t *testing.T, s sse)
 		gatewayError     bool   // the server span has status Error (a 5xx or a failed stream)
 		workerError      string // error.type on the worker span ("" : none)
+		outcome          string // tokenbus.outcome on the gateway span, on every path
 		stream           bool
 	}
 	requests := []request{
-		{name: "stream", path: "/v1/chat/completions", status: 200, stream: true,
+		{name: "stream", path: "/v1/chat/completions", status: 200, stream: true, outcome: "done",
 			body:  `{"model":"llama-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`,
 			check: func(t *testing.T, s sse) { checkStream(t, s, true, 1, true) }},
-		{name: "non-stream", path: "/v1/completions", status: 200,
+		{name: "non-stream", path: "/v1/completions", status: 200, outcome: "done",
 			body: `{"model":"llama-8b","max_tokens":3,"prompt":"hi"}`},
-		{name: "engine refuses", path: "/v1/completions", status: 400,
+		{name: "engine refuses", path: "/v1/completions", status: 400, outcome: "context_length_exceeded",
 			body: `{"model":"llama-8b","prompt":"x","max_tokens":100000}`, workerError: "context_length_exceeded"},
 	}
 	type sent struct {
@@ -146,6 +151,9 @@ func TestTracingAcrossTheBus(t *testing.T) {
 			if got := h.gateway.Attrs[tracing.AttrHTTPStatus]; got != strconv.Itoa(r.status) {
 				t.Errorf("gateway span status %s, want %d", got, r.status)
 			}
+			if got := h.gateway.Attrs[tracing.AttrOutcome]; got != r.outcome {
+				t.Errorf("gateway span outcome %q, want %q", got, r.outcome)
+			}
 			if h.gateway.StatusError != r.gatewayError {
 				t.Errorf("gateway span error %v, want %v: %+v", h.gateway.StatusError, r.gatewayError, *h.gateway)
 			}
@@ -164,7 +172,8 @@ func TestTracingAcrossTheBus(t *testing.T) {
 				}
 				return
 			}
-			if h.worker.StatusError || h.worker.Attrs[tracing.AttrOutputTokens] == "" || h.worker.Attrs[tracing.AttrInputTokens] == "" {
+			if h.worker.StatusError || h.worker.Attrs[tracing.AttrOutputTokens] == "" || h.worker.Attrs[tracing.AttrInputTokens] == "" ||
+				h.worker.Attrs[tracing.AttrUsageEstimated] != "" { // the sim counts its tokens
 				t.Errorf("worker span %+v", *h.worker)
 			}
 			// A stream has one first-token event, never one per token.
@@ -235,6 +244,63 @@ func TestTracingToVLLM(t *testing.T) {
 		h.engine.Attrs[tracing.AttrServerAddr] != "127.0.0.1" {
 		t.Errorf("engine client span %+v", *h.engine)
 	}
+	// The stream asked for no usage: the worker counted one token per chunk
+	// and knows no prompt count, which the spans say.
+	for _, s := range []*testenv.Span{h.worker, h.engine} {
+		if s.Attrs[tracing.AttrUsageEstimated] != "true" || s.Attrs[tracing.AttrOutputTokens] == "" || s.Attrs[tracing.AttrInputTokens] != "" {
+			t.Errorf("%s span with estimated usage: %v", s.Name, s.Attrs)
+		}
+	}
+}
+
+// TestTracingClientGone: a stream:false request whose client hangs up ends
+// its gateway span with status 499 and outcome client_gone, not as an error.
+func TestTracingClientGone(t *testing.T) {
+	rcv := testenv.StartOTLPReceiver(t)
+	d := startDevIn(t, process{otlp: rcv.URL}, func(c *program.DevConfig) {
+		c.SimWorkers = 1
+		c.Engine.Sim.DecodeBase = 20 * time.Millisecond // 500 tokens: 10 s, far past the hang-up
+	})
+	tp, traceID, _ := newTraceparent()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", d.URL+"/v1/completions",
+		strings.NewReader(`{"model":"llama-8b","max_tokens":500,"prompt":"hi"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", tp)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := httpClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	// Hang up once the worker runs it.
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := metricValue(t, d.URL, `tokenbus_worker_running{worker="dev-worker-1"}`); n < 1 {
+			return fmt.Errorf("worker running %v", n)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the request finished before the client hung up")
+	}
+	var gw *testenv.Span
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		for _, s := range rcv.Trace(traceID) {
+			if s.Scope == scopeGateway {
+				gw = &s
+				return nil
+			}
+		}
+		return fmt.Errorf("no gateway span yet")
+	})
+	d.stop()
+	if gw.Attrs[tracing.AttrHTTPStatus] != "499" || gw.Attrs[tracing.AttrOutcome] != "client_gone" || gw.StatusError ||
+		gw.Attrs["error.type"] != "" {
+		t.Fatalf("gateway span of a request whose client hung up: %+v", *gw)
+	}
 }
 
 // TestTracingOff: with no --otlp-endpoint nothing is exported, not even to
@@ -261,9 +327,10 @@ func TestTracingOff(t *testing.T) {
 	}
 }
 
-// jsonLog is the command's --log-format json --log-level debug, into w.
+// jsonLog is the command's --log-format json --log-level debug, into w: no
+// component of its own (the programs name theirs).
 func jsonLog(w io.Writer) *slog.Logger {
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})).With("component", "dev")
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // syncBuffer collects a log written from many goroutines.
@@ -307,6 +374,10 @@ func TestLogsCarryRequestAndTraceIDs(t *testing.T) {
 		}
 	}
 	d.stop()
+	// Every line is one JSON object with unique keys (one component each).
+	if _, err := testenv.ParseJSONLog([]byte(strings.Join(logs.lines(), "\n"))); err != nil {
+		t.Fatal(err)
+	}
 	byComponent := map[string]int{}
 	for _, line := range logs.lines() {
 		if !strings.Contains(line, "req-logs-") {

@@ -3,7 +3,10 @@ package registry
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +25,9 @@ type Cache struct {
 
 	mu     sync.RWMutex
 	models map[string]Model
+	// up: the last refresh read Redis (false before the first): what the
+	// process's tokenbus_redis_up reports.
+	up atomic.Bool
 }
 
 // NewCache makes a cache; call Run to keep it fresh.
@@ -37,6 +43,7 @@ func (c *Cache) Refresh(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	list, err := c.store.Models(ctx)
+	c.up.Store(err == nil)
 	if err != nil {
 		return err
 	}
@@ -87,6 +94,23 @@ func (c *Cache) Known(model string) bool {
 	_, ok := c.models[model]
 	return ok
 }
+
+// Models lists the registered models and adapters, sorted by name.
+func (c *Cache) Models() []Model {
+	c.mu.RLock()
+	out := make([]Model, 0, len(c.models))
+	for _, m := range c.models {
+		out = append(out, m)
+	}
+	c.mu.RUnlock()
+	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Up reports whether the last refresh read Redis: false before the first,
+// and from a failed refresh until the next one that succeeds (Run refreshes
+// every interval, so an outage shows within one).
+func (c *Cache) Up() bool { return c.up.Load() }
 
 // Get returns a registered model.
 func (c *Cache) Get(model string) (Model, bool) {

@@ -86,11 +86,20 @@ func TestCacheFollowsEventsAndSurvivesOutage(t *testing.T) {
 		}
 		return nil
 	})
+	if !c.Up() {
+		t.Fatal("Up is false after good refreshes")
+	}
+	if got := c.Models(); len(got) != 2 || got[0].Name != "m0" || got[1].Name != "m1" {
+		t.Fatalf("Models %+v, want m0 and m1", got)
+	}
 	r.Stop()
 	if err := c.Refresh(ctx); err == nil {
 		t.Fatal("refresh with Redis down should fail")
 	}
-	if !c.Known("m1") {
+	if !c.Known("m1") || len(c.Models()) != 2 {
 		t.Fatal("the cache forgot m1 during a Redis outage")
+	}
+	if c.Up() {
+		t.Fatal("Up is true after a failed refresh (tokenbus_redis_up would not tell)")
 	}
 }

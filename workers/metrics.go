@@ -15,7 +15,13 @@ type metrics struct {
 	e2e      prometheus.Histogram
 }
 
-var latencyBuckets = []float64{.005, .01, .02, .05, .1, .2, .5, 1, 2, 5, 10, 30, 60, 120}
+// Latency buckets for LLM serving, the gateway's (gateway/metrics.go,
+// docs/metrics.md), so that the worker's and the gateway's histograms
+// compare bucket for bucket.
+var (
+	ttftBuckets = []float64{.005, .01, .02, .03, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120}
+	e2eBuckets  = []float64{.005, .01, .025, .05, .1, .2, .3, .4, .5, .75, 1, 1.5, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600}
+)
 
 func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 	m := &metrics{
@@ -23,9 +29,9 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 			Name: "tokenbus_worker_requests_total", Help: "Requests the worker finished, by outcome (ok, error, cancelled, bounced)."},
 			[]string{"outcome"}),
 		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tokenbus_worker_time_to_first_token_seconds", Help: "From admission to the engine's first chunk (streams).", Buckets: latencyBuckets}),
+			Name: "tokenbus_worker_time_to_first_token_seconds", Help: "From admission to the engine's first chunk (streams).", Buckets: ttftBuckets}),
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "tokenbus_worker_request_duration_seconds", Help: "From admission to the end of the request.", Buckets: latencyBuckets}),
+			Name: "tokenbus_worker_request_duration_seconds", Help: "From admission to the end of the request.", Buckets: e2eBuckets}),
 	}
 	w.m = m
 	if reg == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 var tracer = tracing.NewTracer("github.com/tokenbus/tokenbus/workers")
@@ -42,15 +43,42 @@ func (w *Worker) startSpan(c *call, m *nats.Msg) context.Context {
 	return ctx
 }
 
+// bounceSpan starts the span of a request the worker hands back, "bounce
+// <model>", the child of the dispatch span in m's header, and puts its
+// context in the header: the dispatch span of the next attempt is its child,
+// so a trace shows why that attempt happened. The caller ends it.
+func (w *Worker) bounceSpan(m *nats.Msg, reason string) trace.Span {
+	_, span := tracer.StartFromHeader(context.Background(), m.Header, "bounce", trace.SpanKindConsumer)
+	if span.IsRecording() {
+		model := m.Header.Get(schemas.HdrModel)
+		span.SetName("bounce " + model)
+		span.SetAttributes(
+			attribute.String(tracing.AttrMsgSystem, "nats"),
+			attribute.String(tracing.AttrMsgDest, m.Subject),
+			attribute.String(tracing.AttrMsgOperation, "process"),
+			attribute.String(tracing.AttrRequestID, m.Header.Get(schemas.HdrRequestID)),
+			attribute.String(tracing.AttrModel, model),
+			attribute.String(tracing.AttrWorker, w.cfg.ID),
+			attribute.String(tracing.AttrOutcome, "bounced"),
+			attribute.String(tracing.AttrBounceReason, reason),
+		)
+	}
+	tracing.InjectSpan(span, m.Header)
+	return span
+}
+
 // record notes how c ended, on its span (ended by finish) and in the log:
 // a line per request at Debug, at Warn for a server-side failure.
-func (c *call) record(outcome string, err error, usage *schemas.Usage) {
+func (c *call) record(outcome string, err error, res *engine.Result) {
+	var usage *schemas.Usage
+	if res != nil {
+		usage = &res.Usage
+	}
 	span := c.span
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(tracing.AttrOutcome, outcome))
-		if usage != nil {
-			span.SetAttributes(attribute.Int(tracing.AttrInputTokens, usage.PromptTokens),
-				attribute.Int(tracing.AttrOutputTokens, usage.CompletionTokens))
+		if res != nil {
+			setUsage(span, res)
 		}
 		tracing.Fail(span, err)
 	}
@@ -70,9 +98,24 @@ func (c *call) record(outcome string, err error, usage *schemas.Usage) {
 	}
 	if usage != nil {
 		attrs = append(attrs, slog.Int("prompt_tokens", usage.PromptTokens), slog.Int("completion_tokens", usage.CompletionTokens))
+		if res.UsageEstimated {
+			attrs = append(attrs, slog.Bool("usage_estimated", true))
+		}
 	}
 	if err != nil {
 		attrs = append(attrs, slog.String("err", err.Error()))
 	}
 	log.LogAttrs(context.Background(), level, "request", attrs...)
+}
+
+// setUsage puts a finished request's token counts on span: counted, or
+// marked estimated (the prompt's count then is unknown and left out).
+func setUsage(span trace.Span, res *engine.Result) {
+	if res.UsageEstimated {
+		span.SetAttributes(attribute.Int(tracing.AttrOutputTokens, res.Usage.CompletionTokens),
+			attribute.Bool(tracing.AttrUsageEstimated, true))
+		return
+	}
+	span.SetAttributes(attribute.Int(tracing.AttrInputTokens, res.Usage.PromptTokens),
+		attribute.Int(tracing.AttrOutputTokens, res.Usage.CompletionTokens))
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/lora"
@@ -253,6 +254,13 @@ func (w *Worker) admit() bool {
 // or, when it came straight from a client, answers 503.
 func (w *Worker) bounce(m *nats.Msg) {
 	w.m.requests.WithLabelValues("bounced").Inc()
+	draining := w.draining.Load()
+	reason := "full"
+	if draining {
+		reason = "draining"
+	}
+	span := w.bounceSpan(m, reason)
+	defer span.End()
 	if b := m.Header.Get(schemas.HdrBounce); b != "" {
 		fwd := &nats.Msg{Subject: b, Reply: m.Reply, Header: m.Header, Data: m.Data}
 		if err := w.nc.PublishMsg(fwd); err == nil {
@@ -260,9 +268,10 @@ func (w *Worker) bounce(m *nats.Msg) {
 		}
 	}
 	e := schemas.ErrWorkerBusy.New(w.cfg.ID)
-	if w.draining.Load() {
+	if draining {
 		e = errShutdown
 	}
+	tracing.Fail(span, e)
 	_ = w.nc.Publish(m.Reply, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))
 }
 
@@ -311,7 +320,7 @@ func (w *Worker) serve(c *call) {
 		payload = schemas.AppendDoneInfo(buf[:0], &res.Usage)
 	}
 	c.send(schemas.FrameDone, payload)
-	c.record("done", nil, &res.Usage)
+	c.record("done", nil, res)
 }
 
 func (w *Worker) finish(c *call) {

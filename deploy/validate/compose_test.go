@@ -312,6 +312,7 @@ func TestComposeGPU(t *testing.T) {
 // promConfig is the part of prometheus.yml that this test reads.
 type promConfig struct {
 	Global        map[string]any `json:"global"`
+	RuleFiles     []string       `json:"rule_files"`
 	ScrapeConfigs []struct {
 		JobName       string `json:"job_name"`
 		MetricsPath   string `json:"metrics_path"`

@@ -57,6 +57,10 @@ var dashboardMustShow = []string{
 	"tokenbus_dispatcher_routed_total",
 	"tokenbus_worker_running",
 	"tokenbus_worker_waiting",
+	"tokenbus_gateway_stream_errors_total",
+	"tokenbus_gateway_tokens_total",
+	"tokenbus_dispatcher_workers",
+	"tokenbus_dispatcher_running",
 }
 
 // Grafana's macros, replaced by values before Prometheus sees a query.

@@ -203,6 +203,12 @@ func decodeErr(m *manifest) error {
 		}
 		var sm serviceMonitor
 		return strictJSONErr(m.raw, &sm)
+	case "PrometheusRule":
+		if m.apiVersion != "monitoring.coreos.com/v1" {
+			return fmt.Errorf("apiVersion %s", m.apiVersion)
+		}
+		var pr prometheusRule
+		return strictJSONErr(m.raw, &pr)
 	}
 	obj, _, err := strictCodecs.UniversalDeserializer().Decode(m.raw, nil, nil)
 	if err != nil {
@@ -468,6 +474,10 @@ func checkManifests(t *testing.T, variant string, ms []manifest) {
 		}
 	}
 
+	for _, m := range byKind["PrometheusRule"] {
+		checkPrometheusRule(t, m)
+	}
+
 	// What each variant must contain.
 	count := func(kind string) int { return len(byKind[kind]) }
 	switch variant {
@@ -485,8 +495,9 @@ func checkManifests(t *testing.T, variant string, ms []manifest) {
 				count("StatefulSet"), count("Deployment"))
 		}
 	case "keda":
-		if count("ScaledObject") != 2 || count("ServiceMonitor") != 1 {
-			t.Errorf("%d ScaledObjects and %d ServiceMonitors, want one per pool and one", count("ScaledObject"), count("ServiceMonitor"))
+		if count("ScaledObject") != 2 || count("ServiceMonitor") != 1 || count("PrometheusRule") != 1 {
+			t.Errorf("%d ScaledObjects, %d ServiceMonitors and %d PrometheusRules, want one per pool, one and one",
+				count("ScaledObject"), count("ServiceMonitor"), count("PrometheusRule"))
 		}
 	case "secure":
 		if count("Secret") != 0 || count("HorizontalPodAutoscaler") != 0 {

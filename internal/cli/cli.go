@@ -100,18 +100,20 @@ func (o *processOptions) register(fs *pflag.FlagSet) {
 }
 
 // start sets up logging, the profiler and tracing for component; stop
-// flushes the traces.
-func (o *processOptions) start(ctx context.Context, stderr io.Writer, component string) (*slog.Logger, func(), error) {
-	log, err := o.logger(stderr, component)
+// flushes the traces. base is the logger to hand to the program, which names
+// its components on it; own is the command's, for its own lines.
+func (o *processOptions) start(ctx context.Context, stderr io.Writer, component string) (base, own *slog.Logger, stop func(), err error) {
+	base, err = o.logger(stderr)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	o.servePprof(log)
-	stop, err := o.setup(ctx, "tokenbus-"+component, log)
-	if err != nil {
-		return nil, nil, err
+	own = base.With("component", component)
+	routeRedisLog(base)
+	o.servePprof(own)
+	if stop, err = o.setup(ctx, "tokenbus-"+component, own); err != nil {
+		return nil, nil, nil, err
 	}
-	return log, stop, nil
+	return base, own, stop, nil
 }
 
 // servePprof serves net/http/pprof on --pprof, if set, for profiling a
@@ -134,7 +136,9 @@ func (o *logOptions) servePprof(log *slog.Logger) {
 	}()
 }
 
-func (o *logOptions) logger(w io.Writer, component string) (*slog.Logger, error) {
+// logger is the process's logger, with no component: the programs name
+// their components on it (one component key per line).
+func (o *logOptions) logger(w io.Writer) (*slog.Logger, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.level)); err != nil {
 		return nil, fmt.Errorf("--log-level: %w", err)
@@ -149,7 +153,7 @@ func (o *logOptions) logger(w io.Writer, component string) (*slog.Logger, error)
 	default:
 		return nil, fmt.Errorf("--log-format must be text or json, not %q", o.format)
 	}
-	return slog.New(h).With("component", component), nil
+	return slog.New(h), nil
 }
 
 // traceOptions are the tracing flags of every command that runs components.

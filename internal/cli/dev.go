@@ -32,7 +32,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !fs.Changed("adapters") && cfg.Engine.Kind != "sim" {
 		cfg.Adapters = nil // the sim's example adapter means nothing to a real engine
 	}
-	log, stop, err := popts.start(ctx, stderr, "dev")
+	log, _, stop, err := popts.start(ctx, stderr, "dev")
 	if err != nil {
 		return err
 	}

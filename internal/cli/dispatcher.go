@@ -32,7 +32,7 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	log, stop, err := popts.start(ctx, stderr, "dispatcher")
+	log, own, stop, err := popts.start(ctx, stderr, "dispatcher")
 	if err != nil {
 		return err
 	}
@@ -41,6 +41,9 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	d, err := program.StartDispatcher(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if d.Addr() != "" {
+		own.Info("metrics listening", "metrics", "http://"+d.Addr()+"/metrics", "dispatcher", d.ID())
 	}
 	return untilDone(ctx, d, nil)
 }

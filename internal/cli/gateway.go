@@ -53,7 +53,7 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := checkHTTP(cfg.HTTP, cfg.RedisURL != ""); err != nil {
 		return err
 	}
-	log, stop, err := popts.start(ctx, stderr, "gateway")
+	log, own, stop, err := popts.start(ctx, stderr, "gateway")
 	if err != nil {
 		return err
 	}
@@ -63,6 +63,6 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err != nil {
 		return err
 	}
-	log.Info("gateway listening", "http", "http://"+gw.Addr(), "auth", cfg.HTTP.Auth, "admin", gw.AdminAddr(), "embedded_dispatcher", cfg.EmbedDispatcher)
+	own.Info("gateway listening", "http", "http://"+gw.Addr(), "auth", cfg.HTTP.Auth, "admin", gw.AdminAddr(), "embedded_dispatcher", cfg.EmbedDispatcher)
 	return untilDone(ctx, gw, nil)
 }

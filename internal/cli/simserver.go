@@ -25,12 +25,13 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err != nil {
 		return err
 	}
-	log, err := lopts.logger(stderr, "sim-server")
+	log, err := lopts.logger(stderr)
 	if err != nil {
 		return err
 	}
+	cfg.Log = log // the program names its component on it
+	log = log.With("component", "sim-server")
 	lopts.servePprof(log)
-	cfg.Log = log
 	srv, err := program.StartSimServer(ctx, cfg)
 	if err != nil {
 		return err

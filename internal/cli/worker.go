@@ -23,7 +23,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	log, stop, err := popts.start(ctx, stderr, "worker")
+	log, own, stop, err := popts.start(ctx, stderr, "worker")
 	if err != nil {
 		return err
 	}
@@ -32,6 +32,9 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	w, err := program.StartWorker(ctx, cfg)
 	if err != nil {
 		return err
+	}
+	if w.Addr() != "" {
+		own.Info("metrics listening", "metrics", "http://"+w.Addr()+"/metrics", "worker", w.ID())
 	}
 	return untilDone(ctx, w, nil)
 }

@@ -39,7 +39,7 @@ type DevConfig struct {
 	RedisURL   string // a Redis to use instead of the embedded store
 	DataDir    string // JetStream storage ("" : a temporary directory, removed at the end)
 	Version    string
-	Log        *slog.Logger
+	Log        *slog.Logger // gets every line, each with its component (dev, gateway, dispatcher, worker, engine): give it none of its own
 }
 
 // SimExampleAdapter is the adapter dev registers by default with the sim
@@ -90,7 +90,7 @@ type Dev struct {
 // StartDev starts dev and returns once the gateway serves, which is once the
 // dispatcher knows every worker (their first heartbeat; at most 5s).
 func StartDev(ctx context.Context, cfg DevConfig) (*Dev, error) {
-	d := &Dev{life: newLife(), cfg: cfg, log: logger(cfg.Log)}
+	d := &Dev{life: newLife(), cfg: cfg, log: componentLog(cfg.Log, "dev")}
 	err := d.start(ctx)
 	if err := d.begin(err, d.shutdown, d.release); err != nil {
 		return nil, err
@@ -131,7 +131,7 @@ func (d *Dev) start(ctx context.Context) error {
 		d.nWorkers = 1 // one worker fronts the one engine
 	}
 	for range d.nWorkers {
-		eng, err := newEngine(ctx, cfg.Engine, log.With("component", "engine"))
+		eng, err := newEngine(ctx, cfg.Engine, componentLog(cfg.Log, "engine"))
 		if err != nil {
 			return err
 		}
@@ -159,8 +159,10 @@ func (d *Dev) start(ctx context.Context) error {
 	// Every program gets its own connection, as in a distributed deployment,
 	// and one metrics registry: the gateway's /metrics shows them all.
 	h := host{dial: dial, store: d.store, cache: cache, metrics: newRegistry()}
+	registerConnMetrics(h.metrics, d.nc, cache)
+	// The programs name their components on cfg.Log themselves.
 	if d.dispatcher, err = startDispatcher(ctx, DispatcherConfig{Dispatcher: cfg.Dispatcher,
-		Log: log.With("component", "dispatcher")}, h); err != nil {
+		Log: cfg.Log}, h); err != nil {
 		return err
 	}
 	d.part("dispatcher", d.dispatcher.Wait)
@@ -169,7 +171,7 @@ func (d *Dev) start(ctx context.Context) error {
 		wh.engine, d.engines[i] = d.engines[i], nil // the worker closes it
 		wcfg := cfg.Worker
 		wcfg.ID = fmt.Sprintf("dev-worker-%d", i+1)
-		w, err := startWorker(ctx, WorkerConfig{Worker: wcfg, Version: cfg.Version, Log: log.With("component", "worker")}, wh)
+		w, err := startWorker(ctx, WorkerConfig{Worker: wcfg, Version: cfg.Version, Log: cfg.Log}, wh)
 		if err != nil {
 			return err
 		}
@@ -181,7 +183,7 @@ func (d *Dev) start(ctx context.Context) error {
 	}
 	h.dispatcher = d.dispatcher.d
 	if d.gateway, err = startGateway(ctx, GatewayConfig{HTTP: d.cfg.HTTP, Version: cfg.Version,
-		Log: log.With("component", "gateway")}, h); err != nil {
+		Log: cfg.Log}, h); err != nil {
 		return err
 	}
 	d.part("gateway", d.gateway.Wait)

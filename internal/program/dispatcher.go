@@ -20,7 +20,7 @@ type DispatcherConfig struct {
 	RedisURL   string // the model registry; "" none (unknown models then get 404)
 	Metrics    string // listen address of /metrics; "" off
 	Dispatcher dispatcher.Config
-	Log        *slog.Logger
+	Log        *slog.Logger // gets the dispatcher's lines, with component=dispatcher: give it none of its own
 }
 
 // DefaultDispatcher is `tokenbus dispatcher` with no flags.
@@ -58,23 +58,30 @@ func startDispatcher(ctx context.Context, cfg DispatcherConfig, h host) (*Dispat
 }
 
 func (p *Dispatcher) start(ctx context.Context, h host) error {
-	log := logger(p.cfg.Log)
+	log := componentLog(p.cfg.Log, "dispatcher")
 	var err error
 	if p.nc, err = h.dialer()(ctx, p.cfg.NATS, "tokenbus-dispatcher", log); err != nil {
 		return err
 	}
 	var models dispatcher.Registry
-	if h.cache != nil {
-		models = h.cache
-	} else if p.cfg.RedisURL != "" {
+	cache := h.cache
+	if cache == nil && p.cfg.RedisURL != "" {
 		if p.store, err = registry.Open(ctx, p.cfg.RedisURL); err != nil {
 			return err
 		}
-		cache := registry.NewCache(p.store, log)
+		cache = registry.NewCache(p.store, log)
+		// Read once now: the per-model gauges list the registered models
+		// from the first scrape.
+		_ = cache.Refresh(ctx)
 		p.part("registry cache", func() error { cache.Run(p.ctx, p.nc, 10*time.Second); return nil })
+	}
+	if cache != nil {
 		models = cache
 	}
 	reg := h.registry()
+	if h.metrics == nil {
+		registerConnMetrics(reg, p.nc, cache)
+	}
 	if p.metrics, err = listenMetrics(p.cfg.Metrics, reg); err != nil {
 		return err
 	}

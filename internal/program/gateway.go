@@ -44,7 +44,10 @@ type GatewayConfig struct {
 	EmbedDispatcher bool
 	Dispatcher      dispatcher.Config
 	Version         string
-	Log             *slog.Logger
+	// Log gets the gateway's lines, with component=gateway (dispatcher,
+	// admin for the embedded dispatcher's and the admin API's): give it
+	// none of its own.
+	Log *slog.Logger
 }
 
 // DefaultHTTP is the gateway's HTTP side as `tokenbus gateway` has it.
@@ -115,7 +118,7 @@ func StartGateway(ctx context.Context, cfg GatewayConfig) (*Gateway, error) {
 }
 
 func startGateway(ctx context.Context, cfg GatewayConfig, h host) (*Gateway, error) {
-	gw := &Gateway{life: newLife(), cfg: cfg, log: logger(cfg.Log)}
+	gw := &Gateway{life: newLife(), cfg: cfg, log: componentLog(cfg.Log, "gateway")}
 	err := gw.start(ctx, h)
 	if err := gw.begin(err, gw.shutdown, gw.release); err != nil {
 		return nil, err
@@ -143,6 +146,9 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		gw.part("registry cache", func() error { cache.Run(gw.ctx, gw.nc, 10*time.Second); return nil })
 	}
 	reg := h.registry()
+	if h.metrics == nil {
+		registerConnMetrics(reg, gw.nc, cache)
+	}
 
 	d := h.dispatcher
 	if d == nil && cfg.EmbedDispatcher {
@@ -152,7 +158,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		}
 		dcfg := cfg.Dispatcher
 		dcfg.Embedded = true
-		d = dispatcher.New(dcfg, gw.nc, models, reg, log.With("component", "dispatcher"))
+		d = dispatcher.New(dcfg, gw.nc, models, reg, componentLog(cfg.Log, "dispatcher"))
 		// Its own context: it routes until the gateway has stopped.
 		dctx, stop := context.WithCancel(context.Background())
 		gw.stopDisp = stop
@@ -208,7 +214,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: log.With("component", "admin")}); err != nil {
+			Log: componentLog(cfg.Log, "admin")}); err != nil {
 			return err
 		}
 		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tokenbus/tokenbus/registry"
 )
 
 // metricsServer serves /metrics for a program with no other HTTP listener
@@ -57,4 +60,29 @@ func (m *metricsServer) addr() string {
 		return ""
 	}
 	return m.ln.Addr().String()
+}
+
+// registerConnMetrics registers the state of a process's connections, for
+// alerts: tokenbus_nats_connected (nc) and, when the process reads the
+// registry, tokenbus_redis_up (cache). Both exist from start-up. One series
+// per process: a program registers them only on a registry of its own, and
+// dev for its own connection and the shared cache.
+func registerConnMetrics(reg prometheus.Registerer, nc *nats.Conn, cache *registry.Cache) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tokenbus_nats_connected",
+		Help: "1 while the process's NATS connection is connected, 0 while it is reconnecting or closed.",
+	}, func() float64 { return boolGauge(nc.IsConnected()) }))
+	if cache != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tokenbus_redis_up",
+			Help: "1 when the last read of the model registry from Redis succeeded (every 10s), 0 after a failed one.",
+		}, func() float64 { return boolGauge(cache.Up()) }))
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -58,3 +58,12 @@ func logger(log *slog.Logger) *slog.Logger {
 	}
 	return log
 }
+
+// componentLog is log (see logger) for one component of a program: its lines
+// carry component=name. A program names its components itself, once each,
+// on the logger its config gives; so that logger carries no component (a JSON
+// line with a key twice is rejected by Elasticsearch, and other stores keep
+// one of the values).
+func componentLog(log *slog.Logger, name string) *slog.Logger {
+	return logger(log).With("component", name)
+}

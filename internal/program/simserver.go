@@ -26,7 +26,7 @@ type SimServerConfig struct {
 	LegacyErrors     bool     // errors in vLLM's flat pre-0.10.1 shape
 	GPUCacheMetric   bool     // also export vllm:gpu_cache_usage_perc
 	ShutdownTimeout  time.Duration
-	Log              *slog.Logger
+	Log              *slog.Logger // gets the server's lines, with component=sim-server: give it none of its own
 }
 
 // LoRAModule is an adapter the sim-server loads at start.
@@ -73,7 +73,7 @@ func (p *SimServer) start(ctx context.Context, cfg SimServerConfig) error {
 		AllowRuntimeLoRA: cfg.AllowRuntimeLoRA,
 		GPUCacheMetric:   cfg.GPUCacheMetric,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
-	}, p.eng, cfg.Log)
+	}, p.eng, componentLog(cfg.Log, "sim-server"))
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("sim-server listen: %w", err)
 	}

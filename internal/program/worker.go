@@ -28,7 +28,7 @@ type WorkerConfig struct {
 	Worker  workers.Config
 	Engine  EngineConfig
 	Version string
-	Log     *slog.Logger
+	Log     *slog.Logger // gets the worker's lines, with component=worker (engine for its engine's): give it none of its own
 }
 
 // DefaultWorker is `tokenbus worker` with no flags.
@@ -68,10 +68,10 @@ func startWorker(ctx context.Context, cfg WorkerConfig, h host) (*Worker, error)
 }
 
 func (p *Worker) start(ctx context.Context, h host) error {
-	cfg, log := p.cfg, logger(p.cfg.Log)
+	cfg, log := p.cfg, componentLog(p.cfg.Log, "worker")
 	var err error
 	if p.eng == nil {
-		if p.eng, err = newEngine(ctx, cfg.Engine, log); err != nil {
+		if p.eng, err = newEngine(ctx, cfg.Engine, componentLog(cfg.Log, "engine")); err != nil {
 			p.eng = nil // newEngine closed it
 			return err
 		}
@@ -88,6 +88,9 @@ func (p *Worker) start(ctx context.Context, h host) error {
 		}
 	}
 	reg := h.registry()
+	if h.metrics == nil {
+		registerConnMetrics(reg, p.nc, nil)
+	}
 	if p.metrics, err = listenMetrics(cfg.Metrics, reg); err != nil {
 		return err
 	}

@@ -10,20 +10,25 @@ const (
 	AttrAttempt      = "tokenbus.attempt" // workers the request bounced off so far
 	AttrStream       = "tokenbus.stream"
 	AttrOutcome      = "tokenbus.outcome"
-	AttrErrorStatus  = "tokenbus.error.status" // the HTTP status of a tokenbus error
-	AttrModel        = "gen_ai.request.model"
-	AttrOperation    = "gen_ai.operation.name" // chat or text_completion
-	AttrInputTokens  = "gen_ai.usage.input_tokens"
-	AttrOutputTokens = "gen_ai.usage.output_tokens"
-	AttrMsgSystem    = "messaging.system" // nats
-	AttrMsgDest      = "messaging.destination.name"
-	AttrMsgOperation = "messaging.operation.type"
-	AttrHTTPMethod   = "http.request.method"
-	AttrHTTPRoute    = "http.route"
-	AttrHTTPStatus   = "http.response.status_code"
-	AttrServerAddr   = "server.address"
-	AttrServerPort   = "server.port"
-	AttrURLFull      = "url.full"
+	AttrBounceReason = "tokenbus.bounce.reason" // why a worker handed a request back: full or draining
+	// AttrUsageEstimated is true when the token counts on a span are the
+	// engine's estimate (an HTTP engine's stream without a usage object:
+	// one token per chunk, prompt unknown), absent when they are counted.
+	AttrUsageEstimated = "tokenbus.usage.estimated"
+	AttrErrorStatus    = "tokenbus.error.status" // the HTTP status of a tokenbus error
+	AttrModel          = "gen_ai.request.model"
+	AttrOperation      = "gen_ai.operation.name" // chat or text_completion
+	AttrInputTokens    = "gen_ai.usage.input_tokens"
+	AttrOutputTokens   = "gen_ai.usage.output_tokens"
+	AttrMsgSystem      = "messaging.system" // nats
+	AttrMsgDest        = "messaging.destination.name"
+	AttrMsgOperation   = "messaging.operation.type"
+	AttrHTTPMethod     = "http.request.method"
+	AttrHTTPRoute      = "http.route"
+	AttrHTTPStatus     = "http.response.status_code"
+	AttrServerAddr     = "server.address"
+	AttrServerPort     = "server.port"
+	AttrURLFull        = "url.full"
 )
 
 // EventFirstToken is the span event a worker adds when the first chunk goes

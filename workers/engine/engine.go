@@ -37,6 +37,10 @@ type Sink interface {
 // Result is what a finished request leaves.
 type Result struct {
 	Usage schemas.Usage
+	// UsageEstimated: the engine did not report Usage and estimated it (an
+	// HTTP engine's stream without a usage chunk counts one completion token
+	// per chunk and leaves the prompt at 0). Spans mark such counts.
+	UsageEstimated bool
 	// Response is the whole OpenAI response object for stream:false, nil for streams.
 	Response []byte
 }

@@ -45,7 +45,7 @@ func BenchmarkSSEParse(b *testing.B) {
 		if err := s.run(br, &sink); err != errDone {
 			b.Fatal(err)
 		}
-		if s.usage().CompletionTokens != 256 {
+		if u, _ := s.usage(); u.CompletionTokens != 256 {
 			b.Fatal("usage")
 		}
 		s.last, s.counted = s.last[:0], 0

@@ -177,7 +177,8 @@ func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFun
 	var gone *sinkError
 	switch {
 	case err == errDone:
-		return &engine.Result{Usage: s.usage()}, nil
+		u, estimated := s.usage()
+		return &engine.Result{Usage: u, UsageEstimated: estimated}, nil
 	case errors.As(err, &gone):
 		return nil, gone.err // the request is gone: closing the unfinished body closes the connection
 	case errors.As(err, new(*schemas.Error)):
@@ -252,13 +253,15 @@ func (s *sseState) flush(sink engine.Sink, then error) error {
 	return then
 }
 
-func (s *sseState) usage() schemas.Usage {
+// usage is the stream's usage: the last usage chunk's, or the estimate
+// (estimated true) of one completion token per chunk.
+func (s *sseState) usage() (u schemas.Usage, estimated bool) {
 	if s.last != nil {
 		if u := schemas.UsageOf(s.last); u != nil {
-			return *u
+			return *u, false
 		}
 	}
-	return schemas.Usage{CompletionTokens: s.counted, TotalTokens: s.counted}
+	return schemas.Usage{CompletionTokens: s.counted, TotalTokens: s.counted}, true
 }
 
 // readLine reads one line, '\n' included; a partial line comes with the

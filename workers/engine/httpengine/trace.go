@@ -54,6 +54,11 @@ func traceparent(span trace.Span, req *engine.Request) string {
 func endSpan(span trace.Span, res *engine.Result, err error) {
 	if span.IsRecording() {
 		switch {
+		case err == nil && res != nil && res.UsageEstimated:
+			// A stream without a usage chunk: the count is ours, one
+			// token per chunk; the prompt's is unknown.
+			span.SetAttributes(attribute.Int(tracing.AttrOutputTokens, res.Usage.CompletionTokens),
+				attribute.Bool(tracing.AttrUsageEstimated, true))
 		case err == nil:
 			if res != nil {
 				span.SetAttributes(attribute.Int(tracing.AttrInputTokens, res.Usage.PromptTokens),
