@@ -117,7 +117,7 @@ func TestAdapterRoutingPrefersHolder(t *testing.T) {
 	h.Set(schemas.HdrKind, "chat")
 	h.Set(schemas.HdrAdapterPath, "/etc/evil")
 	h.Set(schemas.HdrAdapterBase, "b")
-	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("b"), Reply: inbox, Header: h, Data: []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("b"), Reply: inbox, Header: h, Data: []byte(`{"model":"b","messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 2*time.Second, func() error {

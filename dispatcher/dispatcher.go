@@ -66,6 +66,12 @@ type Config struct {
 	Embedded bool
 	// AdapterSpill: see fleet.Fleet.AdapterSpill; default 0.5.
 	AdapterSpill float64
+	// Keys looks up the API keys of tenant requests (TenantReqPrefix); nil:
+	// tenant requests are dropped. Admit checks their limits; nil: none.
+	// KeyTimeout bounds each of the two; default 2s.
+	Keys       Keys
+	Admit      Admitter
+	KeyTimeout time.Duration
 }
 
 func (c *Config) defaults() {
@@ -90,6 +96,9 @@ func (c *Config) defaults() {
 	if c.AdapterSpill <= 0 {
 		c.AdapterSpill = 0.5
 	}
+	if c.KeyTimeout <= 0 {
+		c.KeyTimeout = defaultKeyTimeout
+	}
 }
 
 // Dispatcher is one dispatcher replica.
@@ -106,7 +115,7 @@ type Dispatcher struct {
 
 	mu     sync.Mutex
 	queues map[string]*modelQueue
-	byID   map[string]*queued
+	byID   map[string]*queued // by queueKey: request id and cancel token
 	seq    uint64
 	// adapterQueues lists, by base model, the adapters that have a queue, so
 	// that a worker of the base freeing a slot drains them too.
@@ -151,7 +160,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
 	}
 	if !d.cfg.Embedded {
-		specs = append(specs, subSpec{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest})
+		specs = append(specs, subSpec{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest},
+			subSpec{schemas.TenantReqPrefix + ">", schemas.DispatcherQueue, d.onRequest})
 	}
 	var subs []*nats.Subscription
 	defer func() {
@@ -189,6 +199,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			// Stop taking requests first, then turn away what is queued.
 			if !d.cfg.Embedded {
 				_ = subs[len(subs)-1].Unsubscribe()
+				_ = subs[len(subs)-2].Unsubscribe()
 			}
 			d.rejectAll(schemas.ErrShuttingDown.New("dispatcher"))
 			return d.nc.Flush()
@@ -221,15 +232,25 @@ func (d *Dispatcher) onDone(m *nats.Msg) {
 	d.drain(d.fleet.ModelsOf(n.Worker))
 }
 
+// onQueueCancel takes a request out of the queue. Its body is
+// schemas.CancelBody: the request id and the cancel token its owner got in
+// the queued frame. A cancel that matches nothing queued here (a wrong
+// token, or a request queued in another dispatcher or gone) is ignored.
 func (d *Dispatcher) onQueueCancel(m *nats.Msg) {
-	id := string(m.Data)
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if e := d.byID[id]; e != nil {
+	if e := d.byID[string(m.Data)]; e != nil { // the body is the queue key: no allocation
 		d.unqueueLocked(e)
 		endSpan(e.span, "", nil, "cancelled")
+		return
 	}
+	d.m.cancelsIgnored.Inc()
 }
+
+// queueKey is the key of a queued request in byID: the cancel body that
+// takes it out. Two requests with one id (from two tenants, say) are two
+// entries; a bounced request comes back with its token and finds its own.
+func queueKey(id, token string) string { return id + " " + token }
 
 // request is what the dispatcher reads of a request message.
 type request struct {
@@ -268,12 +289,11 @@ func (d *Dispatcher) acquire(model string, ad *adapterRef, exclude string) (id s
 	return id, serving, ok
 }
 
-func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
+// parse reads the headers of a request for model: the model its subject
+// names (or, on a bounce, the Tb-Model header a dispatcher set).
+func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error) {
 	h := m.Header
-	r := &request{msg: m, id: h.Get(schemas.HdrRequestID), model: h.Get(schemas.HdrModel)}
-	if r.model == "" {
-		r.model, _ = schemas.ModelFromReqSubject(m.Subject)
-	}
+	r := &request{msg: m, id: h.Get(schemas.HdrRequestID), model: model}
 	r.priority = schemas.ParsePriority(h.Get(schemas.HdrPriority))
 	r.deadline = schemas.ParseDeadline(h.Get(schemas.HdrDeadline))
 	if a := h.Get(schemas.HdrAttempt); a != "" { // usually absent: Atoi("") allocates its error
@@ -286,6 +306,9 @@ func (d *Dispatcher) parse(m *nats.Msg) (*request, *schemas.Error) {
 		return nil, schemas.ErrBadHeader.New(schemas.HdrKind + " (chat or completion)")
 	case r.model == "":
 		return nil, schemas.ErrBadHeader.At("model", schemas.HdrModel)
+	}
+	if hm := h.Get(schemas.HdrModel); hm != "" && hm != r.model {
+		return nil, schemas.ErrModelMismatch.New(r.model, "the "+schemas.HdrModel+" header", hm)
 	}
 	r.adapter = d.resolve(r.model)
 	return r, nil
@@ -304,43 +327,88 @@ func (d *Dispatcher) Submit(m *nats.Msg) error {
 // NATS-native client, whose body nobody has read yet.
 func (d *Dispatcher) onRequest(m *nats.Msg) { d.take(m, true) }
 
-// take routes a request; with readBody, its body is read first (the one
-// reader, schemas.ReadRequest): a bad body is answered 400 here instead of
-// travelling to a worker, and the body's priority counts when the request
-// has no Tb-Priority header.
+// take routes a request; with readBody (a message from NATS), its body is
+// read first (the one reader, schemas.ReadRequestFor): a bad body is
+// answered 400 here instead of travelling to a worker, and the body's
+// priority counts when the request has no Tb-Priority header.
+//
+// The subject is the authority on the model: a Tb-Model header or a body
+// "model" that names another is 400 model_mismatch. A request from NATS has
+// every header only dispatchers may set removed first; a tenant request
+// (TenantReqPrefix) is admitted for its API key (tenant.go). Every request
+// gets a cancel token: a message from NATS a new one, one handed over
+// in-process (Submit) keeps the one its gateway set.
 func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 	if m.Reply == "" {
 		return
 	}
-	if !d.replyAllowed(m.Reply) {
-		d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
-		d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply,
-			"request_id", m.Header.Get(schemas.HdrRequestID), "trace_id", tracing.HeaderTraceID(m.Header))
-		return
+	var (
+		model  string
+		key    registry.Key
+		tenant bool
+	)
+	if keyID, mdl, ok := schemas.ParseTenantReqSubject(m.Subject); ok && readBody {
+		if key, ok = d.tenantKey(keyID); !ok {
+			return
+		}
+		if !tenantReplyAllowed(m.Reply, key.Tenant) {
+			d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
+			d.log.Warn("dropping a tenant request whose reply subject is outside its tenant's inbox", "reply", m.Reply,
+				"key_id", key.ID, "tenant", key.Tenant, "request_id", m.Header.Get(schemas.HdrRequestID))
+			return
+		}
+		model, tenant = mdl, true
+	} else {
+		if !d.replyAllowed(m.Reply) {
+			d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
+			d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply,
+				"request_id", m.Header.Get(schemas.HdrRequestID), "trace_id", tracing.HeaderTraceID(m.Header))
+			return
+		}
+		model, _ = schemas.ModelFromReqSubject(m.Subject)
 	}
-	r, err := d.parse(m)
+	if readBody {
+		stripDispatcherHeaders(m.Header, tenant)
+	}
+	r, err := d.parse(m, model)
 	if err != nil {
-		d.reply(m.Reply, err)
+		d.reject(m.Reply, err)
 		return
 	}
 	if readBody {
-		view, err := schemas.ReadRequest(schemas.Kind(m.Header.Get(schemas.HdrKind)), m.Data, r.model)
+		view, err := schemas.ReadRequestFor(schemas.Kind(m.Header.Get(schemas.HdrKind)), m.Data, r.model)
 		if err != nil {
-			d.m.rejected.WithLabelValues("bad_request").Inc()
-			d.reply(m.Reply, err)
+			d.reject(m.Reply, err)
 			return
+		}
+		if tenant {
+			if err := d.admitTenant(m, key, view); err != nil {
+				d.reply(m.Reply, err)
+				return
+			}
 		}
 		if m.Header.Get(schemas.HdrPriority) == "" && view.Priority != 0 {
 			r.priority = view.Priority
 			m.Header.Set(schemas.HdrPriority, strconv.Itoa(view.Priority))
 		}
+		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
+	} else if m.Header.Get(schemas.HdrCancelToken) == "" {
+		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
 	}
-	if m.Header.Get(schemas.HdrModel) == "" {
-		// The worker (and a bounce) cannot read the model from the subject.
-		m.Header.Set(schemas.HdrModel, r.model)
-	}
+	// The worker (and a bounce) cannot read the model from the subject.
+	m.Header.Set(schemas.HdrModel, r.model)
 	d.startSpan(r)
 	d.route(r, "")
+}
+
+// reject answers a request that cannot be read, counting it.
+func (d *Dispatcher) reject(reply string, e *schemas.Error) {
+	reason := "bad_request"
+	if schemas.ErrModelMismatch.Is(e) {
+		reason = "model_mismatch"
+	}
+	d.m.rejected.WithLabelValues(reason).Inc()
+	d.reply(reply, e)
 }
 
 func (d *Dispatcher) replyAllowed(reply string) bool {
@@ -354,7 +422,9 @@ func (d *Dispatcher) replyAllowed(reply string) bool {
 
 // onBounce takes back a request that a full worker could not admit.
 func (d *Dispatcher) onBounce(m *nats.Msg) {
-	r, err := d.parse(m)
+	// Only workers publish here, with the headers this dispatcher set: the
+	// model is the Tb-Model it wrote.
+	r, err := d.parse(m, m.Header.Get(schemas.HdrModel))
 	if err != nil || m.Reply == "" || !d.replyAllowed(m.Reply) { // as onRequest: frames go only to client inboxes
 		return
 	}
@@ -445,7 +515,9 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		d.fail(r.span, r.msg.Reply, schemas.ErrQueueFull.New(r.model))
 		return
 	}
-	if old := d.byID[r.id]; old != nil {
+	token := r.msg.Header.Get(schemas.HdrCancelToken)
+	qk := queueKey(r.id, token)
+	if old := d.byID[qk]; old != nil {
 		d.unqueueLocked(old) // the same request bounced back: keep one entry
 		endSpan(old.span, "", nil, "superseded")
 	}
@@ -454,13 +526,13 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	if !r.deadline.IsZero() && r.deadline.Before(expires) {
 		expires = r.deadline
 	}
-	e := &queued{msg: r.msg, id: r.id, model: r.model, priority: r.priority, seq: d.seq,
+	e := &queued{msg: r.msg, id: qk, model: r.model, priority: r.priority, seq: d.seq,
 		enqueued: time.Now(), expires: expires, adapter: r.adapter, span: r.span}
 	q.push(e)
-	d.byID[r.id] = e
+	d.byID[qk] = e
 	spanQueued(r.span, q.Len())
 	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
-		TimeoutMS: time.Until(expires).Milliseconds()})
+		TimeoutMS: time.Until(expires).Milliseconds(), CancelToken: token})
 	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
@@ -182,13 +184,40 @@ func TestRouteQueueDrain(t *testing.T) {
 	})
 	full := sendRequest(t, nc, "m", "r5")
 	testenv.WaitFor(t, 2*time.Second, wantError(full, 503, schemas.CodeQueueFull))
-	// A queued request cancelled by its client is dropped...
-	nc.Publish(schemas.QueueCancel, []byte("r3"))
+	// A queued request cancelled by its client is dropped: with the cancel
+	// token of its queued frame, not by its id alone or with another token.
 	testenv.WaitFor(t, 2*time.Second, func() error {
+		if f, _ := q1.last(); f.Type != schemas.FrameQueued {
+			return fmt.Errorf("r3 not queued")
+		}
+		return nil
+	})
+	f, _ := q1.last()
+	var qd schemas.Queued
+	if err := json.Unmarshal(f.Payload, &qd); err != nil || len(qd.CancelToken) != 2*schemas.CancelTokenBytes {
+		t.Fatalf("queued frame %s: no cancel token (%v)", f.Payload, err)
+	}
+	queuedNow := func() int {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		if d.byID["r3"] != nil {
-			return fmt.Errorf("r3 still queued")
+		return len(d.byID)
+	}
+	nc.Publish(schemas.QueueCancel, []byte("r3"))
+	nc.Publish(schemas.QueueCancel, schemas.CancelBody("r3", schemas.NewCancelToken()))
+	nc.Flush()
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if n := counterValue(d.m.cancelsIgnored); n != 2 {
+			return fmt.Errorf("%v cancels ignored, want 2", n)
+		}
+		return nil
+	})
+	if n := queuedNow(); n != 2 {
+		t.Fatalf("a cancel without the token dropped a request: %d queued", n)
+	}
+	nc.Publish(schemas.QueueCancel, schemas.CancelBody("r3", qd.CancelToken))
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if n := queuedNow(); n != 1 {
+			return fmt.Errorf("%d queued, want 1 (r3 cancelled)", n)
 		}
 		return nil
 	})
@@ -328,4 +357,10 @@ func TestNATSNativeBodyIsRead(t *testing.T) {
 	if p := w.got[0].Header.Get(schemas.HdrPriority); p != "-3" {
 		t.Fatalf("forwarded with priority %q, want the body's -3", p)
 	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }

@@ -15,6 +15,10 @@ type metrics struct {
 	rejected      *prometheus.CounterVec
 	queueWait     prometheus.Histogram
 	joined, lost  prometheus.Counter // workers that joined the fleet, and that it lost (heartbeats stopped)
+	// cancelsIgnored counts queue cancels that matched no queued request:
+	// a wrong or missing cancel token, or a request not queued here.
+	cancelsIgnored prometheus.Counter
+	admitFailOpen  prometheus.Counter // tenant requests let through because limits could not be checked
 }
 
 func newMetrics() *metrics {
@@ -36,6 +40,12 @@ func newMetrics() *metrics {
 			Name: "tokenbus_dispatcher_workers_joined_total", Help: "Workers that joined this dispatcher's fleet (first heartbeat)."}),
 		lost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_workers_lost_total", Help: "Workers this dispatcher dropped because their heartbeats stopped."}),
+		cancelsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_cancels_ignored_total",
+			Help: "Queue cancels that matched no request queued here: a wrong or missing cancel token, or a request not (or no longer) queued here."}),
+		admitFailOpen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_admit_fail_open_total",
+			Help: "Tenant requests let through because their key's limits could not be checked."}),
 	}
 }
 
@@ -45,7 +55,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 		return
 	}
 	m := d.m
-	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, modelCollector{d})
+	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen, modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up

@@ -11,7 +11,7 @@ import (
 // queued is one request waiting for a worker.
 type queued struct {
 	msg      *nats.Msg
-	id       string
+	id       string // queueKey: request id and cancel token
 	model    string
 	priority int
 	seq      uint64

@@ -231,6 +231,10 @@ var (
 	ErrBadHeader = def(secBus, ErrorDef{Code: "invalid_header", Status: s400, Type: TypeInvalidRequest,
 		Message: "Missing or invalid %s header.",
 		When:    "A NATS-native request without a valid Tb-Request-Id, Tb-Kind or model."})
+	ErrModelMismatch = def(secBus, ErrorDef{Code: "model_mismatch", Status: s400, Type: TypeInvalidRequest, Param: "model",
+		Message: "The request is for the model `%s` but %s names `%s`.",
+		When: "The subject (or the TorchServe path) is the authority on the model: a Tb-Model header or a body " +
+			"\"model\" that names another model is refused, by dispatchers, workers and engines alike."})
 	ErrDuplicateRequest = def(secBus, ErrorDef{Code: "duplicate_request", Status: s400, Type: TypeInvalidRequest,
 		Message: "Request id %q is already running on this worker.",
 		When:    "Two requests with one id reached one worker."})

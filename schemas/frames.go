@@ -137,13 +137,18 @@ type Queued struct {
 	Position   int    `json:"position"`             // 1 = next to run
 	Dispatcher string `json:"dispatcher,omitempty"` // id of the queueing dispatcher
 	TimeoutMS  int64  `json:"timeout_ms"`           // how long it may stay queued; the client's stall timer uses it
+	// CancelToken: send CancelBody(request id, CancelToken) to QueueCancel
+	// to take the request out of the queue.
+	CancelToken string `json:"cancel_token,omitempty"`
 }
 
 // Accepted is the payload of an accepted frame.
 type Accepted struct {
 	RequestID string `json:"request_id"`
 	Worker    string `json:"worker"`
-	Cancel    string `json:"cancel"` // publish the request id here to abort
+	Cancel    string `json:"cancel"` // publish CancelBody(RequestID, CancelToken) here to abort
+	// CancelToken proves a cancel comes from the requester (HdrCancelToken).
+	CancelToken string `json:"cancel_token,omitempty"`
 }
 
 // DoneInfo is what every done payload has at its top level.

@@ -2,6 +2,7 @@ package schemas
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -10,10 +11,10 @@ import (
 const (
 	HdrRequestID = "Tb-Request-Id" // required; see ValidRequestID
 	HdrKind      = "Tb-Kind"       // "chat" or "completion"; required
-	HdrModel     = "Tb-Model"      // the model as the client named it
+	HdrModel     = "Tb-Model"      // the model; must agree with the subject's (model_mismatch)
 	HdrDeadline  = "Tb-Deadline"   // unix milliseconds; work past it is dropped
 	HdrPriority  = "Tb-Priority"   // integer, lower is served first (vLLM's convention); default 0
-	HdrTenant    = "Tb-Tenant"     // tenant name, for limits and usage
+	HdrTenant    = "Tb-Tenant"     // tenant name, for limits and usage; on TenantReqPrefix set by the dispatcher
 	HdrBounce    = "Tb-Bounce"     // set by a dispatcher: where a full worker hands the request back
 	HdrAttempt   = "Tb-Attempt"    // set by a dispatcher: how many workers have bounced it
 	HdrWorker    = "Tb-Worker"     // set by a dispatcher: the worker it forwarded to
@@ -25,7 +26,42 @@ const (
 	// Clients cannot set them: a dispatcher overwrites or removes both.
 	HdrAdapterBase = "Tb-Adapter-Base"
 	HdrAdapterPath = "Tb-Adapter-Path"
+
+	// Set by a dispatcher on a tenant request (TenantReqPrefix) it admitted
+	// for an API key, and stripped from every other: the key's id, and what
+	// admission reserved against its TPM limit (tokens) in which rate-limit
+	// window. A worker records the usage of a request that carries
+	// HdrKeyID (schemas.UsageRecord); a gateway records its own requests.
+	HdrKeyID    = "Tb-Key-Id"
+	HdrReserved = "Tb-Reserved"
+	HdrWindow   = "Tb-Window"
+
+	// HdrCancelToken is set by a dispatcher on every request it takes
+	// (overwriting what a client sent): the secret a cancel must carry
+	// (CancelBody). queued and accepted frames hand it to the requester.
+	HdrCancelToken = "Tb-Cancel-Token"
 )
+
+// DispatcherOnly reports whether a request header is one only dispatchers
+// may set: a dispatcher removes each such header a client sent before it
+// sets its own. Tb-Tenant is one of them on tenant requests only (the caller
+// passes tenant), where the key decides the tenant. Header names are
+// compared case-insensitively, so that no spelling slips past a reader that
+// canonicalises.
+func DispatcherOnly(name string, tenant bool) bool {
+	if len(name) < 3 || !strings.EqualFold(name[:3], "tb-") {
+		return false
+	}
+	for _, h := range dispatcherOnly {
+		if strings.EqualFold(name, h) {
+			return true
+		}
+	}
+	return tenant && strings.EqualFold(name, HdrTenant)
+}
+
+var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBase, HdrAdapterPath,
+	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken}
 
 // Kind is the OpenAI endpoint a request is for.
 type Kind string

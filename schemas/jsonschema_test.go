@@ -42,7 +42,9 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 	}{
 		{"usage", usage},
 		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000}},
+		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000, CancelToken: NewCancelToken()}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1")}},
+		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1"), CancelToken: NewCancelToken()}},
 		{"done", DoneInfo{Usage: usage}},
 		{"error", ErrQueueFull.New("m")},
 		{"error", ErrMissingParam.At("messages", "messages")},

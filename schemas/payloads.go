@@ -21,6 +21,10 @@ func AppendAccepted(b []byte, a Accepted) []byte {
 	b = appendJSONString(b, a.Worker)
 	b = append(b, `,"cancel":`...)
 	b = appendJSONString(b, a.Cancel)
+	if a.CancelToken != "" {
+		b = append(b, `,"cancel_token":`...)
+		b = appendJSONString(b, a.CancelToken)
+	}
 	return append(b, '}')
 }
 
@@ -35,6 +39,8 @@ func ParseAccepted(p []byte) (Accepted, bool) {
 			return once(1) && s.readString(&a.Worker)
 		case keyIs(key, "cancel"):
 			return once(2) && s.readString(&a.Cancel)
+		case keyIs(key, "cancel_token"):
+			return once(3) && s.readString(&a.CancelToken)
 		}
 		return s.skip(1)
 	})

@@ -13,6 +13,7 @@ func TestAppendPayloads(t *testing.T) {
 	for _, a := range []Accepted{
 		{RequestID: "req-1", Worker: "w-1", Cancel: "tokenbus.v1.cancel.w-1"},
 		{RequestID: "a\"b\\c<d>&é\n", Worker: "", Cancel: "x"},
+		{RequestID: "req-2", Worker: "w-1", Cancel: "tokenbus.v1.cancel.w-1", CancelToken: "00ff"},
 	} {
 		want, _ := json.Marshal(a)
 		if got := AppendAccepted(nil, a); string(got) != string(want) {

@@ -1,6 +1,7 @@
 package schemas
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -157,6 +158,41 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 		return f, kind == KindCompletion
 	}
 	return f, true
+}
+
+// ReadRequestFor reads body as ReadRequest does, for a request bound to
+// model (by its subject, the TorchServe path or the Tb-Model header a
+// dispatcher set): a body naming another model is model_mismatch, a body
+// naming none gets model (ModelDefaulted).
+func ReadRequestFor(kind Kind, body []byte, model string) (*Request, *Error) {
+	r, err := ReadRequest(kind, body, model)
+	if err != nil {
+		return nil, err
+	}
+	if model != "" && r.Model != model {
+		return nil, ErrModelMismatch.New(model, `the body's "model"`, r.Model)
+	}
+	return r, nil
+}
+
+// BoundBody is the body to send on: byte for byte, but with "model" inserted
+// right after the opening brace when the body named none (ModelDefaulted),
+// so that an engine that forwards the body as is (vLLM) runs the model the
+// request was bound to, never its own default. The result may alias Body.
+func (r *Request) BoundBody() []byte {
+	if !r.ModelDefaulted {
+		return r.Body
+	}
+	i := bytes.IndexByte(r.Body, '{') // ReadRequest checked it is an object
+	model, _ := json.Marshal(r.Model)
+	out := make([]byte, 0, len(r.Body)+len(model)+10)
+	out = append(out, r.Body[:i+1]...)
+	out = append(out, `"model":`...)
+	out = append(out, model...)
+	if rest := bytes.TrimSpace(r.Body[i+1:]); len(rest) > 0 && rest[0] != '}' {
+		out = append(out, ',')
+	}
+	return append(out, r.Body[i+1:]...)
 }
 
 // ReadRequest reads body, a request of kind, into its view, or says with a

@@ -11,20 +11,26 @@ const Prefix = "tokenbus.v1"
 const (
 	// ReqPrefix + <model-token>: client requests; dispatchers listen in queue group DispatcherQueue.
 	ReqPrefix = Prefix + ".req."
+	// TenantReqPrefix + <key-id> + "." + <model-token>: a NATS-native
+	// tenant's requests. NATS permissions pin each tenant user to its own
+	// key ids, so the subject says who is asking; dispatchers listen in
+	// queue group DispatcherQueue and answer only into TenantInbox of the
+	// key's tenant.
+	TenantReqPrefix = Prefix + ".treq."
 	// WorkPrefix + <worker-id>: requests forwarded by a dispatcher to one worker.
 	WorkPrefix = Prefix + ".work."
 	// HeartbeatPrefix + <worker-id>: worker heartbeats (Heartbeat JSON).
 	HeartbeatPrefix = Prefix + ".hb."
 	// DonePrefix + <worker-id>: one DoneNotice per finished request.
 	DonePrefix = Prefix + ".done."
-	// CancelPrefix + <worker-id>: body = request id; the worker aborts it.
+	// CancelPrefix + <worker-id>: body = CancelBody; the worker aborts it.
 	CancelPrefix = Prefix + ".cancel."
 	// CtlPrefix + <worker-id> + "." + <op>: request/reply control of one worker.
 	CtlPrefix = Prefix + ".ctl."
 	// BouncePrefix + <dispatcher-id>: a worker that is full hands a forwarded
 	// request back to the dispatcher that sent it (header HdrBounce names the subject).
 	BouncePrefix = Prefix + ".bounce."
-	// QueueCancel: body = request id; every dispatcher drops that request from its queue.
+	// QueueCancel: body = CancelBody; every dispatcher drops that request from its queue.
 	QueueCancel = Prefix + ".qcancel"
 	// EventsPrefix + <kind>: registry changes (models, adapters, keys).
 	EventsPrefix = Prefix + ".events."
@@ -39,6 +45,32 @@ const (
 
 // ReqSubject is the subject a client publishes a request for model to.
 func ReqSubject(model string) string { return ReqPrefix + ModelToken(model) }
+
+// TenantReqSubject is the subject a tenant publishes a request for model to
+// with the API key keyID.
+func TenantReqSubject(keyID, model string) string {
+	return TenantReqPrefix + keyID + "." + ModelToken(model)
+}
+
+// ParseTenantReqSubject returns the key id and model of a tenant request subject.
+func ParseTenantReqSubject(subject string) (keyID, model string, ok bool) {
+	rest, ok := strings.CutPrefix(subject, TenantReqPrefix)
+	if !ok {
+		return "", "", false
+	}
+	keyID, tok, ok := strings.Cut(rest, ".")
+	if !ok || keyID == "" {
+		return "", "", false
+	}
+	m, err := ParseModelToken(tok)
+	return keyID, m, err == nil
+}
+
+// TenantInbox is the inbox prefix (without the trailing '.') of a tenant's
+// reply subjects: "_INBOX." plus the tenant name encoded as ModelToken does,
+// so that it is one subject token and no tenant's prefix covers another's
+// ("a" and "a.b" would otherwise nest).
+func TenantInbox(tenant string) string { return "_INBOX." + ModelToken(tenant) }
 
 // WorkSubject is the subject on which worker id takes forwarded requests.
 func WorkSubject(workerID string) string { return WorkPrefix + workerID }
