@@ -8,6 +8,7 @@
 package client
 
 import (
+	"encoding/json"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -179,7 +180,13 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 		return nil, schemas.ErrUnknownKind.New(r.Kind)
 	}
 	tok := nuid.Next()
-	s := newStream(c, tok, r.ID)
+	h := r.Header()
+	// The token our cancels carry. A dispatcher that takes the request from
+	// NATS sets its own (the queued or accepted frame hands it to us); one
+	// embedded in our gateway (Submit) keeps this one.
+	cancelToken := schemas.NewCancelToken()
+	h[schemas.HdrCancelToken] = []string{cancelToken}
+	s := newStream(c, tok, r.ID, cancelToken)
 	c.mu.Lock()
 	if c.streams == nil {
 		c.mu.Unlock()
@@ -187,7 +194,7 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	}
 	c.streams[tok] = s
 	c.mu.Unlock()
-	msg := &nats.Msg{Subject: schemas.ReqSubject(r.Model), Reply: c.prefix + tok, Header: r.Header(), Data: r.Body}
+	msg := &nats.Msg{Subject: schemas.ReqSubject(r.Model), Reply: c.prefix + tok, Header: h, Data: r.Body}
 	send := c.nc.PublishMsg
 	if c.opts.Submit != nil {
 		send = c.opts.Submit
@@ -254,10 +261,17 @@ func (c *Client) deliver(s *Stream, data []byte) {
 		return
 	}
 	if s == nil {
-		// The stream ended (client gone) but a worker is still talking to
-		// it: tell the worker to stop.
-		if f.Type == schemas.FrameAccepted {
+		// The stream ended (client gone) but a worker or a dispatcher's
+		// queue still has it: tell them to drop it, with the token the
+		// frame hands us.
+		switch f.Type {
+		case schemas.FrameAccepted:
 			c.cancelLate(f.Payload)
+		case schemas.FrameQueued:
+			var q schemas.Queued
+			if json.Unmarshal(f.Payload, &q) == nil && q.CancelToken != "" && q.RequestID != "" {
+				_ = c.nc.Publish(schemas.QueueCancel, schemas.CancelBody(q.RequestID, q.CancelToken))
+			}
 		}
 		return
 	}
@@ -269,5 +283,5 @@ func (c *Client) cancelLate(payload []byte) {
 	if !ok || acc.Cancel == "" || acc.RequestID == "" {
 		return
 	}
-	_ = c.nc.Publish(acc.Cancel, []byte(acc.RequestID))
+	_ = c.nc.Publish(acc.Cancel, schemas.CancelBody(acc.RequestID, acc.CancelToken))
 }

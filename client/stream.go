@@ -24,6 +24,10 @@ type Stream struct {
 	failed   *schemas.Error
 	worker   string
 	cancel   string // worker's cancel subject, once accepted
+	// cancelToken proves our cancels are ours (schemas.CancelBody): the one
+	// Start set, until a queued or accepted frame names the one a
+	// dispatcher set instead.
+	cancelToken string
 	queued   bool
 	stallFor time.Duration
 	nextSeq  uint64 // next expected worker sequence number
@@ -35,8 +39,8 @@ type Stream struct {
 	begun bool // a chunk (or the end) was pushed; only the client's route goroutine uses it
 }
 
-func newStream(c *Client, tok string, id string) *Stream {
-	return &Stream{c: c, tok: tok, id: id, notify: make(chan struct{}, 1),
+func newStream(c *Client, tok, id, cancelToken string) *Stream {
+	return &Stream{c: c, tok: tok, id: id, cancelToken: cancelToken, notify: make(chan struct{}, 1),
 		stallFor: c.opts.FirstFrameTimeout, nextSeq: 1, last: time.Now()}
 }
 
@@ -200,10 +204,16 @@ func (s *Stream) handleLocked(f schemas.Frame) (schemas.Frame, error, bool) {
 		if json.Unmarshal(f.Payload, &q) == nil && q.TimeoutMS > 0 {
 			s.stallFor = time.Duration(q.TimeoutMS)*time.Millisecond + s.c.opts.StallTimeout
 		}
+		if q.CancelToken != "" {
+			s.cancelToken = q.CancelToken
+		}
 		return f, nil, false
 	case schemas.FrameAccepted:
 		if acc, ok := schemas.ParseAccepted(f.Payload); ok {
 			s.worker, s.cancel = acc.Worker, acc.Cancel
+			if acc.CancelToken != "" {
+				s.cancelToken = acc.CancelToken
+			}
 		}
 		s.stallFor = s.c.opts.StallTimeout
 		return f, nil, false
@@ -231,15 +241,21 @@ func (s *Stream) Close() {
 	}
 	s.closed = true
 	done := s.finished && s.failed == nil
-	cancel := s.cancel
+	// Frames pushed but not read yet may say where the request is now.
+	for _, f := range s.pending[s.head:] {
+		if f.Type == schemas.FrameQueued || f.Type == schemas.FrameAccepted {
+			s.handleLocked(f)
+		}
+	}
+	cancel, token := s.cancel, s.cancelToken
 	s.mu.Unlock()
 	s.c.remove(s.tok)
 	if done {
 		return
 	}
 	if cancel != "" {
-		_ = s.c.nc.Publish(cancel, []byte(s.id))
+		_ = s.c.nc.Publish(cancel, schemas.CancelBody(s.id, token))
 	} else {
-		_ = s.c.nc.Publish(schemas.QueueCancel, []byte(s.id))
+		_ = s.c.nc.Publish(schemas.QueueCancel, schemas.CancelBody(s.id, token))
 	}
 }

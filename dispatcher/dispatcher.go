@@ -532,7 +532,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	d.byID[qk] = e
 	spanQueued(r.span, q.Len())
 	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
-		TimeoutMS: time.Until(expires).Milliseconds(), CancelToken: token})
+		TimeoutMS: time.Until(expires).Milliseconds(), RequestID: r.id, CancelToken: token})
 	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
 }
 

@@ -137,8 +137,9 @@ type Queued struct {
 	Position   int    `json:"position"`             // 1 = next to run
 	Dispatcher string `json:"dispatcher,omitempty"` // id of the queueing dispatcher
 	TimeoutMS  int64  `json:"timeout_ms"`           // how long it may stay queued; the client's stall timer uses it
-	// CancelToken: send CancelBody(request id, CancelToken) to QueueCancel
-	// to take the request out of the queue.
+	// RequestID and CancelToken: send CancelBody(RequestID, CancelToken) to
+	// QueueCancel to take the request out of the queue.
+	RequestID   string `json:"request_id,omitempty"`
 	CancelToken string `json:"cancel_token,omitempty"`
 }
 

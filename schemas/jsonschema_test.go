@@ -42,7 +42,7 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 	}{
 		{"usage", usage},
 		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000}},
-		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000, CancelToken: NewCancelToken()}},
+		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000, RequestID: "r1", CancelToken: NewCancelToken()}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1")}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1"), CancelToken: NewCancelToken()}},
 		{"done", DoneInfo{Usage: usage}},

@@ -24,6 +24,8 @@ type call struct {
 	span   trace.Span // "generate <model>"; finish ends it
 
 	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
+	cancelToken              string // HdrCancelToken: a cancel must carry it
+	usage                    usageMark
 
 	start      time.Time // admission
 	firstChunk bool      // a chunk was sent (for TTFT)
@@ -58,6 +60,8 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		TraceParent: h.Get(schemas.HdrTrace),
 	}
 	c.adapterBase, c.adapterPath = h.Get(schemas.HdrAdapterBase), h.Get(schemas.HdrAdapterPath)
+	c.cancelToken = h.Get(schemas.HdrCancelToken)
+	c.usage = readUsageMark(h)
 	parent := w.startSpan(c, m)
 	var stop context.CancelFunc = func() {}
 	if !c.req.Deadline.IsZero() {
@@ -78,8 +82,10 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	}
 	// The body is read here once, by the reader every process uses; the
 	// engine decides on this view (a gateway has checked the body already,
-	// a NATS-native client's gets its 400 here).
-	view, rerr := schemas.ReadRequest(c.req.Kind, m.Data, c.req.Model)
+	// a NATS-native client's gets its 400 here). Tb-Model, which the
+	// dispatcher set from the subject, is the model: a body naming another
+	// is model_mismatch.
+	view, rerr := schemas.ReadRequestFor(c.req.Kind, m.Data, c.req.Model)
 	if rerr != nil {
 		return c, rerr
 	}
@@ -189,7 +195,8 @@ func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time,
 
 func (c *call) sendAccepted() {
 	var buf [256]byte
-	b := schemas.AppendAccepted(buf[:0], schemas.Accepted{RequestID: c.req.ID, Worker: c.w.cfg.ID, Cancel: c.w.cancelSubject})
+	b := schemas.AppendAccepted(buf[:0], schemas.Accepted{RequestID: c.req.ID, Worker: c.w.cfg.ID, Cancel: c.w.cancelSubject,
+		CancelToken: c.cancelToken})
 	_ = c.send(schemas.FrameAccepted, b)
 }
 

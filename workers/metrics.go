@@ -13,6 +13,9 @@ type metrics struct {
 	requests *prometheus.CounterVec // by outcome
 	ttft     prometheus.Histogram
 	e2e      prometheus.Histogram
+	// cancelsIgnored: cancels with a wrong or missing token, or for a
+	// request not running here.
+	cancelsIgnored prometheus.Counter
 }
 
 // Latency buckets for LLM serving, the gateway's (gateway/metrics.go,
@@ -32,6 +35,9 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 			Name: "tokenbus_worker_time_to_first_token_seconds", Help: "From admission to the engine's first chunk (streams).", Buckets: ttftBuckets}),
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tokenbus_worker_request_duration_seconds", Help: "From admission to the end of the request.", Buckets: e2eBuckets}),
+		cancelsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_worker_cancels_ignored_total",
+			Help: "Cancels ignored: a wrong or missing cancel token, or a request not (or no longer) running here."}),
 	}
 	w.m = m
 	if reg == nil {
@@ -44,7 +50,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
-	reg.MustRegister(m.requests, m.ttft, m.e2e,
+	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored,
 		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),
 		gauge("tokenbus_worker_max_concurrency", "The worker's admission cap.", func() float64 { return float64(w.cfg.MaxConcurrency) }),
 		gauge("tokenbus_worker_waiting", "Requests queued inside the engine.", func() float64 { return float64(w.eng.Stats().Waiting) }),

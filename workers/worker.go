@@ -38,6 +38,10 @@ type Config struct {
 	// waits for the requests running on the adapter before it unloads it
 	// anyway; default 5s.
 	AdapterUnloadGrace time.Duration
+
+	// Usage takes the usage records of NATS-native tenant requests (see
+	// UsageSink); default: NATSUsageSink on the worker's connection.
+	Usage UsageSink
 }
 
 func (c *Config) defaults() {
@@ -75,6 +79,7 @@ type Worker struct {
 	doneSubject   string // schemas.DoneSubject(cfg.ID)
 
 	adapters *lora.Manager // every adapter load and unload goes through it
+	usage    UsageSink
 
 	running  atomic.Int64
 	draining atomic.Bool
@@ -109,6 +114,10 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
 		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
+	w.usage = cfg.Usage
+	if w.usage == nil {
+		w.usage = NATSUsageSink{NC: nc, Source: cfg.ID, Log: w.log}
+	}
 	w.registerMetrics(cfg.Metrics)
 	return w, nil
 }
@@ -275,14 +284,19 @@ func (w *Worker) bounce(m *nats.Msg) {
 	_ = w.nc.Publish(m.Reply, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))
 }
 
+// onCancel aborts a request: the body is schemas.CancelBody, the request id
+// and its cancel token (which only its requester has). A cancel with a wrong
+// or missing token, or for a request not running here, is ignored and counted.
 func (w *Worker) onCancel(m *nats.Msg) {
-	id := string(m.Data)
+	id, token := schemas.ParseCancel(m.Data)
 	w.mu.Lock()
 	c := w.inflight[id]
 	w.mu.Unlock()
-	if c != nil {
+	if c != nil && schemas.CancelTokenMatches(c.cancelToken, token) {
 		c.cancel(context.Canceled)
+		return
 	}
+	w.m.cancelsIgnored.Inc()
 }
 
 func (w *Worker) serve(c *call) {
@@ -321,6 +335,7 @@ func (w *Worker) serve(c *call) {
 	}
 	c.send(schemas.FrameDone, payload)
 	c.record("done", nil, res)
+	c.recordUsage(res)
 }
 
 func (w *Worker) finish(c *call) {

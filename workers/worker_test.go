@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -120,7 +122,8 @@ func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string
 	for k, v := range hdr {
 		h.Set(k, v)
 	}
-	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+	body := `{"model":"` + h.Get(schemas.HdrModel) + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(body)}); err != nil {
 		t.Fatal(err)
 	}
 	return f
@@ -209,9 +212,32 @@ func TestCancelAndKeepalive(t *testing.T) {
 	nc := testenv.Connect(t, ns)
 	eng := &gateEngine{release: make(chan struct{}), silent: 10 * time.Second}
 	w, _, _ := startWorker(t, nc, eng, Config{ID: "w1", KeepaliveInterval: 100 * time.Millisecond})
-	f := send(t, nc, schemas.WorkSubject("w1"), "r1", nil)
+	token := schemas.NewCancelToken()
+	f := send(t, nc, schemas.WorkSubject("w1"), "r1", map[string]string{schemas.HdrCancelToken: token})
 	testenv.WaitFor(t, 2*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameKeepalive, schemas.FrameKeepalive))
-	if err := nc.Publish(schemas.CancelSubject("w1"), []byte("r1")); err != nil {
+	f.mu.Lock()
+	acc, ok := schemas.ParseAccepted(f.got[0].Payload)
+	f.mu.Unlock()
+	if !ok || acc.CancelToken != token {
+		t.Fatalf("accepted %+v: want the request's cancel token", acc)
+	}
+	// Knowing the request id is not enough: a cancel without the token, or
+	// with another, is ignored.
+	for _, body := range [][]byte{[]byte("r1"), schemas.CancelBody("r1", ""), schemas.CancelBody("r1", schemas.NewCancelToken()), schemas.CancelBody("r1", token[1:])} {
+		if err := nc.Publish(schemas.CancelSubject("w1"), body); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, time.Second, func() error {
+		if n := counterValue(w.m.cancelsIgnored); n != 4 {
+			return fmt.Errorf("%v cancels ignored, want 4", n)
+		}
+		return nil
+	})
+	if eng.canceled.Load() != 0 || w.Running() != 1 {
+		t.Fatalf("a cancel without the token cancelled the request")
+	}
+	if err := nc.Publish(schemas.CancelSubject("w1"), schemas.CancelBody("r1", acc.CancelToken)); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, time.Second, func() error {
@@ -404,4 +430,10 @@ func testMultiplexedReplies(t *testing.T, linger time.Duration, finish bool) {
 	if muxed == 0 {
 		t.Fatal("five streams finishing together never shared a message")
 	}
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	_ = c.Write(&m)
+	return m.GetCounter().GetValue()
 }

@@ -82,11 +82,14 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		cancel(nil)
 	}()
 
-	stream, err := isStream(req)
+	view, err := boundView(req)
 	if err != nil {
 		return nil, err
 	}
-	hreq, err := e.newRequest(rctx, http.MethodPost, path, req.Body)
+	stream := view.Stream
+	// The engine runs the model it was given, never another: a body that
+	// names none gets it (an OpenAI server would run its default).
+	hreq, err := e.newRequest(rctx, http.MethodPost, path, view.BoundBody())
 	if err != nil {
 		return nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
@@ -446,15 +449,19 @@ func (e *Engine) failure(ctx, rctx context.Context, err error, started bool) err
 	return schemas.ErrEngineUnhealthy.New(e.name, e.base, "unreachable: "+err.Error())
 }
 
-// isStream is the request's stream flag, from the worker's reading of the
-// body (or, when called directly, a reading of its own by the same reader).
-func isStream(req *engine.Request) (bool, error) {
-	if req.View != nil {
-		return req.View.Stream, nil
+// boundView is the worker's reading of the body (or, when called directly,
+// a reading of its own by the same reader), checked against req.Model: a
+// body naming another model is model_mismatch.
+func boundView(req *engine.Request) (*schemas.Request, error) {
+	v := req.View
+	if v == nil {
+		var err *schemas.Error
+		if v, err = schemas.ReadRequestFor(req.Kind, req.Body, req.Model); err != nil {
+			return nil, err
+		}
 	}
-	v, err := schemas.ReadRequest(req.Kind, req.Body, req.Model)
-	if err != nil {
-		return false, err
+	if req.Model != "" && v.Model != req.Model {
+		return nil, schemas.ErrModelMismatch.New(req.Model, `the body's "model"`, v.Model)
 	}
-	return v.Stream, nil
+	return v, nil
 }

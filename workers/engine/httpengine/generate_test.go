@@ -484,3 +484,28 @@ func TestIdleTimer(t *testing.T) {
 		t.Fatal("never fired")
 	}
 }
+
+// The engine sends the model it was given, never another: a body naming
+// another model is model_mismatch and reaches no server; a body naming none
+// gets the model, so the server cannot run its default instead.
+func TestSendsItsModel(t *testing.T) {
+	f, srv := startFake(t)
+	e := newEngine(t, fastConfig(srv.URL))
+	req := chat(`{"model":"base-lora"}`)
+	req.Model = "base"
+	if _, err := e.Generate(t.Context(), req, &recSink{}); !schemas.ErrModelMismatch.Is(schemas.AsError(err)) {
+		t.Fatalf("body for another model: err %v, want model_mismatch", err)
+	}
+	if b := f.Body(req.ID); b != nil {
+		t.Fatalf("the server got %s", b)
+	}
+	req = chat(`{"x_fake":{"chunks":2}}`)
+	req.Model = "base"
+	if _, err := e.Generate(t.Context(), req, &recSink{}); err != nil {
+		t.Fatal(err)
+	}
+	var got struct{ Model string }
+	if err := json.Unmarshal(f.Body(req.ID), &got); err != nil || got.Model != "base" {
+		t.Fatalf("server got %s: want model base", f.Body(req.ID))
+	}
+}
