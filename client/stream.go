@@ -16,23 +16,23 @@ type Stream struct {
 	tok string
 	id  string // the request id
 
-	mu       sync.Mutex
-	pending  []schemas.Frame // frames not yet read start at head
-	head     int
-	last     time.Time     // when the last frame arrived (for the stall timer)
-	notify   chan struct{} // cap 1: "pending changed"
-	failed   *schemas.Error
-	worker   string
-	cancel   string // worker's cancel subject, once accepted
+	mu      sync.Mutex
+	pending []schemas.Frame // frames not yet read start at head
+	head    int
+	last    time.Time     // when the last frame arrived (for the stall timer)
+	notify  chan struct{} // cap 1: "pending changed"
+	failed  *schemas.Error
+	worker  string
+	cancel  string // worker's cancel subject, once accepted
 	// cancelToken proves our cancels are ours (schemas.CancelBody): the one
 	// Start set, until a queued or accepted frame names the one a
 	// dispatcher set instead.
 	cancelToken string
-	queued   bool
-	stallFor time.Duration
-	nextSeq  uint64 // next expected worker sequence number
-	finished bool   // a terminal frame was delivered
-	closed   bool
+	queued      bool
+	stallFor    time.Duration
+	nextSeq     uint64 // next expected worker sequence number
+	finished    bool   // a terminal frame was delivered
+	closed      bool
 
 	timer *time.Timer
 
