@@ -88,7 +88,21 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 	if p.metrics != nil {
 		p.part("metrics", p.metrics.serve)
 	}
-	p.d = dispatcher.New(p.cfg.Dispatcher, p.nc, models, reg, log)
+	dcfg := p.cfg.Dispatcher
+	if store := h.store; store != nil || p.store != nil {
+		if store == nil {
+			store = p.store
+		}
+		// Tenant requests (tokenbus.v1.treq.<key-id>.<model>): their keys
+		// and limits are the registry's.
+		if dcfg.Keys == nil {
+			dcfg.Keys = store
+		}
+		if dcfg.Admit == nil {
+			dcfg.Admit = dispatcher.LimiterAdmitter{Limiter: registry.NewLimiter(store)}
+		}
+	}
+	p.d = dispatcher.New(dcfg, p.nc, models, reg, log)
 	p.part("dispatcher", func() error { return p.d.Run(p.ctx) })
 	return p.waitReady(ctx, p.d.Ready(), "the dispatcher")
 }

@@ -1,0 +1,50 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/tokenbus/tokenbus/internal/flagenv"
+	"github.com/tokenbus/tokenbus/internal/natsusers"
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+// runNATSUsers prints the NATS users entries of NATS-native tenants, from
+// the registry's API keys and/or --tenant pairs (docs/security.md).
+func runNATSUsers(ctx context.Context, args []string, stdout, _ io.Writer) error {
+	fs := flagenv.NewFlagSet("nats-users")
+	var (
+		redisURL string
+		pairs    []string
+		nkeys    map[string]string
+	)
+	fs.StringVar(&redisURL, "redis-url", "", "Redis holding the API keys: one user per tenant of those keys (empty: only --tenant)")
+	fs.StringArrayVar(&pairs, "tenant", nil, "key-id:tenant or key-id:tenant:model,model (repeat for each key)")
+	fs.StringToStringVar(&nkeys, "nkey", nil, "tenant=public nkey (U...): the tenant logs in with that nkey instead of a password")
+	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	var keys []registry.Key
+	if redisURL != "" {
+		store, err := registry.Open(ctx, redisURL)
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		if keys, err = store.ListKeys(ctx); err != nil {
+			return err
+		}
+	}
+	for _, p := range pairs {
+		k, err := natsusers.ParseTenant(p)
+		if err != nil {
+			return err
+		}
+		keys = append(keys, k)
+	}
+	if len(keys) == 0 {
+		return fmt.Errorf("no keys: give --redis-url or --tenant")
+	}
+	return natsusers.Write(stdout, natsusers.FromKeys(keys, nkeys))
+}
