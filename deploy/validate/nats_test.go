@@ -310,11 +310,15 @@ func startFakeTokenbus(t *testing.T, ns *server.Server) *fakeTokenbus {
 	}
 	// Dispatcher: every request goes first to the full worker (which bounces
 	// it back), then to w1. It also says `queued` to the requester first.
-	if _, err := disp.QueueSubscribe("tokenbus.v1.req.>", "tokenbus-dispatchers", func(m *nats.Msg) {
+	take := func(m *nats.Msg) {
 		_ = disp.Publish(m.Reply, frame("queued", 0, `{"position":1,"dispatcher":"d1","timeout_ms":60000}`))
 		forward(m, "tokenbus.v1.work.full")
-	}); err != nil {
-		t.Fatal(err)
+	}
+	// Requests of the gateway and operators (req.>) and of tenants (treq.>).
+	for _, subj := range []string{"tokenbus.v1.req.>", "tokenbus.v1.treq.>"} {
+		if _, err := disp.QueueSubscribe(subj, "tokenbus-dispatchers", take); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if _, err := disp.Subscribe("tokenbus.v1.bounce.d1", func(m *nats.Msg) { forward(m, "tokenbus.v1.work.w1") }); err != nil {
 		t.Fatal(err)
@@ -356,6 +360,7 @@ func startFakeTokenbus(t *testing.T, ns *server.Server) *fakeTokenbus {
 		}
 		_ = w1.Publish("tokenbus.v1.done.w1", []byte(fmt.Sprintf(`{"worker":"w1","request_id":%q}`, id)))
 		_ = w1.Publish("tokenbus.v1.hb.w1", []byte(`{"worker":"w1"}`))
+		_ = w1.Publish("tokenbus.v1.usage.w1", []byte(fmt.Sprintf(`{"request_id":%q}`, id)))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -429,12 +434,12 @@ func TestNATSPermissions(t *testing.T) {
 	})
 
 	t.Run("tenant-a request and reply stream", func(t *testing.T) {
-		got := request(t, tenantA, "tokenbus.v1.req.llama-8b", "_INBOX.tenant-a", "ta-1", nil)
+		got := request(t, tenantA, "tokenbus.v1.treq.key_example_a.llama-8b", "_INBOX.tenant-a", "ta-1", nil)
 		if !slices.Equal(got, wantFrames) {
 			t.Errorf("frames %q, want %q", got, wantFrames)
 		}
 		// A model name with '.' and '/' travels as its model token.
-		got = request(t, tenantA, "tokenbus.v1.req.meta-llama~2fLlama-3~2e1-8B", "_INBOX.tenant-a", "ta-2", nil)
+		got = request(t, tenantA, "tokenbus.v1.treq.key_example_a.meta-llama~2fLlama-3~2e1-8B", "_INBOX.tenant-a", "ta-2", nil)
 		if !slices.Equal(got, wantFrames) {
 			t.Errorf("frames %q, want %q", got, wantFrames)
 		}
@@ -478,7 +483,10 @@ func TestNATSPermissions(t *testing.T) {
 		for _, subj := range []string{
 			"tokenbus.v1.work.w1", "tokenbus.v1.hb.w1", "tokenbus.v1.done.w1", "tokenbus.v1.bounce.d1",
 			"tokenbus.v1.ctl.w1.drain", "tokenbus.v1.events.models", "_INBOX.abc.def", "_INBOX.tenant-b.x.y",
-			"_INBOX.tenant-a.x.y", "$JS.API.STREAM.LIST",
+			"_INBOX.tenant-a.x.y", "$JS.API.STREAM.LIST", "tokenbus.v1.usage.w1",
+			// Only the gateway and operators publish on req.> (where
+			// Tb-Tenant is trusted); a tenant only on its own keys' treq.
+			"tokenbus.v1.req.llama-8b", "tokenbus.v1.treq.key_example_b.llama-8b", "tokenbus.v1.treq.key_other.llama-8b",
 		} {
 			if err := tenantA.Publish(subj, []byte("x")); err != nil {
 				t.Fatal(err)
@@ -488,15 +496,18 @@ func TestNATSPermissions(t *testing.T) {
 	})
 
 	t.Run("tenant-b: nkey login, one model only", func(t *testing.T) {
-		got := request(t, tenantB, "tokenbus.v1.req.llama-8b", "_INBOX.tenant-b", "tb-1", nil)
+		got := request(t, tenantB, "tokenbus.v1.treq.key_example_b.llama-8b", "_INBOX.tenant-b", "tb-1", nil)
 		if !slices.Equal(got, wantFrames) {
 			t.Errorf("frames %q, want %q", got, wantFrames)
 		}
 		tenantB.noErrors(t)
-		if err := tenantB.Publish("tokenbus.v1.req.other-model", []byte("{}")); err != nil {
-			t.Fatal(err)
+		for _, subj := range []string{"tokenbus.v1.treq.key_example_b.other-model", "tokenbus.v1.req.llama-8b",
+			"tokenbus.v1.treq.key_example_a.llama-8b"} {
+			if err := tenantB.Publish(subj, []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+			tenantB.violation(t, "publish", subj)
 		}
-		tenantB.violation(t, "publish", "tokenbus.v1.req.other-model")
 		if _, err := tenantB.SubscribeSync("_INBOX.tenant-a.>"); err != nil {
 			t.Fatal(err)
 		}
@@ -511,7 +522,7 @@ func TestNATSPermissions(t *testing.T) {
 		f.mu.Lock()
 		before := f.ctl
 		f.mu.Unlock()
-		m := nats.NewMsg("tokenbus.v1.req.llama-8b")
+		m := nats.NewMsg("tokenbus.v1.treq.key_example_a.llama-8b")
 		m.Reply = "tokenbus.v1.ctl.w1.drain"
 		m.Header = nats.Header{"Tb-Request-Id": {"evil"}, "Tb-Kind": {"chat"}}
 		m.Data = []byte(`{}`)
@@ -553,6 +564,8 @@ func TestNATSPermissions(t *testing.T) {
 		d.violation(t, "subscription", "tokenbus.v1.req.>")
 		_, _ = d.QueueSubscribeSync("tokenbus.v1.req.>", "other-group")
 		d.violation(t, "subscription", "tokenbus.v1.req.>")
+		_, _ = d.SubscribeSync("tokenbus.v1.treq.>")
+		d.violation(t, "subscription", "tokenbus.v1.treq.>")
 		_ = d.Publish("tokenbus.v1.hb.w1", []byte("{}"))
 		d.violation(t, "publish", "tokenbus.v1.hb.w1")
 		// The gateway does not read what is addressed to workers.
