@@ -36,6 +36,14 @@ type Options struct {
 	// MaxPending bounds the frames buffered for one stream whose reader is
 	// slower than its worker; past it the stream fails. Default 4096.
 	MaxPending int
+	// KeyID, when set, is the API key a NATS-native tenant sends with:
+	// requests go on its tenant request subject
+	// (schemas.TenantReqSubject), the only ones the tenant's NATS
+	// permissions allow; replies must then come under its tenant's inbox
+	// prefix (schemas.TenantInbox, which the connection sets with
+	// nats.CustomInboxPrefix). Empty: the request subjects of trusted
+	// publishers (the gateway).
+	KeyID string
 	// Submit, when set, takes requests instead of publishing them on their
 	// request subject: an embedded dispatcher's Submit.
 	Submit func(*nats.Msg) error
@@ -194,7 +202,11 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	}
 	c.streams[tok] = s
 	c.mu.Unlock()
-	msg := &nats.Msg{Subject: schemas.ReqSubject(r.Model), Reply: c.prefix + tok, Header: h, Data: r.Body}
+	subject := schemas.ReqSubject(r.Model)
+	if c.opts.KeyID != "" {
+		subject = schemas.TenantReqSubject(c.opts.KeyID, r.Model)
+	}
+	msg := &nats.Msg{Subject: subject, Reply: c.prefix + tok, Header: h, Data: r.Body}
 	send := c.nc.PublishMsg
 	if c.opts.Submit != nil {
 		send = c.opts.Submit

@@ -60,7 +60,10 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		// The raw body: fiber's c.Body() would inflate a compressed one, with
 		// no limit on what it inflates to.
 		body := c.Request().Body()
-		req, perr := schemas.ReadRequest(kind, body, pathModel)
+		// In the TorchServe form the path names the model, as a subject
+		// does on the bus: a body naming another is model_mismatch (a proxy
+		// may authorise by path).
+		req, perr := schemas.ReadRequestFor(kind, body, pathModel)
 		if perr != nil {
 			return perr
 		}

@@ -35,8 +35,10 @@
 // before it is read; the gateway then drains it (bounded: 64 MiB, 2 s) before
 // the connection closes, so the client reads a clean 413 instead of a reset.
 //
-// TorchServe form. In /predictions/{model}/{version}/v1/... the path's model is
-// a default: a "model" in the body wins. When the body has none, the gateway
+// TorchServe form. In /predictions/{model}/{version}/v1/... the path names the
+// model: a "model" in the body that names another is 400 model_mismatch (as a
+// Tb-Model header that disagrees with a request subject is on the bus; a proxy
+// in front may authorise by path). When the body has none, the gateway
 // inserts "model":"<path model>" right after the body's opening brace (the one
 // edit it ever makes to a body), so every engine downstream, including ones
 // that forward the body to vLLM as is, sees a complete OpenAI request. The

@@ -95,6 +95,7 @@ func TestRequestErrors(t *testing.T) {
 		{"prompt not a string or array", "POST", "/v1/completions", "application/json", `{"model":"llama-8b","prompt":{"a":1}}`, 400, "prompt", "invalid_type"},
 		{"unknown model", "POST", "/v1/chat/completions", "application/json", `{"model":"gpt-9","messages":[{"role":"user","content":"hi"}]}`, 404, "model", "model_not_found"},
 		{"unknown model, torchserve path", "POST", "/predictions/gpt-9/1.0/v1/completions", "application/json", `{"prompt":"hi"}`, 404, "model", "model_not_found"},
+		{"torchserve path and body name two models", "POST", "/predictions/other/1.0/v1/chat/completions", "application/json", `{"model":"llama-8b","messages":[{"role":"user","content":"hi"}]}`, 400, "model", "model_mismatch"},
 		{"text/plain", "POST", "/v1/chat/completions", "text/plain", unaryBody, 415, nil, "unsupported_media_type"},
 		{"no content type", "POST", "/v1/chat/completions", "", unaryBody, 415, nil, "unsupported_media_type"},
 		{"body over limit", "POST", "/v1/chat/completions", "application/json", big, 413, nil, "request_too_large"},
@@ -294,7 +295,7 @@ func TestBodyPassThrough(t *testing.T) {
 		name, path, body, want, wantModel string
 	}{
 		{"v1", "/v1/chat/completions", odd, odd, testModel},
-		{"torchserve with model", "/predictions/other/1.0/v1/chat/completions", odd, odd, testModel},
+		{"torchserve with model", "/predictions/llama-8b/1.0/v1/chat/completions", odd, odd, testModel},
 		{"torchserve without model", "/predictions/llama-8b/1.0/v1/completions",
 			` {"prompt":"hi", "weird": true}`, ` {"model":"llama-8b","prompt":"hi", "weird": true}`, testModel},
 		{"torchserve escaped slashed model", "/predictions/meta-llama%2FLlama-3.1-8B/1.0/v1/completions",
@@ -379,8 +380,8 @@ func TestClientHangUp(t *testing.T) {
 			// the late accepted frame comes: wait for the one we want.
 			for {
 				c := h.nextCancel(t)
-				if string(c.Data) != id {
-					t.Fatalf("cancel on %q for %q, want request %q", c.Subject, c.Data, id)
+				if string(c.Data) != string(schemas.CancelBody(id, m.Header.Get(schemas.HdrCancelToken))) {
+					t.Fatalf("cancel on %q for %q, want request %q with its cancel token", c.Subject, c.Data, id)
 				}
 				if c.Subject == tc.subject {
 					break
@@ -479,7 +480,8 @@ func TestShutdown(t *testing.T) {
 		if ev, err := readEvent(r); err != nil || ev != chatRole {
 			t.Fatalf("first event %q %v", ev, err)
 		}
-		id := h.nextRequest(t).Header.Get(schemas.HdrRequestID)
+		m := h.nextRequest(t)
+		id, token := m.Header.Get(schemas.HdrRequestID), m.Header.Get(schemas.HdrCancelToken)
 
 		start := time.Now()
 		err = h.shutdown(200 * time.Millisecond)
@@ -496,7 +498,7 @@ func TestShutdown(t *testing.T) {
 		if ev, err := readEvent(r); err != nil || ev != "[DONE]" {
 			t.Fatalf("after the error: %q %v", ev, err)
 		}
-		if c := h.nextCancel(t); string(c.Data) != id {
+		if c := h.nextCancel(t); string(c.Data) != string(schemas.CancelBody(id, token)) {
 			t.Fatalf("cancel %q", c.Data)
 		}
 		if _, err := h.http.Get(h.base + "/health"); err == nil {
@@ -508,7 +510,8 @@ func TestShutdown(t *testing.T) {
 			h.reply(m, schemas.FrameQueued, 0, `{"position":1,"timeout_ms":60000}`)
 		}})
 		got := h.postAsync(t, "/v1/chat/completions", chatBody)
-		id := h.nextRequest(t).Header.Get(schemas.HdrRequestID)
+		m := h.nextRequest(t)
+		id, token := m.Header.Get(schemas.HdrRequestID), m.Header.Get(schemas.HdrCancelToken)
 		start := time.Now()
 		_ = h.shutdown(100 * time.Millisecond)
 		if d := time.Since(start); d > 1500*time.Millisecond {
@@ -518,7 +521,7 @@ func TestShutdown(t *testing.T) {
 		if r.status != 503 || r.retry != "1" || openAIError(t, r.body)["code"] != schemas.CodeShuttingDown {
 			t.Fatalf("%+v", r)
 		}
-		if c := h.nextCancel(t); c.Subject != schemas.QueueCancel || string(c.Data) != id {
+		if c := h.nextCancel(t); c.Subject != schemas.QueueCancel || string(c.Data) != string(schemas.CancelBody(id, token)) {
 			t.Fatalf("cancel %q %q", c.Subject, c.Data)
 		}
 	})

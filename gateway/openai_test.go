@@ -34,7 +34,7 @@ func TestOpenAIChat(t *testing.T) {
 		wantModel         string // what the worker must see in Tb-Model and in the body
 	}{
 		{"v1", "/v1/", testModel, testModel},
-		{"torchserve body model wins", "/predictions/other/1.0/v1/", testModel, testModel},
+		{"torchserve path and body agree", "/predictions/llama-8b/1.0/v1/", testModel, testModel},
 		{"torchserve path model", "/predictions/llama-8b/1.0/v1/", "", testModel},
 		{"slashed model", "/v1/", testSlashedModel, testSlashedModel},
 	} {

@@ -24,7 +24,7 @@ var layers = map[string]int{
 	"internal/tracing": 1, "internal/tracing/otlp": 1, "internal/natsconn": 1, "internal/embedded": 1,
 	"internal/flagenv": 1,
 
-	"gateway": 2, "gateway/httpstream": 2, "dispatcher": 2, "admin": 2, "auth": 2, "bench": 2,
+	"gateway": 2, "gateway/httpstream": 2, "dispatcher": 2, "admin": 2, "auth": 2, "bench": 2, "internal/natsusers": 2,
 	"workers": 2, "workers/lora": 2, "workers/engine": 2, "workers/engine/httpengine": 2,
 	"workers/engine/openai": 2, "workers/engine/vllm": 2, "workers/engine/sim": 2, "workers/engine/sim/simserver": 2,
 
