@@ -49,6 +49,10 @@ const (
 // compared case-insensitively, so that no spelling slips past a reader that
 // canonicalises.
 func DispatcherOnly(name string, tenant bool) bool {
+	switch name { // the headers clients send, spelled as they are: no folding
+	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace:
+		return false
+	}
 	if len(name) < 3 || !strings.EqualFold(name[:3], "tb-") {
 		return false
 	}
