@@ -44,9 +44,14 @@ type Publisher struct {
 	js      jetstream.JetStream
 	subject string
 	log     *slog.Logger
-	queue   chan schemas.UsageRecord
-	pending atomic.Int64 // records queued or being published: Flush's measure
 	wg      sync.WaitGroup
+
+	// The buffer grows only while JetStream lags: a slice under a lock,
+	// not a channel of MaxBuffered records allocated up front.
+	mu      sync.Mutex
+	queue   []schemas.UsageRecord
+	wake    chan struct{} // a token when queue has records
+	pending atomic.Int64  // records queued or being published: Flush's measure
 
 	published, fallback, dropped prometheus.Counter
 }
@@ -77,7 +82,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		return nil, err
 	}
 	p := &Publisher{cfg: cfg, js: js, subject: schemas.UsagePrefix + cfg.Source, log: log,
-		queue: make(chan schemas.UsageRecord, cfg.MaxBuffered),
+		wake: make(chan struct{}, 1),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_usage_published_total",
 			Help: "Usage records stored in the JetStream usage stream (publish acknowledged).",
@@ -104,15 +109,43 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 // Publish queues a record; it never blocks. Past MaxBuffered the record is
 // dropped, counted and logged.
 func (p *Publisher) Publish(rec schemas.UsageRecord) {
-	p.pending.Add(1) // before the send, so Flush never sees it missing
-	select {
-	case p.queue <- rec:
-	default:
-		p.pending.Add(-1)
+	p.mu.Lock()
+	if len(p.queue) >= p.cfg.MaxBuffered {
+		p.mu.Unlock()
 		p.dropped.Inc()
 		p.log.Error("usage record dropped: publish buffer full", "request_id", rec.RequestID, "key_id", rec.KeyID,
 			"model", rec.Model, "buffered", p.cfg.MaxBuffered)
+		return
 	}
+	p.queue = append(p.queue, rec)
+	p.pending.Add(1)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take pops the oldest record; false when there is none.
+func (p *Publisher) take() (schemas.UsageRecord, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.queue) == 0 {
+		if cap(p.queue) > 1024 {
+			p.queue = nil // an outage's buffer is not kept for ever
+		}
+		return schemas.UsageRecord{}, false
+	}
+	rec := p.queue[0]
+	p.queue[0] = schemas.UsageRecord{}
+	p.queue = p.queue[1:]
+	if len(p.queue) > 0 {
+		select { // more for the other workers
+		case p.wake <- struct{}{}:
+		default:
+		}
+	}
+	return rec, true
 }
 
 // Pending counts the records not yet published.
@@ -129,7 +162,11 @@ func (p *Publisher) Run(ctx context.Context) {
 		}()
 	}
 	p.wg.Wait()
-	if n := len(p.queue); n > 0 {
+	p.mu.Lock()
+	n := len(p.queue)
+	p.queue = nil
+	p.mu.Unlock()
+	if n > 0 {
 		p.pending.Add(int64(-n))
 		p.dropped.Add(float64(n))
 		p.log.Error("usage records dropped: unpublished at shutdown", "records", n)
@@ -138,17 +175,21 @@ func (p *Publisher) Run(ctx context.Context) {
 
 func (p *Publisher) work(ctx context.Context) {
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case rec := <-p.queue:
-			ok := p.deliver(ctx, rec)
-			p.pending.Add(-1)
-			if !ok {
-				p.dropped.Inc()
-				p.log.Error("usage record dropped: unpublished at shutdown", "request_id", rec.RequestID, "key_id", rec.KeyID)
+		rec, ok := p.take()
+		if !ok {
+			select {
+			case <-ctx.Done():
 				return
+			case <-p.wake:
+				continue
 			}
+		}
+		ok = p.deliver(ctx, rec)
+		p.pending.Add(-1)
+		if !ok {
+			p.dropped.Inc()
+			p.log.Error("usage record dropped: unpublished at shutdown", "request_id", rec.RequestID, "key_id", rec.KeyID)
+			return
 		}
 	}
 }
