@@ -3,7 +3,6 @@ package usage
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -126,30 +125,32 @@ func (c *consumer) setUp(ctx context.Context, nc *nats.Conn) (jetstream.Consumer
 	})
 }
 
-// run fetches and records until ctx ends or JetStream fails.
+// run pulls and records until ctx ends (nil) or JetStream fails.
 func (c *consumer) run(ctx context.Context, cons jetstream.Consumer) error {
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(time.Second))
+	it, err := cons.Messages(jetstream.PullMaxMessages(c.cfg.Batch))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	// Stop ends a Next that waits for messages, so closing is immediate.
+	defer context.AfterFunc(ctx, it.Stop)()
+	for {
+		msg, err := it.Next()
+		if ctx.Err() != nil {
+			if err == nil {
+				_ = msg.Nak() // not ours to record any more: the next consumer takes it now
+			}
+			return nil
+		}
 		if err != nil {
 			return err
 		}
-		stalled := false
-		for msg := range batch.Messages() {
-			if stalled { // Redis refused one of this batch: the rest waits too
-				_ = msg.NakWithDelay(c.cfg.Retry)
-				c.m.retried.Inc()
-				continue
-			}
-			stalled = !c.handle(ctx, msg)
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-			return err
-		}
-		if stalled && !sleep(ctx, c.cfg.Retry) {
+		// Redis refused it: wait before the next, which would most likely
+		// fail too (the prefetched ones are tried one per Retry).
+		if !c.handle(ctx, msg) && !sleep(ctx, c.cfg.Retry) {
 			return nil
 		}
 	}
-	return nil
 }
 
 // handle records one message; false when Redis did not take it.
