@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -189,4 +190,30 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 	if len(changes) < 3 || changes[0] != "closed>open" || changes[len(changes)-1] != "half_open>closed" {
 		t.Fatalf("transitions %v", changes)
 	}
+}
+
+// While Redis is down a cached key is served, but only for MaxStale after
+// Redis last confirmed it.
+func TestKeyCacheMaxStale(t *testing.T) {
+	s, r := openStore(t)
+	ctx := context.Background()
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Name: "stale", Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := registry.NewKeyCache(s, time.Nanosecond, nil) // every lookup asks Redis
+	c.MaxStale = 300 * time.Millisecond
+	if got, err := c.Lookup(ctx, secret); err != nil || got.ID != k.ID {
+		t.Fatalf("%+v %v", got, err)
+	}
+	r.Stop()
+	if got, err := c.Lookup(ctx, secret); err != nil || got.ID != k.ID {
+		t.Fatalf("Redis down, just confirmed: %+v %v", got, err)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if _, err := c.Lookup(ctx, secret); !errors.Is(err, registry.ErrUnavailable) {
+			return fmt.Errorf("still served past MaxStale: %v", err)
+		}
+		return nil
+	})
 }
