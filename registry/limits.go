@@ -158,9 +158,10 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 // the usage index, KEYS[4] the record's seen marker; ARGV now (ms or ""),
 // tokens used (0: none to count), key id, model, prompt tokens, completion
 // tokens, tokens reserved (0: none), the reservation's window, whether to
-// check the seen marker ("1"). Returns 1 for a record already counted.
+// check and set the seen marker ("1"), the marker's lifetime (ms). Returns 1
+// for a record already counted.
 var recordScript = redis.NewScript(nowLua + `
-if ARGV[9] == '1' and not redis.call('SET', KEYS[4], '1', 'NX', 'PX', 3600000) then
+if ARGV[9] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
   return 1
 end
 local tokens, reserved = tonumber(ARGV[2]), tonumber(ARGV[7])
@@ -182,12 +183,19 @@ redis.call('HINCRBY', KEYS[2], 'requests|' .. m, 1)
 redis.call('HINCRBY', KEYS[2], 'prompt_tokens|' .. m, ARGV[5])
 redis.call('HINCRBY', KEYS[2], 'completion_tokens|' .. m, ARGV[6])
 redis.call('SADD', KEYS[3], ARGV[3])
+if ARGV[9] == '1' then
+  -- Last: a script that failed above left no marker, so its retry counts.
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[10])
+end
 return 0
 `)
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
-// delivered again within it is not counted twice.
-const UsageSeenTTL = time.Hour
+// delivered again within it is not counted twice. A record is delivered
+// again when the ack of a recorded one is lost: after the usage consumer's
+// AckWait (30 s), so 10 minutes is a wide margin, and it bounds the markers
+// to 10 minutes of requests (about 60 MB at 1,000 requests/s).
+const UsageSeenTTL = 10 * time.Minute
 
 func seenKey(keyID, requestID string) string {
 	return "{tokenbus}:usage:seen:" + keyID + ":" + requestID
@@ -213,7 +221,7 @@ func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool
 		n, err = recordScript.Run(ctx, l.store.rdb,
 			[]string{rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID)},
 			l.now(), tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
-			max(reserved, 0), rec.Window, check).Int64()
+			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds()).Int64()
 		return storeErr(err)
 	})
 	return n == 1, err
