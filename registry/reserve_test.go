@@ -166,7 +166,7 @@ func TestBreakerOnStoppedRedis(t *testing.T) {
 		}
 		limit := 150 * time.Millisecond // the 50ms bound, with room for a busy machine
 		if i >= 3 {
-			limit = 5 * time.Millisecond // open: no wait at all
+			limit = 20 * time.Millisecond // open: no Redis wait (50ms) at all
 		}
 		if took > limit {
 			t.Fatalf("call %d took %s with Redis stopped (limit %s)", i, took, limit)
