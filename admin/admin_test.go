@@ -496,7 +496,7 @@ func TestKeysAndUsage(t *testing.T) {
 		id, model string
 		p, c      int
 	}{{k.ID, "llama-8b", 10, 5}, {k.ID, "llama-8b", 1, 1}, {k.ID, "other", 3, 4}, {open.ID, "llama-8b", 2, 2}} {
-		if err := lim.Record(ctx, u.id, u.model, schemas.Usage{PromptTokens: u.p, CompletionTokens: u.c}); err != nil {
+		if _, err := lim.Record(ctx, schemas.UsageRecord{KeyID: u.id, Model: u.model, Usage: schemas.Usage{PromptTokens: u.p, CompletionTokens: u.c}}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -25,11 +25,30 @@ type Config struct {
 	Limiter *registry.Limiter // required: limits and usage
 	Log     *slog.Logger
 	Metrics prometheus.Registerer // may be nil
-	// Timeout bounds each Redis call on a request's path. Default 2s.
+	// Timeout bounds each Redis call on a request's path, above the store's
+	// breaker (registry.BreakerConfig.Timeout, which is what bounds them in
+	// a gateway). Default 2s.
 	Timeout time.Duration
-	// MaxPendingUsage bounds usage writes in flight; past it usage is
-	// dropped (logged and counted). Default 1024.
+	// MaxPendingUsage bounds usage writes in flight when usage is written
+	// straight to Redis (Usage nil); past it usage is dropped (logged and
+	// counted). Default 1024.
 	MaxPendingUsage int
+
+	// MaxTokens is a model's cap on what one completion may generate (its
+	// registered max_model_len), reserved for requests that set no
+	// max_tokens; nil, or 0 for a model, means DefaultMaxTokens.
+	MaxTokens func(model string) int
+	// DefaultMaxTokens is reserved for a request that sets no max_tokens of
+	// a model with no known cap. Default 4096.
+	DefaultMaxTokens int
+	// FailClosed refuses requests of keys with limits (503
+	// store_unavailable) when Redis cannot check them; by default they are
+	// allowed (fail open).
+	FailClosed bool
+	// Usage, if set, takes every finished request's record (e.g. a
+	// usage.Publisher, which makes it durable); nil writes it to Redis in
+	// the background, bounded by MaxPendingUsage.
+	Usage func(schemas.UsageRecord)
 }
 
 // Auth holds the hooks. Make one with New.
@@ -38,9 +57,10 @@ type Auth struct {
 	log     *slog.Logger
 	pending chan struct{} // a slot per usage write in flight
 
-	decisions *prometheus.CounterVec
-	failOpen  prometheus.Counter
-	usageLost prometheus.Counter
+	decisions  *prometheus.CounterVec
+	failOpen   prometheus.Counter
+	failClosed prometheus.Counter
+	usageLost  prometheus.Counter
 }
 
 // New makes an Auth.
@@ -50,6 +70,9 @@ func New(cfg Config) *Auth {
 	}
 	if cfg.MaxPendingUsage <= 0 {
 		cfg.MaxPendingUsage = 1024
+	}
+	if cfg.DefaultMaxTokens <= 0 {
+		cfg.DefaultMaxTokens = 4096
 	}
 	log := cfg.Log
 	if log == nil {
@@ -64,13 +87,17 @@ func New(cfg Config) *Auth {
 			Name: "tokenbus_auth_ratelimit_fail_open_total",
 			Help: "Requests allowed without a rate-limit check because Redis did not answer.",
 		}),
+		failClosed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_auth_ratelimit_fail_closed_total",
+			Help: "Requests refused (503) because Redis did not answer the rate-limit check and limits fail closed.",
+		}),
 		usageLost: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_auth_usage_lost_total",
 			Help: "Finished requests whose usage could not be recorded (Redis error or too many writes pending).",
 		}),
 	}
 	if cfg.Metrics != nil {
-		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.usageLost,
+		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.failClosed, a.usageLost,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "tokenbus_auth_usage_pending",
 				Help: "Usage records waiting to be written to Redis (past MaxPendingUsage they are dropped and counted lost).",
@@ -80,16 +107,17 @@ func New(cfg Config) *Auth {
 }
 
 // Authorize is gateway.Config.Authorize.
-func (a *Auth) Authorize(c *fiber.Ctx, model string) (gateway.Principal, error) {
+func (a *Auth) Authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal, error) {
 	if a.cfg.Keys == nil {
 		return gateway.Principal{}, nil
 	}
-	p, outcome, err := a.authorize(c, model)
+	p, outcome, err := a.authorize(c, req)
 	a.decisions.WithLabelValues(outcome).Inc()
 	return p, err
 }
 
-func (a *Auth) authorize(c *fiber.Ctx, model string) (gateway.Principal, string, error) {
+func (a *Auth) authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal, string, error) {
+	model := req.Model
 	secret, ok := bearer(c.Get(fiber.HeaderAuthorization))
 	if !ok {
 		return gateway.Principal{}, "missing_key", errMissingKey
@@ -109,55 +137,14 @@ func (a *Auth) authorize(c *fiber.Ctx, model string) (gateway.Principal, string,
 	case !k.Allows(model):
 		return gateway.Principal{}, "model_not_allowed", schemas.ErrModelNotAllowed.New(model)
 	}
-	p := gateway.Principal{Tenant: k.Tenant, KeyID: k.ID}
-	d, err := a.cfg.Limiter.Admit(ctx, k)
-	if err != nil {
-		a.failOpen.Inc()
-		a.log.Warn("rate-limit check failed: allowing the request (fail open)", "key_id", k.ID, "err", err)
-		return p, "fail_open", nil
+	d, outcome, aerr := a.admit(ctx, k, a.AdmissionOf(req))
+	if d.RPM > 0 || d.TPM > 0 {
+		setHeaders(c, d)
 	}
-	setHeaders(c, d)
-	if !d.Allowed {
-		return gateway.Principal{}, "rate_limited", rateLimited(k, d)
+	if aerr != nil {
+		return gateway.Principal{}, outcome, aerr
 	}
-	return p, "ok", nil
-}
-
-// OnUsage is gateway.Config.OnUsage: it records the usage in the background
-// (it must not hold up the response), bounded by MaxPendingUsage.
-func (a *Auth) OnUsage(p gateway.Principal, model string, u schemas.Usage) {
-	select {
-	case a.pending <- struct{}{}:
-	default:
-		a.usageLost.Inc()
-		a.log.Warn("usage dropped: too many usage writes pending", "key_id", p.KeyID, "model", model)
-		return
-	}
-	go func() {
-		defer func() { <-a.pending }()
-		ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
-		defer cancel()
-		if err := a.cfg.Limiter.Record(ctx, p.KeyID, model, u); err != nil {
-			a.usageLost.Inc()
-			a.log.Warn("usage not recorded", "key_id", p.KeyID, "model", model, "err", err)
-		}
-	}()
-}
-
-// Wait waits until the usage writes in flight are done, or ctx ends.
-func (a *Auth) Wait(ctx context.Context) error {
-	// The slots, not a WaitGroup: usage writes start while others are waited
-	// for, which a WaitGroup does not allow.
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
-	for len(a.pending) > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
+	return gateway.Principal{Tenant: k.Tenant, KeyID: k.ID, Reserved: d.Reserved, Window: d.Window}, outcome, nil
 }
 
 // bearer returns the token of an "Authorization: Bearer <token>" header.

@@ -484,3 +484,50 @@ func TestAuthOff(t *testing.T) {
 		t.Fatalf("%+v %v", rows, err)
 	}
 }
+
+// Admit is the limit check without Fiber (for NATS-native requests): it
+// reserves, refuses with 429 and Retry-After, and when Redis cannot answer
+// allows (fail open) or refuses with 503 (FailClosed), as configured.
+func TestAdmit(t *testing.T) {
+	rd := testenv.StartRedis(t)
+	store, err := registry.Open(context.Background(), rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	store.UseBreaker(registry.NewBreaker(registry.BreakerConfig{}))
+	lim := registry.NewLimiter(store)
+	lim.Now = clock
+	open, closed := auth.New(auth.Config{Limiter: lim}), auth.New(auth.Config{Limiter: lim, FailClosed: true})
+	k := registry.Key{ID: "key_admit", KeySpec: registry.KeySpec{RPM: 2, TPM: 1000}}
+	ctx := context.Background()
+	req, perr := schemas.ReadRequest(schemas.KindCompletion, []byte(`{"model":"m","prompt":["a","b"],"max_tokens":10}`), "")
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	adm := open.AdmissionOf(req)
+	if adm.Requests != 2 || adm.Tokens != 12+20 {
+		t.Fatalf("admission %+v", adm)
+	}
+	d, e := open.Admit(ctx, k, adm)
+	if e != nil || !d.Allowed || d.Reserved != adm.Tokens || d.Window == 0 {
+		t.Fatalf("first: %+v %v", d, e)
+	}
+	d, e = open.Admit(ctx, k, registry.Admission{Requests: 1})
+	if e == nil || e.Status != 429 || e.RetryAfter == 0 || d.Allowed {
+		t.Fatalf("over RPM: %+v %v", d, e)
+	}
+	rd.Stop()
+	for _, tc := range []struct {
+		a       *auth.Auth
+		allowed bool
+	}{{open, true}, {closed, false}} {
+		d, e := tc.a.Admit(ctx, registry.Key{ID: "key_other", KeySpec: registry.KeySpec{RPM: 1}}, registry.Admission{Requests: 1, Tokens: 5})
+		switch {
+		case tc.allowed && (e != nil || !d.Allowed || d.Reserved != 0):
+			t.Fatalf("fail open: %+v %v", d, e)
+		case !tc.allowed && (e == nil || e.Status != 503 || e.Body.Code == nil || *e.Body.Code != schemas.ErrStoreUnavailable.Code):
+			t.Fatalf("fail closed: %+v %v", d, e)
+		}
+	}
+}

@@ -11,10 +11,16 @@
 //	Redis down, key not cached   503 overloaded_error, code store_unavailable
 //
 // Keys with limits get OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
-// headers on every response, for the limits they have. Redis down during the
-// limit check fails open: the request is allowed, a warning is logged and
-// tokenbus_auth_ratelimit_fail_open_total counts it, so a Redis outage does
-// not stop serving.
+// headers on every response, for the limits they have. Admission reserves
+// (registry.Limiter.Admit): a prompt array counts one request per prompt,
+// and the request's prompt estimate plus the most it may generate is
+// reserved against TPM, settled when its usage record is written. Admit is
+// the same check without Fiber, for requests that do not come over HTTP.
+// Redis down during the limit check fails open: the request is allowed, a
+// warning is logged and tokenbus_auth_ratelimit_fail_open_total counts it,
+// so a Redis outage does not stop serving; Config.FailClosed refuses with
+// 503 instead. Usage records go to Config.Usage (the gateway program: a
+// usage.Publisher) or, without it, straight to Redis.
 //
 // Tokenbus imports: gateway, registry, schemas.
 package auth

@@ -2,9 +2,7 @@ package dispatcher
 
 import (
 	"context"
-	"math"
 	"strconv"
-	"time"
 
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -26,27 +24,6 @@ type Admission struct {
 // (fail open, as the gateway does).
 type Admitter interface {
 	Admit(ctx context.Context, k registry.Key, req *schemas.Request) (Admission, error)
-}
-
-// LimiterAdmitter admits on a registry.Limiter. It reserves nothing: the
-// limiter counts a request's tokens when its usage is recorded.
-type LimiterAdmitter struct{ Limiter *registry.Limiter }
-
-// Admit implements Admitter.
-func (a LimiterAdmitter) Admit(ctx context.Context, k registry.Key, _ *schemas.Request) (Admission, error) {
-	d, err := a.Limiter.Admit(ctx, k)
-	if err != nil {
-		return Admission{}, err
-	}
-	if !d.Allowed {
-		what, limit, used := "requests per minute (RPM)", d.RPM, d.Requests
-		if d.Exceeded == "tokens" {
-			what, limit, used = "tokens per minute (TPM)", d.TPM, d.Tokens
-		}
-		return Admission{}, schemas.ErrRateLimited.New(k.ID, what, limit, used, d.Reset.Round(time.Millisecond).String()).
-			WithRetryAfter(max(int(math.Ceil(d.Reset.Seconds())), 1))
-	}
-	return Admission{}, nil
 }
 
 // setAdmission marks an admitted tenant request for the worker's usage record.

@@ -80,11 +80,12 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 
 		var caller Principal
 		if g.cfg.Authorize != nil {
-			p, err := g.cfg.Authorize(c, req.Model)
+			p, err := g.cfg.Authorize(c, req)
 			if err != nil {
 				return err
 			}
-			caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID)}
+			caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID),
+				Reserved: p.Reserved, Window: p.Window}
 		}
 		if !known {
 			return schemas.ErrModelNotFound.New(req.Model)
@@ -296,8 +297,8 @@ func (x *exchange) end(finished bool) {
 	x.g.inflight.done()
 }
 
-// usage counts the done payload's usage in tokens_total and hands it to
-// OnUsage. A panicking hook is logged; it must not break the response.
+// usage counts the done payload's usage in tokens_total and hands its
+// record to OnUsage. A panicking hook is logged; it must not break the response.
 func (x *exchange) usage(done []byte) {
 	var u schemas.Usage
 	if p := schemas.UsageOf(done); p != nil {
@@ -317,7 +318,8 @@ func (x *exchange) usage(done []byte) {
 			x.g.log.Error("OnUsage panicked", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r))
 		}
 	}()
-	x.g.cfg.OnUsage(x.caller, x.model, u)
+	x.g.cfg.OnUsage(schemas.UsageRecord{RequestID: x.id, KeyID: x.caller.KeyID, Tenant: x.caller.Tenant,
+		Model: x.model, Usage: u, Reserved: x.caller.Reserved, Window: x.caller.Window})
 }
 
 // pathParam is a route parameter, unescaped and copied out of fasthttp's buffers.

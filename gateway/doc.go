@@ -86,12 +86,13 @@
 // and their workers are told to cancel. A cut stream's writes get one more
 // second, so a client that reads nothing cannot hold it.
 //
-// Hooks. Config.Authorize is called after the body is parsed and before the
-// request is published; it returns the request's Principal (tenant, API key
-// id) and may set response headers. Config.OnUsage is called with that
-// Principal once for every request that finished with a done frame (stream or
-// not), with the usage at the top level of the done payload (zero if it had
-// none). Requests that failed or were cancelled do not call OnUsage. Package
+// Hooks. Config.Authorize is called with the body's view after the body is
+// parsed and before the request is published; it returns the request's
+// Principal (tenant, API key id, tokens reserved against the key's limit) and
+// may set response headers. Config.OnUsage is called with a
+// schemas.UsageRecord of that Principal once for every request that finished
+// with a done frame (stream or not), with the usage at the top level of the
+// done payload (zero if it had none). Requests that failed or were cancelled do not call OnUsage. Package
 // auth implements both on API keys, rate limits and usage in Redis.
 //
 // Catalog. /v1/models, the choice between 404 (unknown model) and 503 (known,

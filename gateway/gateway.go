@@ -32,17 +32,19 @@ type Config struct {
 	Version         string
 
 	// Authorize, if set, is called for every completion request after its
-	// body is parsed and before it is published; model is the resolved
-	// model. An error rejects the request (a *schemas.Error keeps its status,
-	// e.g. 401, 403 or 429 with RetryAfter). Response headers it sets (e.g.
-	// x-ratelimit-*) are sent with the response, error or not. The
-	// principal's tenant travels on the bus; the principal is passed to
-	// OnUsage.
-	Authorize func(c *fiber.Ctx, model string) (Principal, error)
+	// body is parsed and before it is published; req is the body's view
+	// (req.Model the resolved model; it and its strings alias fasthttp's
+	// buffers: copy what outlives the call). An error rejects the request (a
+	// *schemas.Error keeps its status, e.g. 401, 403 or 429 with
+	// RetryAfter). Response headers it sets (e.g. x-ratelimit-*) are sent
+	// with the response, error or not. The principal's tenant travels on the
+	// bus; the principal's fields go into the request's UsageRecord.
+	Authorize func(c *fiber.Ctx, req *schemas.Request) (Principal, error)
 	// OnUsage, if set, is called once per request that finished with a done
-	// frame, with the usage from the done payload's top level. It may be
-	// called from a stream writer goroutine and must not block for long.
-	OnUsage func(p Principal, model string, u schemas.Usage)
+	// frame, with its record: request id, the principal's key, tenant and
+	// reservation, the model and the usage from the done payload's top level.
+	// It may be called from a stream writer goroutine and must not block.
+	OnUsage func(rec schemas.UsageRecord)
 }
 
 func (c *Config) defaults() {

@@ -112,6 +112,7 @@ type harness struct {
 
 	usageMu sync.Mutex
 	usage   []string // "tenant model total_tokens" per OnUsage call
+	records []schemas.UsageRecord
 
 	shutdownOnce sync.Once
 }
@@ -158,9 +159,10 @@ func newHarness(t testing.TB, o harnessOptions) *harness {
 		cfg.ProbeInterval = 25 * time.Millisecond
 	}
 	if cfg.OnUsage == nil {
-		cfg.OnUsage = func(p Principal, model string, u schemas.Usage) {
+		cfg.OnUsage = func(rec schemas.UsageRecord) {
 			h.usageMu.Lock()
-			h.usage = append(h.usage, fmt.Sprintf("%s %s %d", p.Tenant, model, u.TotalTokens))
+			h.usage = append(h.usage, fmt.Sprintf("%s %s %d", rec.Tenant, rec.Model, rec.Usage.TotalTokens))
+			h.records = append(h.records, rec)
 			h.usageMu.Unlock()
 		}
 	}

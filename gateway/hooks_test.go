@@ -21,10 +21,13 @@ import (
 // OnUsage; its errors keep their status.
 func TestAuthorize(t *testing.T) {
 	h := newHarness(t, harnessOptions{cfg: Config{
-		Authorize: func(c *fiber.Ctx, model string) (Principal, error) {
+		Authorize: func(c *fiber.Ctx, req *schemas.Request) (Principal, error) {
+			if req.Model != "llama-8b" {
+				return Principal{}, schemas.ErrInternal.New()
+			}
 			switch c.Get("Authorization") {
 			case "Bearer good":
-				return Principal{Tenant: "acme"}, nil
+				return Principal{Tenant: "acme", KeyID: "key_1", Reserved: 40, Window: 7}, nil
 			case "Bearer limited":
 				e := schemas.FromUpstream(429, schemas.TypeRateLimit, "rate_limit_exceeded", "", "slow down")
 				e.RetryAfter = 9
@@ -56,11 +59,23 @@ func TestAuthorize(t *testing.T) {
 	if u := h.usageCalls(); u[0] != "acme llama-8b 11" || u[1] != "acme llama-8b 11" {
 		t.Fatalf("OnUsage %q", u)
 	}
+	// The record carries the request id (what makes it count once) and the
+	// principal's reservation, to be settled.
+	h.usageMu.Lock()
+	defer h.usageMu.Unlock()
+	for _, r := range h.records {
+		if r.RequestID == "" || r.KeyID != "key_1" || r.Reserved != 40 || r.Window != 7 {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	if h.records[0].RequestID == h.records[1].RequestID {
+		t.Fatalf("two requests, one id: %+v", h.records)
+	}
 }
 
 // A panicking OnUsage hook breaks neither kind of response.
 func TestOnUsagePanic(t *testing.T) {
-	h := newHarness(t, harnessOptions{cfg: Config{OnUsage: func(Principal, string, schemas.Usage) { panic("hook bug") }}})
+	h := newHarness(t, harnessOptions{cfg: Config{OnUsage: func(schemas.UsageRecord) { panic("hook bug") }}})
 	if resp, body := h.post(t, "/v1/chat/completions", "application/json", chatBody, nil); resp.StatusCode != 200 || body != standardSSE(chatFrames) {
 		t.Fatalf("stream %d %q", resp.StatusCode, body)
 	}

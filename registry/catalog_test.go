@@ -89,11 +89,11 @@ func TestOnMiniredis(t *testing.T) {
 	}
 	l := registry.NewLimiter(s) // Redis's clock: TIME inside the script
 	for i, want := range []bool{true, true, false} {
-		if d, err := l.Admit(ctx, k); err != nil || d.Allowed != want {
+		if d, err := l.Admit(ctx, k, registry.Admission{}); err != nil || d.Allowed != want {
 			t.Fatalf("admit %d: %+v %v", i, d, err)
 		}
 	}
-	if err := l.Record(ctx, k.ID, "b", schemas.Usage{PromptTokens: 3, CompletionTokens: 4}); err != nil {
+	if _, err := l.Record(ctx, schemas.UsageRecord{KeyID: k.ID, Model: "b", Usage: schemas.Usage{PromptTokens: 3, CompletionTokens: 4}}); err != nil {
 		t.Fatal(err)
 	}
 	if u, err := s.Usage(ctx, "", ""); err != nil || len(u) != 1 || u[0].TotalTokens != 7 {

@@ -3,6 +3,10 @@
 // windows and usage counters. Gateways and dispatchers read models through a
 // Cache and keys through a KeyCache, so serving goes on while Redis is down.
 //
+// The calls on a request's path (key lookups, limit checks, usage writes)
+// go through the store's Breaker, if it has one: a bounded wait each, and
+// after repeated failures none at all until a probe finds Redis back.
+//
 // Every Redis key carries the hash tag {tokenbus}, so all of it lives in one
 // slot of a Redis Cluster and multi-key transactions and scripts work there.
 // The control plane is small and its write rate is about one script call per

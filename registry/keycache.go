@@ -14,13 +14,17 @@ import (
 // a short TTL so that a request costs no Redis round trip. Any message on
 // EventKeys empties it, so a deleted key stops working as soon as the event
 // arrives (and within the TTL if the event is lost). While Redis is down,
-// keys it has seen keep working past the TTL and other secrets get
-// ErrUnavailable (a 503), not ErrNotFound: the cache cannot tell a new key
-// from a bad one.
+// keys it has seen keep working past the TTL, for up to MaxStale after
+// Redis last confirmed them, and other secrets get ErrUnavailable (a 503),
+// not ErrNotFound: the cache cannot tell a new key from a bad one.
 type KeyCache struct {
 	store *Store
 	ttl   time.Duration
 	log   *slog.Logger
+	// MaxStale bounds how long after Redis last confirmed a key it is served
+	// while Redis is down (a key deleted meanwhile whose event was lost works
+	// that long). Default (0) 1h; set it before use.
+	MaxStale time.Duration
 
 	mu  sync.Mutex
 	gen uint64 // bumped by Purge, so a lookup racing with it does not store a stale answer
@@ -29,8 +33,9 @@ type KeyCache struct {
 }
 
 type cachedKey struct {
-	key Key
-	at  time.Time
+	key       Key
+	at        time.Time // when it was last looked up (or served stale)
+	confirmed time.Time // when Redis last said so
 }
 
 // maxNegative bounds the unknown secrets remembered, against floods of bad keys.
@@ -72,7 +77,7 @@ func (c *KeyCache) Lookup(ctx context.Context, secret string) (Key, error) {
 	switch {
 	case err == nil:
 		if current {
-			c.pos[hash] = cachedKey{key: k, at: now}
+			c.pos[hash] = cachedKey{key: k, at: now, confirmed: now}
 			delete(c.neg, hash)
 		}
 		return k, nil
@@ -85,14 +90,21 @@ func (c *KeyCache) Lookup(ctx context.Context, secret string) (Key, error) {
 			c.neg[hash] = now
 		}
 		return Key{}, err
-	case errors.Is(err, ErrUnavailable) && known && current:
+	case errors.Is(err, ErrUnavailable) && known && current && now.Sub(hit.confirmed) < c.maxStale():
 		// Serve the key we know, and do not ask again for a TTL: every
 		// request would otherwise wait on the dead Redis.
 		c.log.Warn("Redis unavailable: serving a cached API key", "key_id", hit.key.ID, "err", err)
-		c.pos[hash] = cachedKey{key: hit.key, at: now}
+		c.pos[hash] = cachedKey{key: hit.key, at: now, confirmed: hit.confirmed}
 		return hit.key, nil
 	}
 	return Key{}, err
+}
+
+func (c *KeyCache) maxStale() time.Duration {
+	if c.MaxStale <= 0 {
+		return time.Hour
+	}
+	return c.MaxStale
 }
 
 // Purge forgets every cached answer.

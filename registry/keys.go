@@ -144,12 +144,17 @@ return redis.call('HGET', KEYS[2], id)
 // KeyByHash returns the key whose secret hashes to hash; ErrNotFound if none.
 // It is one round trip to Redis: a script reads the index and the record.
 func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, error) {
-	b, err := keyByHashScript.Run(ctx, s.rdb, []string{keyKeyHash, keyKeys}, hash).Text()
-	if errors.Is(err, redis.Nil) {
-		return Key{}, keyNotFound("")
-	}
+	var b string
+	err := s.br.Do(ctx, func(ctx context.Context) error {
+		var err error
+		b, err = keyByHashScript.Run(ctx, s.rdb, []string{keyKeyHash, keyKeys}, hash).Text()
+		if errors.Is(err, redis.Nil) {
+			return keyNotFound("")
+		}
+		return storeErr(err)
+	})
 	if err != nil {
-		return Key{}, storeErr(err)
+		return Key{}, err
 	}
 	return decodeKey([]byte(b))
 }

@@ -12,15 +12,20 @@ import (
 
 // Rate limits are counted in fixed one-minute windows (Unix time / 60 s on
 // Redis's clock, so every gateway replica agrees on the window), one small
-// hash per key: w (the window), r (requests admitted in it), t (tokens used
-// in it), expiring a minute after its window. A request is admitted while r < RPM and t < TPM, and counted in r
-// by the same script that checked, so replicas never admit more than RPM.
-// Its tokens are unknown until it ends: Record adds prompt + completion
-// tokens to the window in which it finished, so a key can overshoot its TPM
-// by the requests in flight when it crosses the limit, and no more requests
-// are admitted until the window ends. Fixed windows let a burst of up to 2x
-// the limit straddle a window boundary; that is the usual trade for exact,
-// cheap counting with an exact reset time.
+// hash per key: w (the window), r (requests admitted in it), t (tokens
+// counted in it), expiring a minute after its window.
+//
+// Admission reserves: the script that checks a request also counts its
+// prompts in r and its reservation in t (Admission: the prompt's estimate
+// plus the most it may generate), so replicas never admit more than RPM and
+// concurrent requests see each other's tokens at once. A request is admitted
+// while r + prompts <= RPM and t < TPM, so t exceeds TPM by at most one
+// request's reservation. When the request ends, Record settles: it adds
+// actual − reserved to the reservation's window if that window is still the
+// current one (a past window's count no longer matters). A request that
+// never ends with usage keeps its reservation until the window ends. Fixed
+// windows let a burst of up to 2x the limit straddle a window boundary; that
+// is the usual trade for exact, cheap counting with an exact reset time.
 func rateKey(id string) string { return "{tokenbus}:rl:" + id }
 
 // Limiter checks and counts rate limits and records usage. Its zero Now uses
@@ -39,8 +44,12 @@ type Decision struct {
 	Exceeded string        // "requests" or "tokens" when refused
 	RPM, TPM int           // the key's limits (0: none)
 	Requests int           // requests counted in the window, this one included if allowed
-	Tokens   int           // tokens counted in the window
+	Tokens   int           // tokens counted in the window before this request's reservation
 	Reset    time.Duration // until the window ends and both counts start over
+	// Reserved is what an allowed request reserved against TPM in Window
+	// (0: nothing, e.g. a key without limits): what Record settles.
+	Reserved int
+	Window   int64
 }
 
 // RemainingRequests is what the key may still send in the window.
@@ -63,38 +72,80 @@ local win = math.floor(now / 60000)
 local reset = (win + 1) * 60000 - now
 `
 
-// admitScript: KEYS[1] the key's rate hash; ARGV now (ms or ""), rpm, tpm.
-// Returns {refused: 0 no, 1 requests, 2 tokens; requests; tokens; reset ms}.
+// admitScript: KEYS[1] the key's rate hash; ARGV now (ms or ""), rpm, tpm,
+// requests (prompts), tokens to reserve. Returns {refused: 0 no, 1
+// requests, 2 tokens; requests; tokens before the reservation; reset ms;
+// window}.
 var admitScript = redis.NewScript(nowLua + `
 local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
+local n, reserve = tonumber(ARGV[4]), tonumber(ARGV[5])
 local v = redis.call('HMGET', KEYS[1], 'w', 'r', 't')
 local r, t = 0, 0
 if tonumber(v[1]) == win then
   r, t = tonumber(v[2]) or 0, tonumber(v[3]) or 0
 end
-if rpm > 0 and r >= rpm then return {1, r, t, reset} end
-if tpm > 0 and t >= tpm then return {2, r, t, reset} end
-r = r + 1
-redis.call('HSET', KEYS[1], 'w', win, 'r', r, 't', t)
+if rpm > 0 and r + n > rpm then return {1, r, t, reset, win} end
+if tpm > 0 and t >= tpm then return {2, r, t, reset, win} end
+redis.call('HSET', KEYS[1], 'w', win, 'r', r + n, 't', t + reserve)
 redis.call('PEXPIRE', KEYS[1], reset + 60000)
-return {0, r, t, reset}
+return {0, r + n, t, reset, win}
 `)
 
-// Admit checks the key's limits and, if the request is allowed, counts it.
-// A key without limits is allowed without asking Redis. An error means Redis
-// did not answer (ErrUnavailable): the caller decides to fail open.
-func (l *Limiter) Admit(ctx context.Context, k Key) (Decision, error) {
+// Admission is what one request asks of a key's limits.
+type Admission struct {
+	Requests int // counted against RPM: its prompts (at least 1)
+	Tokens   int // reserved against TPM: the most it may use
+}
+
+// PromptBytesPerToken is the estimate of a prompt's tokens at admission:
+// one per 4 bytes of the request body (JSON syntax included, so it errs
+// high for text; settling corrects it when the real count arrives).
+const PromptBytesPerToken = 4
+
+// AdmissionOf is what req reserves: n prompts count n requests, and it
+// reserves its body's bytes / PromptBytesPerToken for the prompts plus
+// prompts × n (choices) × its max_tokens (or max_completion_tokens) for the
+// completions, maxTokens when it sets neither. maxTokens also caps it: a
+// request cannot generate more than its model's context.
+func AdmissionOf(req *schemas.Request, maxTokens int) Admission {
+	prompts := 1
+	if req.Kind == schemas.KindCompletion {
+		prompts = max(req.Prompt.Len(), 1)
+	}
+	gen := req.MaxTokens
+	if gen <= 0 || maxTokens > 0 && gen > maxTokens {
+		gen = maxTokens
+	}
+	promptEst := (len(req.Body) + PromptBytesPerToken - 1) / PromptBytesPerToken
+	return Admission{Requests: prompts, Tokens: promptEst + prompts*max(req.N, 1)*max(gen, 0)}
+}
+
+// Admit checks the key's limits and, if the request is allowed, counts its
+// requests and reserves its tokens (Decision.Reserved, .Window: hand them
+// to Record in the usage record). A key without limits is allowed without
+// asking Redis. An error means Redis did not answer (ErrUnavailable): the
+// caller decides to fail open or closed.
+func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, error) {
 	d := Decision{Allowed: true, RPM: k.RPM, TPM: k.TPM}
 	if !k.Limited() {
 		return d, nil
 	}
-	res, err := admitScript.Run(ctx, l.store.rdb, []string{rateKey(k.ID)},
-		l.now(), k.RPM, k.TPM).Int64Slice()
+	a.Requests = max(a.Requests, 1)
+	a.Tokens = max(a.Tokens, 0)
+	var res []int64
+	err := l.store.br.Do(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = admitScript.Run(ctx, l.store.rdb, []string{rateKey(k.ID)},
+			l.now(), k.RPM, k.TPM, a.Requests, a.Tokens).Int64Slice()
+		return storeErr(err)
+	})
 	if err != nil {
-		return d, storeErr(err)
+		return d, err
 	}
 	d.Requests, d.Tokens, d.Reset = int(res[1]), int(res[2]), time.Duration(res[3])*time.Millisecond
 	switch res[0] {
+	case 0:
+		d.Reserved, d.Window = a.Tokens, res[4]
 	case 1:
 		d.Allowed, d.Exceeded = false, "requests"
 	case 2:
@@ -104,11 +155,22 @@ func (l *Limiter) Admit(ctx context.Context, k Key) (Decision, error) {
 }
 
 // recordScript: KEYS[1] the key's rate hash, KEYS[2] its usage hash, KEYS[3]
-// the usage index; ARGV now (ms or ""), tokens to count against TPM (0:
-// none), key id, model, prompt tokens, completion tokens.
+// the usage index, KEYS[4] the record's seen marker; ARGV now (ms or ""),
+// tokens used (0: none to count), key id, model, prompt tokens, completion
+// tokens, tokens reserved (0: none), the reservation's window, whether to
+// check and set the seen marker ("1"), the marker's lifetime (ms). Returns 1
+// for a record already counted.
 var recordScript = redis.NewScript(nowLua + `
-local tokens = tonumber(ARGV[2])
-if tokens > 0 then
+if ARGV[9] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
+  return 1
+end
+local tokens, reserved = tonumber(ARGV[2]), tonumber(ARGV[7])
+if reserved > 0 then
+  if tonumber(ARGV[8]) == win and tonumber(redis.call('HGET', KEYS[1], 'w')) == win then
+    local t = redis.call('HINCRBY', KEYS[1], 't', tokens - reserved)
+    if t < 0 then redis.call('HSET', KEYS[1], 't', 0) end
+  end
+elseif tokens > 0 then
   if tonumber(redis.call('HGET', KEYS[1], 'w')) == win then
     redis.call('HINCRBY', KEYS[1], 't', tokens)
   else
@@ -121,21 +183,48 @@ redis.call('HINCRBY', KEYS[2], 'requests|' .. m, 1)
 redis.call('HINCRBY', KEYS[2], 'prompt_tokens|' .. m, ARGV[5])
 redis.call('HINCRBY', KEYS[2], 'completion_tokens|' .. m, ARGV[6])
 redis.call('SADD', KEYS[3], ARGV[3])
+if ARGV[9] == '1' then
+  -- Last: a script that failed above left no marker, so its retry counts.
+  redis.call('SET', KEYS[4], '1', 'PX', ARGV[10])
+end
 return 0
 `)
 
-// Record adds one finished request's usage to key keyID's counters for
-// model and its tokens to the key's current rate-limit window, in one atomic
-// step. An empty keyID (no API key: auth off) is counted as AnonymousKey,
-// with no window.
-func (l *Limiter) Record(ctx context.Context, keyID, model string, u schemas.Usage) error {
-	id, tokens := keyID, Tokens(u)
+// UsageSeenTTL is how long Record remembers a request id, so that a record
+// delivered again within it is not counted twice. A record is delivered
+// again when the ack of a recorded one is lost: after the usage consumer's
+// AckWait (30 s), so 10 minutes is a wide margin, and it bounds the markers
+// to 10 minutes of requests (about 60 MB at 1,000 requests/s).
+const UsageSeenTTL = 10 * time.Minute
+
+func seenKey(keyID, requestID string) string {
+	return "{tokenbus}:usage:seen:" + keyID + ":" + requestID
+}
+
+// Record adds one finished request's usage to its key's counters for its
+// model and settles its reservation (see Admit), in one atomic step. A
+// record whose RequestID was recorded within UsageSeenTTL is not counted
+// again (dup true): redelivered records count once. An empty KeyID (no API
+// key: auth off) is counted as AnonymousKey, with no window.
+func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool, err error) {
+	id, tokens, reserved := rec.KeyID, Tokens(rec.Usage), rec.Reserved
 	if id == "" {
-		id, tokens = AnonymousKey, 0
+		id, tokens, reserved = AnonymousKey, 0, 0
 	}
-	err := recordScript.Run(ctx, l.store.rdb, []string{rateKey(id), usageKey(id), keyUsageIndex},
-		l.now(), tokens, id, model, u.PromptTokens, u.CompletionTokens).Err()
-	return storeErr(err)
+	check := "0"
+	if rec.RequestID != "" {
+		check = "1"
+	}
+	var n int64
+	err = l.store.br.Do(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = recordScript.Run(ctx, l.store.rdb,
+			[]string{rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID)},
+			l.now(), tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
+			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds()).Int64()
+		return storeErr(err)
+	})
+	return n == 1, err
 }
 
 // Tokens is what a request's usage counts against a TPM limit: prompt plus

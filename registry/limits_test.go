@@ -43,26 +43,26 @@ func TestRequestsPerMinute(t *testing.T) {
 	ctx := context.Background()
 	k := registry.Key{ID: "key_rpm", KeySpec: registry.KeySpec{RPM: 3}}
 	for i, want := range []int{2, 1, 0} {
-		d, err := l.Admit(ctx, k)
+		d, err := l.Admit(ctx, k, registry.Admission{})
 		if err != nil || !d.Allowed || d.RemainingRequests() != want || d.Reset != 50*time.Second || d.RPM != 3 {
 			t.Fatalf("request %d: %+v %v", i+1, d, err)
 		}
 	}
 	clock.add(20 * time.Second)
-	d, err := l.Admit(ctx, k)
+	d, err := l.Admit(ctx, k, registry.Admission{})
 	if err != nil || d.Allowed || d.Exceeded != "requests" || d.RemainingRequests() != 0 || d.Reset != 30*time.Second {
 		t.Fatalf("4th request: %+v %v", d, err)
 	}
 	// Refusals are not counted: the next window starts from zero.
 	clock.add(30 * time.Second)
-	if d, err := l.Admit(ctx, k); err != nil || !d.Allowed || d.RemainingRequests() != 2 || d.Reset != time.Minute {
+	if d, err := l.Admit(ctx, k, registry.Admission{}); err != nil || !d.Allowed || d.RemainingRequests() != 2 || d.Reset != time.Minute {
 		t.Fatalf("next window: %+v %v", d, err)
 	}
 	// Other keys have their own counts; keys without limits skip Redis.
-	if d, err := l.Admit(ctx, registry.Key{ID: "key_other", KeySpec: registry.KeySpec{RPM: 1}}); err != nil || !d.Allowed {
+	if d, err := l.Admit(ctx, registry.Key{ID: "key_other", KeySpec: registry.KeySpec{RPM: 1}}, registry.Admission{}); err != nil || !d.Allowed {
 		t.Fatalf("other key: %+v %v", d, err)
 	}
-	if d, err := l.Admit(ctx, registry.Key{ID: "key_free"}); err != nil || !d.Allowed || d.RPM != 0 {
+	if d, err := l.Admit(ctx, registry.Key{ID: "key_free"}, registry.Admission{}); err != nil || !d.Allowed || d.RPM != 0 {
 		t.Fatalf("unlimited key: %+v %v", d, err)
 	}
 }
@@ -72,29 +72,29 @@ func TestTokensPerMinute(t *testing.T) {
 	l, clock := newLimiter(s)
 	ctx := context.Background()
 	k := registry.Key{ID: "key_tpm", KeySpec: registry.KeySpec{TPM: 100}}
-	d, err := l.Admit(ctx, k)
+	d, err := l.Admit(ctx, k, registry.Admission{})
 	if err != nil || !d.Allowed || d.RemainingTokens() != 100 {
 		t.Fatalf("first: %+v %v", d, err)
 	}
-	if err := l.Record(ctx, k.ID, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
+	if _, err := l.Record(ctx, schemas.UsageRecord{KeyID: k.ID, Model: "m", Usage: schemas.Usage{PromptTokens: 40, CompletionTokens: 30}}); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := l.Admit(ctx, k); err != nil || !d.Allowed || d.RemainingTokens() != 30 || d.Tokens != 70 {
+	if d, err := l.Admit(ctx, k, registry.Admission{}); err != nil || !d.Allowed || d.RemainingTokens() != 30 || d.Tokens != 70 {
 		t.Fatalf("after 70 tokens: %+v %v", d, err)
 	}
-	if err := l.Record(ctx, k.ID, "m", schemas.Usage{PromptTokens: 40, CompletionTokens: 30}); err != nil {
+	if _, err := l.Record(ctx, schemas.UsageRecord{KeyID: k.ID, Model: "m", Usage: schemas.Usage{PromptTokens: 40, CompletionTokens: 30}}); err != nil {
 		t.Fatal(err)
 	}
-	d, err = l.Admit(ctx, k)
+	d, err = l.Admit(ctx, k, registry.Admission{})
 	if err != nil || d.Allowed || d.Exceeded != "tokens" || d.RemainingTokens() != 0 || d.Tokens != 140 || d.Reset != 50*time.Second {
 		t.Fatalf("after 140 tokens: %+v %v", d, err)
 	}
 	// Tokens of a request that ends in the next window count there.
 	clock.add(time.Minute)
-	if err := l.Record(ctx, k.ID, "m", schemas.Usage{TotalTokens: 25}); err != nil {
+	if _, err := l.Record(ctx, schemas.UsageRecord{KeyID: k.ID, Model: "m", Usage: schemas.Usage{TotalTokens: 25}}); err != nil {
 		t.Fatal(err)
 	}
-	if d, err := l.Admit(ctx, k); err != nil || !d.Allowed || d.Tokens != 25 || d.Requests != 1 {
+	if d, err := l.Admit(ctx, k, registry.Admission{}); err != nil || !d.Allowed || d.Tokens != 25 || d.Requests != 1 {
 		t.Fatalf("next window: %+v %v", d, err)
 	}
 }
@@ -122,7 +122,7 @@ func TestRequestsPerMinuteConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 20 {
-				d, err := l.Admit(context.Background(), k)
+				d, err := l.Admit(context.Background(), k, registry.Admission{})
 				if err != nil {
 					t.Error(err)
 					return
@@ -144,11 +144,11 @@ func TestLimiterRedisClock(t *testing.T) {
 	s, _ := openStore(t)
 	l := registry.NewLimiter(s)
 	k := registry.Key{ID: "key_clock", KeySpec: registry.KeySpec{RPM: 1}}
-	d, err := l.Admit(context.Background(), k)
+	d, err := l.Admit(context.Background(), k, registry.Admission{})
 	if err != nil || !d.Allowed || d.Reset <= 0 || d.Reset > time.Minute {
 		t.Fatalf("%+v %v", d, err)
 	}
-	if err := l.Record(context.Background(), k.ID, "m", schemas.Usage{PromptTokens: 1}); err != nil {
+	if _, err := l.Record(context.Background(), schemas.UsageRecord{KeyID: k.ID, Model: "m", Usage: schemas.Usage{PromptTokens: 1}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -171,7 +171,7 @@ func TestUsage(t *testing.T) {
 		{registry.Key{}, "llama-8b", 1, 1, 1},
 	} {
 		for range rec.repeat {
-			if err := l.Record(ctx, rec.k.ID, rec.model, schemas.Usage{PromptTokens: rec.p, CompletionTokens: rec.c}); err != nil {
+			if _, err := l.Record(ctx, schemas.UsageRecord{KeyID: rec.k.ID, Model: rec.model, Usage: schemas.Usage{PromptTokens: rec.p, CompletionTokens: rec.c}}); err != nil {
 				t.Fatal(err)
 			}
 		}

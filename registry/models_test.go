@@ -194,11 +194,12 @@ func TestStoreUnavailable(t *testing.T) {
 		"DeleteKey": func() error { return s.DeleteKey(ctx, "key_x") },
 		"Usage":     func() error { _, err := s.Usage(ctx, "", ""); return err },
 		"Admit": func() error {
-			_, err := registry.NewLimiter(s).Admit(ctx, registry.Key{ID: "k", KeySpec: registry.KeySpec{RPM: 1}})
+			_, err := registry.NewLimiter(s).Admit(ctx, registry.Key{ID: "k", KeySpec: registry.KeySpec{RPM: 1}}, registry.Admission{})
 			return err
 		},
 		"Record": func() error {
-			return registry.NewLimiter(s).Record(ctx, "k", "m", schemas.Usage{})
+			_, err := registry.NewLimiter(s).Record(ctx, schemas.UsageRecord{KeyID: "k", Model: "m"})
+			return err
 		},
 	}
 	for name, f := range checks {

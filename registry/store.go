@@ -29,7 +29,17 @@ func (m Model) IsAdapter() bool { return m.Base != "" }
 // multi-key scripts work on Redis Cluster.
 type Store struct {
 	rdb redis.UniversalClient
+	// br guards the calls on a request's path (KeyByHash, Limiter's Admit
+	// and Record); nil: none. Set by UseBreaker before use.
+	br *Breaker
 }
+
+// UseBreaker puts the calls on a request's path (key lookups, limit checks,
+// usage writes) behind b. Call it before the store is used.
+func (s *Store) UseBreaker(b *Breaker) { s.br = b }
+
+// Breaker is the store's breaker (nil: none).
+func (s *Store) Breaker() *Breaker { return s.br }
 
 const keyModels = "{tokenbus}:models" // hash: name -> Model JSON
 

@@ -1,6 +1,7 @@
 package validate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nuid"
 	"golang.org/x/crypto/bcrypt"
 )
@@ -584,6 +586,72 @@ func TestNATSPermissions(t *testing.T) {
 			t.Fatalf("ping: %v", err)
 		}
 		w.noErrors(t)
+	})
+
+	t.Run("usage records: gateways and workers publish, a gateway consumes", func(t *testing.T) {
+		// What package usage does, on the gateway's and a worker's
+		// connections: the gateway makes the stream and its consumer, both
+		// publish with an ack, the gateway pulls and acks.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		g := connect(t, ns, "gateway-usage", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+		gjs, err := jetstream.New(g.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := gjs.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "TOKENBUS_USAGE",
+			Subjects: []string{"tokenbus.v1.usage.>"}, Retention: jetstream.WorkQueuePolicy, Discard: jetstream.DiscardNew,
+			MaxBytes: 1 << 20})
+		if err != nil {
+			t.Fatalf("gateway creates the usage stream: %v", err)
+		}
+		// Again: an update, as every gateway's start does.
+		if _, err := gjs.CreateOrUpdateStream(ctx, st.CachedInfo().Config); err != nil {
+			t.Fatalf("gateway updates the usage stream: %v", err)
+		}
+		cons, err := st.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "tokenbus-usage",
+			AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatalf("gateway creates the usage consumer: %v", err)
+		}
+		w := connect(t, ns, "worker-usage", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]),
+			nats.CustomInboxPrefix("_INBOX.workers"))
+		wjs, err := jetstream.New(w.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := wjs.Publish(ctx, "tokenbus.v1.usage.worker", []byte(`{"request_id":"w"}`)); err != nil {
+			t.Fatalf("worker publishes usage: %v", err)
+		}
+		if _, err := gjs.Publish(ctx, "tokenbus.v1.usage.gateway", []byte(`{"request_id":"g"}`)); err != nil {
+			t.Fatalf("gateway publishes usage: %v", err)
+		}
+		batch, err := cons.Fetch(2, jetstream.FetchMaxWait(3*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatalf("gateway acks a record: %v", err)
+			}
+			n++
+		}
+		if n != 2 {
+			t.Fatalf("gateway pulled %d records, want 2 (%v)", n, batch.Error())
+		}
+		g.noErrors(t)
+		w.noErrors(t)
+		// No tenant may write usage (it would bill another key), and the
+		// gateway's JetStream grant is this stream's, no other.
+		_ = tenantA.Publish("tokenbus.v1.usage.gateway", []byte(`{}`))
+		tenantA.violation(t, "publish", "tokenbus.v1.usage.gateway")
+		for _, subj := range []string{"$JS.API.STREAM.DELETE.TOKENBUS_USAGE", "$JS.API.STREAM.PURGE.TOKENBUS_USAGE", "$JS.API.STREAM.CREATE.OTHER"} {
+			_ = g.Publish(subj, nil)
+			g.violation(t, "publish", subj)
+		}
+		_ = w.Publish("$JS.API.STREAM.PURGE.TOKENBUS_USAGE", nil)
+		w.violation(t, "publish", "$JS.API.STREAM.PURGE.TOKENBUS_USAGE")
 	})
 
 	t.Run("operator drives a worker's control subject", func(t *testing.T) {

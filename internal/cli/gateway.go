@@ -21,6 +21,22 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.DurationVar(&c.KeyCacheTTL, "key-cache-ttl", c.KeyCacheTTL, "how long a gateway trusts an API key lookup before asking Redis again (deletions apply at once through an event)")
 	fs.StringVar(&c.Admin, "admin", c.Admin, `listen address of the admin API (models, adapters, workers, keys, usage); "" turns it off`)
 	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token the admin API requires (prefer the environment variable to the command line)")
+	registerLimits(fs, &c.Limits)
+	l := &c.Limits
+	fs.DurationVar(&l.KeyMaxStale, "key-max-stale", l.KeyMaxStale, "while Redis is down, API keys it confirmed within this long keep working (others get 503)")
+	fs.Int64Var(&l.UsageStream.MaxBytes, "usage-stream-max-bytes", l.UsageStream.MaxBytes, "bytes of usage records the JetStream stream TOKENBUS_USAGE holds while Redis is down (full: new records wait in memory)")
+	fs.DurationVar(&l.UsageStream.MaxAge, "usage-stream-max-age", l.UsageStream.MaxAge, "how long a usage record may wait in the stream for Redis before it is dropped")
+	fs.IntVar(&l.UsageBuffer, "usage-buffer", l.UsageBuffer, "usage records a gateway holds in memory while JetStream cannot take them (past it they are dropped and counted)")
+}
+
+// registerLimits defines the flags of rate-limit admission on Redis (a
+// gateway's, and a dispatcher's for NATS-native tenant requests).
+func registerLimits(fs *pflag.FlagSet, l *program.LimitsConfig) {
+	fs.DurationVar(&l.Breaker.Timeout, "redis-timeout", l.Breaker.Timeout, "longest a request waits on one Redis call (API key lookup, rate-limit check, usage write)")
+	fs.IntVar(&l.Breaker.Failures, "redis-breaker-failures", l.Breaker.Failures, "Redis failures in a row that open the circuit breaker (then Redis calls fail at once)")
+	fs.DurationVar(&l.Breaker.Cooldown, "redis-breaker-cooldown", l.Breaker.Cooldown, "how long the open circuit breaker waits before one call probes Redis again")
+	fs.BoolVar(&l.FailClosed, "limits-fail-closed", l.FailClosed, "while Redis cannot check rate limits, refuse (503) the requests of keys with limits instead of allowing them")
+	fs.IntVar(&l.DefaultMaxTokens, "default-max-tokens", l.DefaultMaxTokens, "tokens reserved against a key's TPM limit for a request without max_tokens, when its model has no registered max_model_len")
 }
 
 // checkHTTP reports flags that do not go together, before anything connects.

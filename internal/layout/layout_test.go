@@ -20,7 +20,7 @@ const module = "github.com/tokenbus/tokenbus/"
 var layers = map[string]int{
 	"schemas": 0,
 
-	"client": 1, "fleet": 1, "registry": 1,
+	"client": 1, "fleet": 1, "registry": 1, "usage": 1,
 	"internal/tracing": 1, "internal/tracing/otlp": 1, "internal/natsconn": 1, "internal/embedded": 1,
 	"internal/flagenv": 1,
 

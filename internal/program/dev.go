@@ -162,7 +162,7 @@ func (d *Dev) start(ctx context.Context) error {
 	registerConnMetrics(h.metrics, d.nc, cache)
 	// The programs name their components on cfg.Log themselves.
 	if d.dispatcher, err = startDispatcher(ctx, DispatcherConfig{Dispatcher: cfg.Dispatcher,
-		Log: cfg.Log}, h); err != nil {
+		Limits: cfg.HTTP.Limits, Log: cfg.Log}, h); err != nil {
 		return err
 	}
 	d.part("dispatcher", d.dispatcher.Wait)

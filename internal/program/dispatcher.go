@@ -20,6 +20,7 @@ type DispatcherConfig struct {
 	RedisURL   string // the model registry; "" none (unknown models then get 404)
 	Metrics    string // listen address of /metrics; "" off
 	Dispatcher dispatcher.Config
+	Limits     LimitsConfig // tenant requests' admission: the Redis breaker, fail open or closed, reservations
 	Log        *slog.Logger // gets the dispatcher's lines, with component=dispatcher: give it none of its own
 }
 
@@ -29,6 +30,7 @@ func DefaultDispatcher() DispatcherConfig {
 		NATS:       natsconn.Options{URL: nats.DefaultURL},
 		RedisURL:   "redis://127.0.0.1:6379/0",
 		Dispatcher: DefaultDispatcherConfig(),
+		Limits:     DefaultLimits(),
 	}
 }
 
@@ -99,7 +101,7 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 			dcfg.Keys = store
 		}
 		if dcfg.Admit == nil {
-			dcfg.Admit = dispatcher.LimiterAdmitter{Limiter: registry.NewLimiter(store)}
+			dcfg.Admit = tenantAdmitter(store, cache, p.cfg.Limits, reg, log)
 		}
 	}
 	p.d = dispatcher.New(dcfg, p.nc, models, reg, log)

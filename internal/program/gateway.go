@@ -18,6 +18,7 @@ import (
 	"github.com/tokenbus/tokenbus/gateway"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/usage"
 )
 
 // HTTPConfig is a gateway's HTTP side: the OpenAI-compatible API and the
@@ -31,6 +32,39 @@ type HTTPConfig struct {
 	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
 	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
 	AdminToken      string        // the bearer token the admin API requires
+	Limits          LimitsConfig  // Redis faults, reservations and usage
+}
+
+// LimitsConfig is how a gateway keeps limits and usage through Redis faults.
+type LimitsConfig struct {
+	// Breaker bounds each Redis call on a request's path and opens after
+	// repeated failures (registry.BreakerConfig: 50ms, 5, 1s by default).
+	Breaker registry.BreakerConfig
+	// FailClosed refuses (503) the requests of keys with limits while Redis
+	// cannot check them; by default they are allowed.
+	FailClosed bool
+	// KeyMaxStale: while Redis is down, a key Redis confirmed within it keeps
+	// working; other keys get 503. Default 1h.
+	KeyMaxStale time.Duration
+	// DefaultMaxTokens is reserved against TPM for a request without
+	// max_tokens of a model with no registered max_model_len. Default 4096.
+	DefaultMaxTokens int
+	// UsageStream bounds the JetStream stream usage records wait in.
+	UsageStream usage.StreamConfig
+	// UsageBuffer bounds the records held in memory while JetStream cannot
+	// take them (past it they are dropped and counted). Default 100000.
+	UsageBuffer int
+}
+
+// DefaultLimits is LimitsConfig as `tokenbus gateway` has it.
+func DefaultLimits() LimitsConfig {
+	return LimitsConfig{
+		Breaker:          registry.BreakerConfig{Timeout: 50 * time.Millisecond, Failures: 5, Cooldown: time.Second},
+		KeyMaxStale:      time.Hour,
+		DefaultMaxTokens: 4096,
+		UsageStream:      usage.StreamConfig{MaxBytes: 1 << 30, MaxMsgs: 10_000_000, MaxAge: 7 * 24 * time.Hour},
+		UsageBuffer:      100_000,
+	}
 }
 
 // GatewayConfig configures a gateway program.
@@ -60,6 +94,7 @@ func DefaultHTTP() HTTPConfig {
 		Auth:            true,
 		KeyCacheTTL:     10 * time.Second,
 		Admin:           "127.0.0.1:8081",
+		Limits:          DefaultLimits(),
 	}
 }
 
@@ -107,6 +142,9 @@ type Gateway struct {
 	cl        *client.Client
 	g         *gateway.Gateway
 	au        *auth.Auth
+	pub       *usage.Publisher
+	stopUsage context.CancelFunc // the usage publisher and consumer
+	usageDone chan struct{}      // closed when both returned
 	adm       *admin.Server
 	ln, admLn net.Listener
 }
@@ -193,9 +231,22 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		Version:         cfg.Version,
 	}
 	if store != nil {
-		acfg := auth.Config{Limiter: registry.NewLimiter(store), Log: log, Metrics: reg}
+		lim := cfg.HTTP.Limits
+		if store.Breaker() == nil {
+			store.UseBreaker(newBreaker(lim.Breaker, reg, log))
+		}
+		limiter := registry.NewLimiter(store)
+		if err := gw.startUsage(limiter, reg); err != nil {
+			return err
+		}
+		acfg := auth.Config{Limiter: limiter, Log: log, Metrics: reg, FailClosed: lim.FailClosed,
+			DefaultMaxTokens: lim.DefaultMaxTokens, Usage: gw.pub.Publish}
+		if cache != nil {
+			acfg.MaxTokens = func(model string) int { m, _ := cache.Get(model); return m.MaxModelLen }
+		}
 		if cfg.HTTP.Auth {
 			acfg.Keys = registry.NewKeyCache(store, cfg.HTTP.KeyCacheTTL, log)
+			acfg.Keys.MaxStale = lim.KeyMaxStale
 			if gw.unsubKeys, err = acfg.Keys.Subscribe(gw.nc); err != nil {
 				return err
 			}
@@ -254,6 +305,7 @@ func (gw *Gateway) shutdown() {
 	if gw.au != nil {
 		_ = gw.au.Wait(sctx)
 	}
+	gw.stopUsageAfter(sctx)
 	if gw.cl != nil {
 		_ = gw.cl.Close()
 	}

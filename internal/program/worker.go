@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -48,6 +49,8 @@ type Worker struct {
 	nc      *nats.Conn
 	metrics *metricsServer
 	w       *workers.Worker
+
+	stopUsage func() // flushes the usage publisher; nil before it started
 }
 
 // StartWorker starts a worker: it builds the engine (waiting for an HTTP
@@ -102,6 +105,15 @@ func (p *Worker) start(ctx context.Context, h host) error {
 		wcfg.ID = hostID("worker") + "-" + nuid.Next()[:6]
 	}
 	wcfg.Version, wcfg.Metrics = cfg.Version, reg
+	if wcfg.Usage == nil {
+		var ureg prometheus.Registerer
+		if h.metrics == nil { // in dev, the workers share one registry: the gateway's publisher counts
+			ureg = reg
+		}
+		if wcfg.Usage, err = p.startWorkerUsage(wcfg.ID, ureg, log); err != nil {
+			return err
+		}
+	}
 	if p.w, err = workers.New(wcfg, p.nc, p.eng, log); err != nil {
 		return err
 	}
@@ -112,6 +124,9 @@ func (p *Worker) start(ctx context.Context, h host) error {
 // release drains the connection once the worker has drained its requests,
 // then closes the engine.
 func (p *Worker) release() {
+	if p.stopUsage != nil {
+		p.stopUsage()
+	}
 	drain(p.nc)
 	if p.eng != nil {
 		p.eng.Close()

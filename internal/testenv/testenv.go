@@ -47,18 +47,20 @@ type Redis struct {
 	Port int
 	cmd  *exec.Cmd
 	dir  string
+	args []string
 }
 
 // StartRedis starts redis-server on a free port with no persistence; it is
 // killed with the test. redis-server must be on PATH (the README's test
-// command installs it).
-func StartRedis(t testing.TB) *Redis {
+// command installs it). args are more redis-server options, e.g.
+// DurableRedis.
+func StartRedis(t testing.TB, args ...string) *Redis {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatal("redis-server not found on PATH: install it (Debian: apt-get install redis-server) or run the README's test command")
 	}
-	r := &Redis{dir: t.TempDir()}
+	r := &Redis{dir: t.TempDir(), args: args}
 	r.Port = FreePort(t)
 	if err := r.start(bin); err != nil {
 		t.Fatal(err)
@@ -73,6 +75,7 @@ func (r *Redis) start(bin string) error {
 	r.cmd = exec.Command(bin, "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", r.dir,
 		"--logfile", filepath.Join(r.dir, "redis.log"))
+	r.cmd.Args = append(r.cmd.Args, r.args...)
 	if err := r.cmd.Start(); err != nil {
 		return err
 	}
@@ -97,6 +100,19 @@ func (r *Redis) Stop() {
 		_ = r.cmd.Wait()
 		r.cmd = nil
 	}
+}
+
+// DurableRedis are StartRedis options under which every write Redis
+// acknowledged survives a SIGKILL and Restart: an append-only file synced
+// on every write.
+var DurableRedis = []string{"--appendonly", "yes", "--appendfsync", "always"}
+
+// Pid is the redis-server's process id (to SIGSTOP it), 0 when stopped.
+func (r *Redis) Pid() int {
+	if r.cmd == nil || r.cmd.Process == nil {
+		return 0
+	}
+	return r.cmd.Process.Pid
 }
 
 // Restart starts the server again on the same port (empty: no persistence).

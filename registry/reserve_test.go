@@ -1,0 +1,219 @@
+package registry_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Concurrent requests reserve at admission, so however many race, the
+// tokens admitted exceed TPM by at most one request's reservation.
+func TestTokensPerMinuteReserved(t *testing.T) {
+	s, _ := openStore(t)
+	l, _ := newLimiter(s)
+	k := registry.Key{ID: "key_tpm_race", KeySpec: registry.KeySpec{TPM: 200}}
+	const reserve = 52 // e.g. 2 prompt tokens + max_tokens 50
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d, err := l.Admit(context.Background(), k, registry.Admission{Requests: 1, Tokens: reserve})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if d.Allowed {
+				admitted.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	// t < 200 admits: 0, 52, 104, 156 pass, 208 does not.
+	if n := admitted.Load(); n*reserve > 200+reserve || n != 4 {
+		t.Fatalf("%d requests of %d tokens admitted under TPM 200", n, reserve)
+	}
+}
+
+// Settling replaces the reservation with the real count in the
+// reservation's window, and only there; a redelivered record counts once.
+func TestSettle(t *testing.T) {
+	s, _ := openStore(t)
+	l, clock := newLimiter(s)
+	ctx := context.Background()
+	k := registry.Key{ID: "key_settle", KeySpec: registry.KeySpec{TPM: 100, RPM: 10}}
+	d, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 60})
+	if err != nil || !d.Allowed || d.Reserved != 60 || d.Window == 0 || d.Tokens != 0 {
+		t.Fatalf("%+v %v", d, err)
+	}
+	rec := schemas.UsageRecord{RequestID: "req-1", KeyID: k.ID, Model: "m",
+		Usage: schemas.Usage{PromptTokens: 5, CompletionTokens: 10}, Reserved: d.Reserved, Window: d.Window}
+	for i, wantDup := range []bool{false, true, true} {
+		dup, err := l.Record(ctx, rec)
+		if err != nil || dup != wantDup {
+			t.Fatalf("record %d: dup %v, %v", i, dup, err)
+		}
+	}
+	if d, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 0}); err != nil || d.Tokens != 15 || d.Requests != 2 {
+		t.Fatalf("after settling: %+v %v", d, err)
+	}
+	rows, err := s.Usage(ctx, k.ID, "")
+	if err != nil || len(rows) != 1 || rows[0].Requests != 1 || rows[0].TotalTokens != 15 {
+		t.Fatalf("usage %+v %v", rows, err)
+	}
+	// A reservation of a past window settles nothing in the current one.
+	d, _ = l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 50})
+	clock.add(time.Minute)
+	if _, err := l.Record(ctx, schemas.UsageRecord{RequestID: "req-2", KeyID: k.ID, Model: "m",
+		Usage: schemas.Usage{PromptTokens: 1, CompletionTokens: 1}, Reserved: d.Reserved, Window: d.Window}); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Admit(ctx, k, registry.Admission{Requests: 1}); err != nil || d.Tokens != 0 || d.Requests != 1 {
+		t.Fatalf("new window: %+v %v", d, err)
+	}
+}
+
+// n prompts count n requests against RPM; a request that would pass the
+// limit is refused whole.
+func TestPromptsCountAsRequests(t *testing.T) {
+	s, _ := openStore(t)
+	l, _ := newLimiter(s)
+	k := registry.Key{ID: "key_prompts", KeySpec: registry.KeySpec{RPM: 5}}
+	for i, tc := range []struct {
+		prompts int
+		allowed bool
+		count   int
+	}{{3, true, 3}, {3, false, 3}, {2, true, 5}, {1, false, 5}} {
+		d, err := l.Admit(context.Background(), k, registry.Admission{Requests: tc.prompts})
+		if err != nil || d.Allowed != tc.allowed || d.Requests != tc.count {
+			t.Fatalf("step %d: %+v %v", i, d, err)
+		}
+	}
+}
+
+func TestAdmissionOf(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		kind     schemas.Kind
+		body     string
+		maxToks  int
+		requests int
+		gen      int // tokens reserved for completions
+	}{
+		{"max_tokens", schemas.KindCompletion, `{"model":"m","prompt":"hello","max_tokens":50}`, 4096, 1, 50},
+		{"capped by the model", schemas.KindCompletion, `{"model":"m","prompt":"hello","max_tokens":50000}`, 4096, 1, 4096},
+		{"absent: the model's cap", schemas.KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, 300, 1, 300},
+		{"max_completion_tokens", schemas.KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7}`, 300, 1, 7},
+		{"n choices", schemas.KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":10,"n":3}`, 300, 1, 30},
+		{"prompt array", schemas.KindCompletion, `{"model":"m","prompt":["a","b","c","d"],"max_tokens":10,"n":2}`, 300, 4, 80},
+		{"token ids", schemas.KindCompletion, `{"model":"m","prompt":[1,2,3],"max_tokens":10}`, 300, 1, 10},
+		{"token id lists", schemas.KindCompletion, `{"model":"m","prompt":[[1],[2]],"max_tokens":10}`, 300, 2, 20},
+	} {
+		req, perr := schemas.ReadRequest(tc.kind, []byte(tc.body), "")
+		if perr != nil {
+			t.Fatalf("%s: %v", tc.name, perr)
+		}
+		a := registry.AdmissionOf(req, tc.maxToks)
+		want := registry.Admission{Requests: tc.requests, Tokens: (len(tc.body)+3)/4 + tc.gen}
+		if a != want {
+			t.Errorf("%s: %+v, want %+v", tc.name, a, want)
+		}
+	}
+}
+
+// With Redis stopped (SIGSTOP: connections hang, nothing is refused) a call
+// waits no longer than the breaker's timeout, and once the breaker is open
+// not at all; after SIGCONT a probe closes it again.
+func TestBreakerOnStoppedRedis(t *testing.T) {
+	s, r := openStore(t)
+	var mu sync.Mutex
+	var changes []string
+	br := registry.NewBreaker(registry.BreakerConfig{Timeout: 50 * time.Millisecond, Failures: 3, Cooldown: 200 * time.Millisecond,
+		OnChange: func(from, to registry.BreakerState) {
+			mu.Lock()
+			changes = append(changes, from.String()+">"+to.String())
+			mu.Unlock()
+		}})
+	s.UseBreaker(br)
+	l := registry.NewLimiter(s)
+	k := registry.Key{ID: "key_br", KeySpec: registry.KeySpec{RPM: 1000}}
+	ctx := context.Background()
+	if _, err := l.Admit(ctx, k, registry.Admission{}); err != nil {
+		t.Fatal(err)
+	}
+	pid := r.Pid()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	cont := func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	defer cont()
+	for i := range 10 {
+		start := time.Now()
+		_, err := l.Admit(ctx, k, registry.Admission{})
+		took := time.Since(start)
+		if !errors.Is(err, registry.ErrUnavailable) {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		limit := 150 * time.Millisecond // the 50ms bound, with room for a busy machine
+		if i >= 3 {
+			limit = 20 * time.Millisecond // open: no Redis wait (50ms) at all
+		}
+		if took > limit {
+			t.Fatalf("call %d took %s with Redis stopped (limit %s)", i, took, limit)
+		}
+	}
+	if br.State() != registry.BreakerOpen {
+		t.Fatalf("state %s", br.State())
+	}
+	cont()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if _, err := l.Admit(ctx, k, registry.Admission{}); err != nil {
+			return err
+		}
+		if st := br.State(); st != registry.BreakerClosed {
+			return errors.New("breaker " + st.String())
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(changes) < 3 || changes[0] != "closed>open" || changes[len(changes)-1] != "half_open>closed" {
+		t.Fatalf("transitions %v", changes)
+	}
+}
+
+// While Redis is down a cached key is served, but only for MaxStale after
+// Redis last confirmed it.
+func TestKeyCacheMaxStale(t *testing.T) {
+	s, r := openStore(t)
+	ctx := context.Background()
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Name: "stale", Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := registry.NewKeyCache(s, time.Nanosecond, nil) // every lookup asks Redis
+	c.MaxStale = 300 * time.Millisecond
+	if got, err := c.Lookup(ctx, secret); err != nil || got.ID != k.ID {
+		t.Fatalf("%+v %v", got, err)
+	}
+	r.Stop()
+	if got, err := c.Lookup(ctx, secret); err != nil || got.ID != k.ID {
+		t.Fatalf("Redis down, just confirmed: %+v %v", got, err)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if _, err := c.Lookup(ctx, secret); !errors.Is(err, registry.ErrUnavailable) {
+			return fmt.Errorf("still served past MaxStale: %v", err)
+		}
+		return nil
+	})
+}

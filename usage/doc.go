@@ -1,0 +1,19 @@
+// Package usage makes usage records durable: every finished request's
+// schemas.UsageRecord goes to the JetStream stream TOKENBUS_USAGE (subjects
+// schemas.UsagePrefix + <source>) with a publish ack, and a durable pull
+// consumer in every process that has Redis (the gateways, sharing it as a
+// work queue) writes each record to Redis and acks it only once Redis took
+// it. A Redis outage leaves the records in the stream until Redis is back;
+// a record delivered twice counts once (the recorder is idempotent by
+// request id, registry.Limiter.Record).
+//
+// A Publisher needs only a *nats.Conn, so workers publish the usage of
+// NATS-native requests the same way gateways publish that of HTTP ones.
+// While JetStream cannot take a record (down, or the stream full), the
+// publisher holds it in a bounded memory buffer and retries; past the
+// buffer, or at Close, what is left is dropped, counted in
+// tokenbus_usage_dropped_total and logged. A gateway's publisher may also
+// write a record straight to Redis when JetStream refuses it (Fallback).
+//
+// Tokenbus imports: schemas.
+package usage
