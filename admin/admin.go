@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +36,9 @@ type Config struct {
 	// Default 10s.
 	CtlTimeout time.Duration
 	Log        *slog.Logger
+	// Redactor cleans what error bodies quote of a request; nil: one that
+	// knows Token.
+	Redactor *gateway.Redactor
 }
 
 // Server is the admin HTTP server.
@@ -60,6 +62,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.CtlTimeout <= 0 {
 		cfg.CtlTimeout = 10 * time.Second
+	}
+	if cfg.Redactor == nil {
+		cfg.Redactor = gateway.NewRedactor(cfg.Token)
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token))}
 	if s.log == nil {
@@ -123,15 +128,13 @@ const bodyLimit = 1 << 20
 
 // errorHandler writes every error in OpenAI's shape.
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
-	e := gateway.APIError(c, err, bodyLimit)
+	e := s.cfg.Redactor.Error(gateway.APIError(c, err, bodyLimit))
 	if e.Status >= 500 {
-		s.log.Warn("admin request failed", "method", c.Method(), "path", c.Path(), "status", e.Status, "err", err)
+		// The route pattern, not the path (client text); e, not err (a
+		// fasthttp error quotes the raw request).
+		s.log.Warn("admin request failed", "method", gateway.LogMethod(c.Method()), "route", c.Route().Path, "status", e.Status, "err", e.Body.Message)
 	}
-	if e.RetryAfter > 0 {
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(e.RetryAfter))
-	}
-	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Status(e.Status).Send(e.JSON())
+	return gateway.WriteError(c, e)
 }
 
 // ctx is the context of one Redis call.

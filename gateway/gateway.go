@@ -30,6 +30,10 @@ type Config struct {
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
 	Version         string
+	// Redactor cleans what error bodies and log lines quote of a request
+	// (model names, paths): nil redacts key-shaped strings only; give it the
+	// process's own secrets (admin token, NATS credentials).
+	Redactor *Redactor
 
 	// Authorize, if set, is called for every completion request after its
 	// body is parsed and before it is published; model is the resolved

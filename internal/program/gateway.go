@@ -186,7 +186,11 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	if mp := int(gw.nc.MaxPayload()) - 16<<10; mp > 0 && mp < limit {
 		limit = mp // headers need room too
 	}
+	// Secrets this process holds, kept out of what error bodies and log
+	// lines quote of a request (API keys are recognised by their shape).
+	redactor := gateway.NewRedactor(cfg.HTTP.AdminToken, cfg.NATS.Password, cfg.NATS.Token)
 	gcfg := gateway.Config{
+		Redactor:        redactor,
 		BodyLimit:       limit,
 		RequestTimeout:  cfg.HTTP.RequestTimeout,
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
@@ -214,7 +218,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: componentLog(cfg.Log, "admin")}); err != nil {
+			Log: componentLog(cfg.Log, "admin"), Redactor: redactor}); err != nil {
 			return err
 		}
 		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {
