@@ -78,6 +78,7 @@ func New(cfg Config) (*Server, error) {
 		ErrorHandler:          s.errorHandler,
 		AppName:               "tokenbus-admin",
 	})
+	gateway.GuardFraming(s.app)
 	s.routes()
 	return s, nil
 }
@@ -85,6 +86,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) routes() {
 	app := s.app
 	app.Use(recover.New())
+	app.Use(gateway.CheckFraming) // smuggling shapes: 400, connection closed
 	app.Use(s.authenticate)
 	app.Get("/models", s.listModels)
 	app.Post("/models", s.putModel)

@@ -120,6 +120,7 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
 	})
+	GuardFraming(g.app)
 	// Streams are written on hijacked connections, which httpstream closes
 	// or hands back to fasthttp itself.
 	g.streams = httpstream.New(g.app.Server(), httpstream.Config{ProbeInterval: cfg.ProbeInterval, StuckTimeout: cfg.StuckTimeout})
@@ -134,6 +135,7 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	app := g.app
 	app.Use(g.observe)
 	app.Use(recover.New()) // a handler's panic becomes a 500, not a dead process
+	app.Use(CheckFraming)  // smuggling shapes: 400, connection closed
 	for _, p := range []struct {
 		prefix     string
 		torchServe bool

@@ -1,0 +1,116 @@
+package gateway
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+// smuggled is what each case sends after its request: a second, complete
+// request. A server that reads it from the leftover bytes answers it.
+const smuggled = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+// sendUntilClosed sends raw on a fresh connection and reads until the server
+// closes it (or the deadline, which fails the test).
+func sendUntilClosed(t *testing.T, addr, raw string) string {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(conn)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("connection still open 5s after the answer (read so far: %q)", got)
+	}
+	return string(got)
+}
+
+// Each smuggling shape: a 400 in OpenAI's shape, then the connection closes
+// with the bytes after the request unread (no second response).
+func TestSmugglingShapes(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	addr := strings.TrimPrefix(h.base, "http://")
+	const body = `{"model":"` + testModel + `","prompt":"hello!!!"}` // 40 bytes
+	head := "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	for _, tc := range []struct {
+		name, headers string
+	}{
+		{"conflicting Content-Length", "Content-Length: 40\r\nContent-Length: 5\r\n"},
+		{"conflicting Content-Length, longer last", "Content-Length: 40\r\nContent-Length: 72\r\n"},
+		{"repeated identical Content-Length", "Content-Length: 40\r\nContent-Length: 40\r\n"},
+		{"Content-Length list", "Content-Length: 40, 40\r\n"},
+		{"Transfer-Encoding and Content-Length", "Transfer-Encoding: chunked\r\nContent-Length: 40\r\n"},
+		{"Content-Length and Transfer-Encoding", "Content-Length: 40\r\nTransfer-Encoding: chunked\r\n"},
+		{"Transfer-Encoding gzip, chunked", "Transfer-Encoding: gzip, chunked\r\n"},
+		{"Transfer-Encoding twice", "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n"},
+		{"Transfer-Encoding identity", "Transfer-Encoding: identity\r\nContent-Length: 40\r\n"},
+		{"Transfer-Encoding xchunked", "Transfer-Encoding: xchunked\r\n"},
+		{"Content-Length with plus", "Content-Length: +40\r\n"},
+		{"Content-Length negative", "Content-Length: -40\r\n"},
+		{"Content-Length hex", "Content-Length: 0x28\r\n"},
+		{"Content-Length inner space", "Content-Length: 4 0\r\n"},
+		{"Content-Length overflow", "Content-Length: 99999999999999999999999\r\n"},
+		{"Content-Length 19 digits", "Content-Length: 0000000000000000040\r\n"},
+		{"space before colon", "Content-Length : 40\r\n"},
+		{"obs-fold", "Content-Length: 40\r\nX-Note: a\r\n b\r\n"},
+		{"obs-fold tab", "Content-Length: 40\r\nX-Note: a\r\n\tb\r\n"},
+		{"folded Content-Length", "Content-Length:\r\n 40\r\n"},
+		{"bare CR in a header", "X-Note: a\rContent-Length: 5\r\nContent-Length: 40\r\n"},
+		{"bare CR ends a header", "Content-Length: 40\r\nX-Note: a\r\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := sendUntilClosed(t, addr, head+tc.headers+"\r\n"+body+smuggled)
+			if !strings.HasPrefix(got, "HTTP/1.1 400 ") {
+				t.Fatalf("status line: %q", firstLine(got))
+			}
+			if n := strings.Count(got, "HTTP/1.1 "); n != 1 {
+				t.Fatalf("%d responses, want 1 (the leftover bytes were read as a request): %q", n, got)
+			}
+			if !strings.Contains(got, `"code":"bad_request"`) {
+				t.Fatalf("not the bad_request error: %q", got)
+			}
+		})
+	}
+	// The control: the same bytes with one honest Content-Length are two
+	// requests, both answered, so a case above that was served would show.
+	t.Run("control", func(t *testing.T) {
+		got := sendUntilClosed(t, addr, head+"Content-Length: 40\r\n\r\n"+body+
+			strings.Replace(smuggled, "\r\n\r\n", "\r\nConnection: close\r\n\r\n", 1))
+		if n := strings.Count(got, "HTTP/1.1 200 "); n != 2 {
+			t.Fatalf("%d responses 200, want 2: %q", n, got)
+		}
+	})
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\r\n")
+	return line
+}
+
+func TestRawFramingProblem(t *testing.T) {
+	for raw, want := range map[string]string{
+		"Host: x\r\nContent-Length: 5\r\n\r\n":              "",
+		"Host: x\nContent-Length: 5\n\n":                    "",
+		"Transfer-Encoding: Chunked\r\n\r\n":                "",
+		"Content-Length: 5\r\ncontent-length: 5\r\n":        "repeated Content-Length",
+		"Content-Length: \r\n":                              "invalid Content-Length",
+		"Transfer-Encoding: chunked\r\nContent-Length: 5\n": "Transfer-Encoding with Content-Length",
+		"X: a\r\n\tb\r\n":                                   "folded header line (obs-fold)",
+		"X: a\rb\r\n":                                       "bare CR in a header",
+	} {
+		if got := rawFramingProblem([]byte(raw)); got != want {
+			t.Errorf("%q: %q, want %q", raw, got, want)
+		}
+	}
+}
