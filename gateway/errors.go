@@ -28,7 +28,7 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 		if e.Status == http.StatusRequestEntityTooLarge {
 			drainBody(c.Context().Conn(), c.Request().Header.ContentLength())
 		}
-		id := requestID(c.Get(fiber.HeaderXRequestID))
+		id := g.requestID(c.Get(fiber.HeaderXRequestID))
 		c.Set(fiber.HeaderXRequestID, id)
 		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
 		// The method only when fasthttp parsed the headers (413 comes after

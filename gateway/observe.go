@@ -28,7 +28,7 @@ const routeUnmatched = "unmatched"
 // handler's error into its response, then counts and logs the request.
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
-	id := requestID(c.Get(fiber.HeaderXRequestID))
+	id := g.requestID(c.Get(fiber.HeaderXRequestID))
 	c.Locals(localID, id)
 	c.Set(fiber.HeaderXRequestID, id)
 
