@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -39,6 +40,10 @@ type Config struct {
 	// Redactor cleans what error bodies quote of a request; nil: one that
 	// knows Token.
 	Redactor *gateway.Redactor
+	// Throttle backs off wrong tokens per client address (gateway/throttle.go);
+	// nil: no throttle. TrustedProxies: whose X-Forwarded-For is believed.
+	Throttle       *gateway.Throttle
+	TrustedProxies []netip.Prefix
 }
 
 // Server is the admin HTTP server.
@@ -112,11 +117,22 @@ func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
 
 // authenticate checks the admin token in constant time (comparing hashes, so
-// not even the token's length leaks).
+// not even the token's length leaks). A client address with too many wrong
+// tokens gets 429 without its token being checked: the token is chosen by a
+// person and may be weak, so a blocked guesser must learn nothing.
 func (s *Server) authenticate(c *fiber.Ctx) error {
-	scheme, token, _ := strings.Cut(c.Get(fiber.HeaderAuthorization), " ")
+	addr := gateway.AddrKey(gateway.ClientAddr(c, s.cfg.TrustedProxies))
+	if d := s.cfg.Throttle.Blocked(addr); d > 0 {
+		s.cfg.Throttle.Refused()
+		return gateway.ThrottledError(d)
+	}
+	h := c.Get(fiber.HeaderAuthorization)
+	scheme, token, _ := strings.Cut(h, " ")
 	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+		if strings.TrimSpace(h) != "" { // a missing token is no guess
+			s.cfg.Throttle.Fail("wrong_admin_token", addr)
+		}
 		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tokenbus-admin"`)
 		return errBadToken
 	}

@@ -43,6 +43,12 @@ type Config struct {
 	// principal's tenant travels on the bus; the principal is passed to
 	// OnUsage.
 	Authorize func(c *fiber.Ctx, model string) (Principal, error)
+	// ModelAccess, if set, is called for every GET .../models and
+	// .../models/{id}: it authenticates the request (no rate limit) and
+	// returns which models and adapters the caller may see. An error
+	// rejects the request; a model it may not see is a 404 on
+	// .../models/{id}, as if it did not exist.
+	ModelAccess func(c *fiber.Ctx) (allowed func(model string) bool, err error)
 	// OnUsage, if set, is called once per request that finished with a done
 	// frame, with the usage from the done payload's top level. It may be
 	// called from a stream writer goroutine and must not block for long.

@@ -21,6 +21,8 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.DurationVar(&c.KeyCacheTTL, "key-cache-ttl", c.KeyCacheTTL, "how long a gateway trusts an API key lookup before asking Redis again (deletions apply at once through an event)")
 	fs.StringVar(&c.Admin, "admin", c.Admin, `listen address of the admin API (models, adapters, workers, keys, usage); "" turns it off`)
 	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token the admin API requires (prefer the environment variable to the command line)")
+	fs.IntVar(&c.AuthFailures, "auth-failures", c.AuthFailures, "failed API key or admin token checks within a minute from one client address (or with one key prefix) before further attempts get 429 with Retry-After, doubling up to 15m")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", c.TrustedProxies, `addresses and CIDR prefixes of reverse proxies whose X-Forwarded-For names the client (comma-separated); "" trusts none: the client is the TCP peer`)
 }
 
 // checkHTTP reports flags that do not go together, before anything connects.

@@ -31,6 +31,14 @@ type HTTPConfig struct {
 	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
 	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
 	AdminToken      string        // the bearer token the admin API requires
+	// AuthFailures: failed API key (or admin token) checks within a minute
+	// from one client address, or with one key prefix, before 429s with
+	// Retry-After, doubling up to 15 minutes (gateway/throttle.go).
+	AuthFailures int
+	// TrustedProxies: comma-separated addresses and CIDR prefixes of reverse
+	// proxies whose X-Forwarded-For names the client; "" trusts none (the
+	// client is the TCP peer).
+	TrustedProxies string
 }
 
 // GatewayConfig configures a gateway program.
@@ -60,6 +68,7 @@ func DefaultHTTP() HTTPConfig {
 		Auth:            true,
 		KeyCacheTTL:     10 * time.Second,
 		Admin:           "127.0.0.1:8081",
+		AuthFailures:    10,
 	}
 }
 
@@ -89,6 +98,9 @@ func (c HTTPConfig) check(haveStore bool) error {
 		return errors.New("the admin API needs the store (a Redis URL)")
 	case c.Admin != "" && c.AdminToken == "":
 		return errors.New("the admin API needs an admin token")
+	}
+	if _, err := gateway.ParseTrustedProxies(c.TrustedProxies); err != nil {
+		return fmt.Errorf("trusted proxies: %w", err)
 	}
 	return nil
 }
@@ -196,9 +208,12 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
 	}
+	trusted, _ := gateway.ParseTrustedProxies(cfg.HTTP.TrustedProxies) // checked above
+	throttle := gateway.ThrottleConfig{Failures: cfg.HTTP.AuthFailures}
 	if store != nil {
-		acfg := auth.Config{Limiter: registry.NewLimiter(store), Log: log, Metrics: reg}
+		acfg := auth.Config{Limiter: registry.NewLimiter(store), Log: log, Metrics: reg, TrustedProxies: trusted}
 		if cfg.HTTP.Auth {
+			acfg.Throttle = gateway.NewThrottle(throttle, "API key", "openai", log, reg)
 			acfg.Keys = registry.NewKeyCache(store, cfg.HTTP.KeyCacheTTL, log)
 			if gw.unsubKeys, err = acfg.Keys.Subscribe(gw.nc); err != nil {
 				return err
@@ -208,6 +223,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		gcfg.OnUsage = gw.au.OnUsage
 		if cfg.HTTP.Auth {
 			gcfg.Authorize = gw.au.Authorize
+			gcfg.ModelAccess = gw.au.ModelAccess
 		}
 	}
 	var models gateway.Registry
@@ -218,7 +234,8 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: componentLog(cfg.Log, "admin"), Redactor: redactor}); err != nil {
+			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted,
+			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
 		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {
