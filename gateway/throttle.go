@@ -178,8 +178,8 @@ func (t *Throttle) Fail(reason string, keys ...string) {
 		if k == "" {
 			continue
 		}
-		b := t.find(k)
-		if b == nil {
+		b, ok := t.buckets[k]
+		if !ok {
 			b = t.insert(k, now)
 		}
 		t.fail(b, k, reason, now)
@@ -231,7 +231,7 @@ func (t *Throttle) quiet(b *bucket, now time.Time) bool {
 
 // fail records one failure in b. Under mu.
 func (t *Throttle) fail(b *bucket, k, reason string, now time.Time) {
-	if t.quiet(b, now) && b != &t.overflow {
+	if t.quiet(b, now) {
 		*b = bucket{lastLog: b.lastLog}
 	}
 	if now.Sub(b.windowStart) > t.cfg.Window {
