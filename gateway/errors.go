@@ -78,6 +78,9 @@ func APIError(c *fiber.Ctx, err error, bodyLimit int) *schemas.Error {
 // badHTTPReason is a fixed description of a fasthttp parse error, chosen by
 // what its message is about; never any of the message's own text.
 func badHTTPReason(msg string) string {
+	// fasthttp appends the raw request after "Buffer size=": client text
+	// that must not steer the choice either.
+	msg, _, _ = strings.Cut(msg, "Buffer size=")
 	switch m := strings.ToLower(msg); {
 	case strings.Contains(m, "content-length"):
 		return "invalid Content-Length"

@@ -1,12 +1,17 @@
 package gateway
 
 import (
+	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // smuggled is what each case sends after its request: a second, complete
@@ -113,4 +118,50 @@ func TestRawFramingProblem(t *testing.T) {
 			t.Errorf("%q: %q, want %q", raw, got, want)
 		}
 	}
+}
+
+// The original finding: a malformed header line made a 400 that quoted the
+// raw request (Authorization included) in its body and its log line, which
+// also said GET for a POST.
+func TestUnparsableRequestQuotesNothing(t *testing.T) {
+	var logBuf syncBuf
+	g := New(Config{}, nil, &fakeCatalog{}, nil, nil, slog.New(slog.NewJSONHandler(&logBuf, nil)))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(ln)
+	t.Cleanup(func() { _ = g.Shutdown(context.Background()) })
+	const secret = "tb-QUOTEDSECRET0123456789abcdefghijklmnop"
+	got := sendUntilClosed(t, ln.Addr().String(), "POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+secret+
+		"\r\nThis is no header line\r\nContent-Length: 2\r\n\r\n{}")
+	if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `"message":"The HTTP request is malformed: invalid header."`) {
+		t.Fatalf("answer: %q", got)
+	}
+	for _, part := range []string{"QUOTEDSECRET", "Authorization", "no header line"} {
+		if strings.Contains(got, part) || strings.Contains(logBuf.String(), part) {
+			t.Errorf("%q in the answer or the log:\n%s\n%s", part, got, logBuf.String())
+		}
+	}
+	lines, err := testenv.ParseJSONLog([]byte(logBuf.String()))
+	if err != nil || len(lines) != 1 || lines[0]["method"] != "-" || lines[0]["status"] != float64(400) {
+		t.Fatalf("log: %v %s", err, logBuf.String())
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -163,11 +163,23 @@ func (w *leakWorld) checkLog(t testing.TB) {
 	if err != nil {
 		t.Fatalf("log is not JSON lines: %v", err)
 	}
-	requests := 0
+	requests, unparsed := 0, 0
 	for _, l := range lines {
-		if l["msg"] == "request" {
-			requests++
+		if l["msg"] != "request" {
+			continue
 		}
+		requests++
+		// The real method, or "-" for a request fasthttp could not parse
+		// (it used to say GET, its default, for a POST).
+		if route := fmt.Sprint(l["route"]); strings.HasSuffix(route, "completions") && l["method"] != "POST" {
+			t.Errorf("completion logged with method %v: %v", l["method"], l)
+		}
+		if l["route"] == "unmatched" && l["method"] == "-" {
+			unparsed++
+		}
+	}
+	if unparsed == 0 {
+		t.Error("no unparsed request in the log: the method check saw none")
 	}
 	if requests < w.sent/2 {
 		t.Fatalf("only %d request log lines for %d requests: the check would see little", requests, w.sent)
