@@ -219,7 +219,7 @@ func leakVariants() []string {
 		"Authorization: Bearer $S\r\n: no name\r\n", "Authorization: Bearer $S\r\nBad Name: x\r\n",
 		"Authorization: Bearer\r\n $S\r\n", // obs-fold
 		"Authorization: Bearer $S\r\nContent-Length: 3\r\n", "Authorization: Bearer $S\r\nTransfer-Encoding: gzip\r\n",
-		"Authorization: Bearer $S\rX: y\r\n", // bare CR
+		"Authorization: Bearer $S\rX: y\r\n",                                         // bare CR
 		"Authorization: Bearer $S\r\nX-Big: " + strings.Repeat("a", 12<<10) + "\r\n", // headers too large
 		"X-Big: " + strings.Repeat("a", 12<<10) + "\r\nAuthorization: Bearer $S\r\n",
 		"Authorization: Bearer $S\r\nContent-Encoding: gzip\r\n",
