@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"io"
@@ -10,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
@@ -164,4 +167,30 @@ func (s *syncBuf) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// BenchmarkEdgeChecks: what every request now pays at the edge: the framing
+// check of a typical OpenAI SDK request's headers (FramingHook), and the
+// redactor on its request id and model.
+func BenchmarkEdgeChecks(b *testing.B) {
+	var req fasthttp.Request
+	raw := "POST /v1/chat/completions HTTP/1.1\r\nHost: api.example.com\r\nAccept: application/json\r\n" +
+		"Accept-Encoding: gzip, deflate\r\nAuthorization: Bearer tb-8KnEpMW92qRP4tlTGqy1gLtY_JCabi2i1huyt5WxmS0\r\n" +
+		"Content-Type: application/json\r\nUser-Agent: OpenAI/Python 1.99.0\r\nX-Stainless-Lang: python\r\n" +
+		"X-Stainless-Package-Version: 1.99.0\r\nX-Stainless-Os: Linux\r\nX-Stainless-Arch: x64\r\n" +
+		"X-Stainless-Runtime: CPython\r\nX-Stainless-Runtime-Version: 3.12.3\r\nX-Stainless-Retry-Count: 0\r\n" +
+		"X-Request-Id: 6c1f7a0e-1f7b-4d1e-9b9a-3f1d2c3b4a5e\r\nContent-Length: 2\r\n\r\n{}"
+	if err := req.Read(bufio.NewReader(strings.NewReader(raw))); err != nil {
+		b.Fatal(err)
+	}
+	r := NewRedactor("admin-token-0123456789", "nats-password-0123456789")
+	b.ReportAllocs()
+	for b.Loop() {
+		FramingHook(&req.Header)
+		_ = r.String("6c1f7a0e-1f7b-4d1e-9b9a-3f1d2c3b4a5e")
+		_ = r.String("llama-8b")
+	}
+	if req.Header.ConnectionClose() {
+		b.Fatal("a clean request was marked")
+	}
 }
