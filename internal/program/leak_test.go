@@ -53,10 +53,10 @@ func (s *syncBuffer) String() string {
 }
 
 type leakWorld struct {
-	gw       *Gateway
-	log      *syncBuffer
-	realKey  string   // a working API key
-	needles  []string // what must never be seen
+	gw         *Gateway
+	log        *syncBuffer
+	realKey    string   // a working API key
+	needles    []string // what must never be seen
 	sent       int
 	variants   int
 	logChecked int // bytes of the log FuzzNoSecretLeaks has searched
