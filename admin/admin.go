@@ -84,6 +84,7 @@ func New(cfg Config) (*Server, error) {
 		AppName:               "tokenbus-admin",
 	})
 	gateway.GuardFraming(s.app)
+	gateway.RefuseUnknownMethods(s.app, nil)
 	s.routes()
 	return s, nil
 }

@@ -146,3 +146,28 @@ func asciiEqualFold(b []byte, s string) bool {
 	}
 	return true
 }
+
+// RefuseUnknownMethods answers a request whose method is none of HTTP's
+// standard ones with OpenAI's 400 bad_request and closes the connection:
+// Fiber would answer it in plain text, before any middleware. onRefused, if
+// set, is called after the answer is written (to count and log it).
+func RefuseUnknownMethods(app *fiber.App, onRefused func(ctx *fasthttp.RequestCtx, e *schemas.Error)) {
+	srv := app.Server()
+	next := srv.Handler
+	srv.Handler = func(ctx *fasthttp.RequestCtx) {
+		if LogMethod(string(ctx.Method())) != "-" {
+			next(ctx)
+			return
+		}
+		e := errUnknownMethod
+		ctx.SetStatusCode(e.Status)
+		ctx.SetContentType(fiber.MIMEApplicationJSON)
+		ctx.SetBody(e.JSON())
+		ctx.SetConnectionClose()
+		if onRefused != nil {
+			onRefused(ctx, e)
+		}
+	}
+}
+
+var errUnknownMethod = schemas.ErrBadHTTP.New("unknown method")

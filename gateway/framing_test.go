@@ -194,3 +194,14 @@ func BenchmarkEdgeChecks(b *testing.B) {
 		b.Fatal("a clean request was marked")
 	}
 }
+
+// A method Fiber does not know gets OpenAI's 400 (Fiber's own is plain
+// text), the connection closed.
+func TestUnknownMethod(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	got := sendUntilClosed(t, strings.TrimPrefix(h.base, "http://"), "BREW /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"+smuggled)
+	if !strings.HasPrefix(got, "HTTP/1.1 400 ") || !strings.Contains(got, `"code":"bad_request"`) ||
+		!strings.Contains(got, "unknown method") || strings.Count(got, "HTTP/1.1 ") != 1 {
+		t.Fatalf("answer: %q", got)
+	}
+}

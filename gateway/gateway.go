@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,8 +13,10 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/gateway/httpstream"
@@ -127,6 +130,12 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		AppName:      "tokenbus-gateway",
 	})
 	GuardFraming(g.app)
+	RefuseUnknownMethods(g.app, func(ctx *fasthttp.RequestCtx, e *schemas.Error) {
+		id := "req-" + nuid.Next()
+		ctx.Response.Header.Set(fiber.HeaderXRequestID, id)
+		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
+		g.logRequest(id, routeUnmatched, "", e.Status, 0, "-", outcomeOf(e), "")
+	})
 	// Streams are written on hijacked connections, which httpstream closes
 	// or hands back to fasthttp itself.
 	g.streams = httpstream.New(g.app.Server(), httpstream.Config{ProbeInterval: cfg.ProbeInterval, StuckTimeout: cfg.StuckTimeout})
