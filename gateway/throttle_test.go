@@ -137,3 +137,27 @@ func TestClientAddr(t *testing.T) {
 		t.Error("a bad prefix parsed")
 	}
 }
+
+// A guesser that never stops (one attempt every 10 ms for an hour, with the
+// default settings) gets its key checked 22 times: 10, then one after each
+// block of 1 s, 2 s, ... 512 s, then one per 15 minutes. The other attempts
+// are refused unchecked.
+func TestThrottleGuessRate(t *testing.T) {
+	th, clock := newTestThrottle(ThrottleConfig{})
+	const a, p = "addr:192.0.2.1", "prefix:tb-abc"
+	start := clock.t
+	checked, refused := 0, 0
+	for clock.t.Sub(start) < time.Hour {
+		if th.Blocked(a, p) > 0 {
+			refused++
+		} else {
+			checked++
+			th.Fail("unknown_key", a, p)
+		}
+		clock.add(10 * time.Millisecond)
+	}
+	if checked != 22 {
+		t.Fatalf("%d guesses checked in an hour (%d refused), want 22", checked, refused)
+	}
+	t.Logf("an hour of guessing every 10 ms: %d checked, %d refused", checked, refused)
+}
