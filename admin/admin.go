@@ -10,8 +10,8 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
-	"strconv"
 	"strings"
 	"time"
 
@@ -37,6 +37,13 @@ type Config struct {
 	// Default 10s.
 	CtlTimeout time.Duration
 	Log        *slog.Logger
+	// Redactor cleans what error bodies quote of a request; nil: one that
+	// knows Token.
+	Redactor *gateway.Redactor
+	// Throttle backs off wrong tokens per client address (gateway/throttle.go);
+	// nil: no throttle. TrustedProxies: whose X-Forwarded-For is believed.
+	Throttle       *gateway.Throttle
+	TrustedProxies []netip.Prefix
 }
 
 // Server is the admin HTTP server.
@@ -61,6 +68,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.CtlTimeout <= 0 {
 		cfg.CtlTimeout = 10 * time.Second
 	}
+	if cfg.Redactor == nil {
+		cfg.Redactor = gateway.NewRedactor(cfg.Token)
+	}
 	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token))}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -73,6 +83,8 @@ func New(cfg Config) (*Server, error) {
 		ErrorHandler:          s.errorHandler,
 		AppName:               "tokenbus-admin",
 	})
+	gateway.GuardFraming(s.app)
+	gateway.RefuseUnknownMethods(s.app, nil)
 	s.routes()
 	return s, nil
 }
@@ -80,6 +92,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) routes() {
 	app := s.app
 	app.Use(recover.New())
+	app.Use(gateway.CheckFraming) // smuggling shapes: 400, connection closed
 	app.Use(s.authenticate)
 	app.Get("/models", s.listModels)
 	app.Post("/models", s.putModel)
@@ -105,11 +118,22 @@ func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
 
 // authenticate checks the admin token in constant time (comparing hashes, so
-// not even the token's length leaks).
+// not even the token's length leaks). A client address with too many wrong
+// tokens gets 429 without its token being checked: the token is chosen by a
+// person and may be weak, so a blocked guesser must learn nothing.
 func (s *Server) authenticate(c *fiber.Ctx) error {
-	scheme, token, _ := strings.Cut(c.Get(fiber.HeaderAuthorization), " ")
+	addr := gateway.AddrKey(gateway.ClientAddr(c, s.cfg.TrustedProxies))
+	if d := s.cfg.Throttle.Blocked(addr); d > 0 {
+		s.cfg.Throttle.Refused()
+		return gateway.ThrottledError(d)
+	}
+	h := c.Get(fiber.HeaderAuthorization)
+	scheme, token, _ := strings.Cut(h, " ")
 	got := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got[:], s.token[:]) != 1 {
+		if strings.TrimSpace(h) != "" { // a missing token is no guess
+			s.cfg.Throttle.Fail("wrong_admin_token", addr)
+		}
 		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tokenbus-admin"`)
 		return errBadToken
 	}
@@ -123,15 +147,13 @@ const bodyLimit = 1 << 20
 
 // errorHandler writes every error in OpenAI's shape.
 func (s *Server) errorHandler(c *fiber.Ctx, err error) error {
-	e := gateway.APIError(c, err, bodyLimit)
+	e := s.cfg.Redactor.Error(gateway.APIError(c, err, bodyLimit))
 	if e.Status >= 500 {
-		s.log.Warn("admin request failed", "method", c.Method(), "path", c.Path(), "status", e.Status, "err", err)
+		// The route pattern, not the path (client text); e, not err (a
+		// fasthttp error quotes the raw request).
+		s.log.Warn("admin request failed", "method", gateway.LogMethod(c.Method()), "route", c.Route().Path, "status", e.Status, "err", e.Body.Message)
 	}
-	if e.RetryAfter > 0 {
-		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(e.RetryAfter))
-	}
-	c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
-	return c.Status(e.Status).Send(e.JSON())
+	return gateway.WriteError(c, e)
 }
 
 // ctx is the context of one Redis call.

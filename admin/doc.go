@@ -3,7 +3,8 @@
 // TorchServe's management port), apart from the OpenAI API, and every request
 // needs "Authorization: Bearer <admin token>". JSON in and out; every error
 // is OpenAI's {"error":{"message","type","param","code"}} with its status:
-// 400 bad JSON or fields, 401 bad token, 404 unknown, 409 conflicts, 503 when
+// 400 bad JSON or fields, 401 bad token, 429 too many bad tokens from the
+// client's address (gateway.Throttle), 404 unknown, 409 conflicts, 503 when
 // Redis cannot be reached (Retry-After: 1). docs/admin-api.md has the routes.
 //
 // Every registry change is announced on tokenbus.v1.events.* before the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -49,6 +50,12 @@ type Config struct {
 	// usage.Publisher, which makes it durable); nil writes it to Redis in
 	// the background, bounded by MaxPendingUsage.
 	Usage func(schemas.UsageRecord)
+	// Throttle backs off failed key checks per client address and key
+	// prefix (gateway/throttle.go); nil: no throttle.
+	Throttle *gateway.Throttle
+	// TrustedProxies are the peers whose X-Forwarded-For names the client
+	// address; for anyone else it is the TCP peer.
+	TrustedProxies []netip.Prefix
 }
 
 // Auth holds the hooks. Make one with New.
@@ -118,22 +125,12 @@ func (a *Auth) Authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal,
 
 func (a *Auth) authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal, string, error) {
 	model := req.Model
-	secret, ok := bearer(c.Get(fiber.HeaderAuthorization))
-	if !ok {
-		return gateway.Principal{}, "missing_key", errMissingKey
-	}
-	if !strings.HasPrefix(secret, registry.SecretPrefix) {
-		return gateway.Principal{}, "invalid_key", invalidKey(secret)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
 	defer cancel()
-	k, err := a.cfg.Keys.Lookup(ctx, secret)
+	k, outcome, err := a.checkKey(ctx, c)
 	switch {
-	case errors.Is(err, registry.ErrNotFound):
-		return gateway.Principal{}, "invalid_key", invalidKey(secret)
 	case err != nil:
-		a.log.Warn("API key lookup failed", "err", err)
-		return gateway.Principal{}, "unavailable", err
+		return gateway.Principal{}, outcome, err
 	case !k.Allows(model):
 		return gateway.Principal{}, "model_not_allowed", schemas.ErrModelNotAllowed.New(model)
 	}
@@ -145,6 +142,70 @@ func (a *Auth) authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal,
 		return gateway.Principal{}, outcome, aerr
 	}
 	return gateway.Principal{Tenant: k.Tenant, KeyID: k.ID, Reserved: d.Reserved, Window: d.Window}, outcome, nil
+}
+
+// ModelAccess is gateway.Config.ModelAccess: GET /v1/models needs a key
+// (with the same throttle as every key check) and lists what the key may
+// use. No rate limit applies.
+func (a *Auth) ModelAccess(c *fiber.Ctx) (func(model string) bool, error) {
+	if a.cfg.Keys == nil {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
+	defer cancel()
+	k, _, err := a.checkKey(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	return k.Allows, nil
+}
+
+// throttledKeyAge is how old a cached key may be and still be accepted from
+// a throttled address or prefix (see gateway/throttle.go). Deleted keys leave the
+// cache at once through the keys event; this bounds a lost event.
+const throttledKeyAge = 5 * time.Minute
+
+// checkKey is the key check: the request's bearer key, looked up by its
+// hash, with failed checks counted by the throttle and blocked clients
+// refused before any lookup. outcome labels tokenbus_auth_decisions_total.
+func (a *Auth) checkKey(ctx context.Context, c *fiber.Ctx) (registry.Key, string, error) {
+	secret, ok := bearer(c.Get(fiber.HeaderAuthorization))
+	if !ok {
+		return registry.Key{}, "missing_key", errMissingKey // no guess: not counted
+	}
+	addr := gateway.AddrKey(gateway.ClientAddr(c, a.cfg.TrustedProxies))
+	prefix := gateway.PrefixKey(secret, registry.SecretPrefix)
+	if d := a.cfg.Throttle.Blocked(addr); d > 0 {
+		if k, ok := a.cfg.Keys.Peek(secret, throttledKeyAge); ok {
+			return k, "", nil
+		}
+		a.cfg.Throttle.Refused()
+		return registry.Key{}, "throttled", gateway.ThrottledError(d)
+	}
+	// A blocked prefix still lets a real key through (it is looked up):
+	// otherwise whoever knows a key's first characters could lock its
+	// holder out. A miss is a 429, so guessing under that prefix stays slow
+	// to read (Retry-After) and counted, and each miss still counts against
+	// the address, which is what bounds one guesser.
+	prefixBlock := a.cfg.Throttle.Blocked(prefix)
+	if !strings.HasPrefix(secret, registry.SecretPrefix) {
+		a.cfg.Throttle.Fail("malformed_key", addr)
+		return registry.Key{}, "invalid_key", invalidKey(secret)
+	}
+	k, err := a.cfg.Keys.Lookup(ctx, secret)
+	switch {
+	case errors.Is(err, registry.ErrNotFound) && prefixBlock > 0:
+		a.cfg.Throttle.Fail("unknown_key", addr, prefix)
+		a.cfg.Throttle.Refused()
+		return registry.Key{}, "throttled", gateway.ThrottledError(prefixBlock)
+	case errors.Is(err, registry.ErrNotFound):
+		a.cfg.Throttle.Fail("unknown_key", addr, prefix)
+		return registry.Key{}, "invalid_key", invalidKey(secret)
+	case err != nil:
+		a.log.Warn("API key lookup failed", "err", err)
+		return registry.Key{}, "unavailable", err
+	}
+	return k, "", nil
 }
 
 // bearer returns the token of an "Authorization: Bearer <token>" header.

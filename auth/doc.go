@@ -6,9 +6,14 @@
 // Answers, all in OpenAI's error shape:
 //
 //	no key, or not a key         401 invalid_request_error, code invalid_api_key
+//	too many wrong keys          429 rate_limit_error, code too_many_auth_failures, Retry-After
+//	                             (per client address and key prefix: gateway.Throttle)
 //	model not in the key's list  403 permission_error, code model_not_allowed, param model
 //	over RPM or TPM              429 rate_limit_error, code rate_limit_exceeded, Retry-After
 //	Redis down, key not cached   503 overloaded_error, code store_unavailable
+//
+// GET /v1/models needs a key too (ModelAccess) and lists only the key's
+// models and adapters; no rate limit applies to it.
 //
 // Keys with limits get OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
 // headers on every response, for the limits they have. Admission reserves

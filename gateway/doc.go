@@ -92,8 +92,17 @@
 // may set response headers. Config.OnUsage is called with a
 // schemas.UsageRecord of that Principal once for every request that finished
 // with a done frame (stream or not), with the usage at the top level of the
-// done payload (zero if it had none). Requests that failed or were cancelled do not call OnUsage. Package
-// auth implements both on API keys, rate limits and usage in Redis.
+// done payload (zero if it had none). Requests that failed or were cancelled
+// do not call OnUsage. Config.ModelAccess authenticates the models routes and
+// says which models the caller may see (others are 404). Package auth
+// implements all three on API keys, rate limits and usage in Redis.
+//
+// The edge (docs/security.md, HTTP). Throttle (throttle.go) backs off failed
+// credential checks per client address and key prefix, for auth and the
+// admin API; ClientAddr believes X-Forwarded-For only from trusted proxies.
+// Request-smuggling shapes are refused before the body is read
+// (framing.go). No error body or log line carries a header value or the raw
+// request; what they quote of a request passes a Redactor (redact.go).
 //
 // Catalog. /v1/models, the choice between 404 (unknown model) and 503 (known,
 // no worker) and /ready come from a Catalog; NewCatalog joins the live workers

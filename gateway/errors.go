@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -27,12 +28,19 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 		if e.Status == http.StatusRequestEntityTooLarge {
 			drainBody(c.Context().Conn(), c.Request().Header.ContentLength())
 		}
-		id := requestID(c.Get(fiber.HeaderXRequestID))
+		id := g.requestID(c.Get(fiber.HeaderXRequestID))
 		c.Set(fiber.HeaderXRequestID, id)
 		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
-		g.logRequest(id, routeUnmatched, "", e.Status, 0, c.Method(), err.Error(), "")
+		// The method only when fasthttp parsed the headers (413 comes after
+		// them); after a parse error its header holds defaults (GET). Never
+		// err's text: fasthttp quotes the raw request in it.
+		method := "-"
+		if e.Status == http.StatusRequestEntityTooLarge {
+			method = LogMethod(c.Method())
+		}
+		g.logRequest(id, routeUnmatched, "", e.Status, 0, method, outcomeOf(e), "")
 	}
-	return writeError(c, e)
+	return g.writeError(c, e)
 }
 
 // APIError is the one mapping of an HTTP handler's error to its OpenAI
@@ -47,9 +55,11 @@ func APIError(c *fiber.Ctx, err error, bodyLimit int) *schemas.Error {
 	}
 	switch fe.Code {
 	case http.StatusNotFound:
-		return schemas.ErrUnknownURL.New(c.Method(), c.OriginalURL())
+		// The path without the query string (where clients put api_key=...);
+		// the writer redacts what looks like a secret in the path.
+		return schemas.ErrUnknownURL.New(LogMethod(c.Method()), c.Path())
 	case http.StatusMethodNotAllowed:
-		return schemas.ErrMethodNotAllowed.New(c.Method(), c.Path())
+		return schemas.ErrMethodNotAllowed.New(LogMethod(c.Method()), c.Path())
 	case http.StatusRequestEntityTooLarge:
 		return schemas.ErrTooLarge.New(bodyLimit)
 	case http.StatusRequestTimeout:
@@ -58,9 +68,30 @@ func APIError(c *fiber.Ctx, err error, bodyLimit int) *schemas.Error {
 		return schemas.ErrHeadersTooLarge.New()
 	}
 	if fe.Code >= 500 {
-		return schemas.ErrInternal.New(fe.Message)
+		return schemas.ErrInternal.New(http.StatusText(fe.Code))
 	}
-	return schemas.ErrBadHTTP.New(fe.Message)
+	// fasthttp's message quotes the raw request, headers and all: only a
+	// fixed reason leaves.
+	return schemas.ErrBadHTTP.New(badHTTPReason(fe.Message))
+}
+
+// badHTTPReason is a fixed description of a fasthttp parse error, chosen by
+// what its message is about; never any of the message's own text.
+func badHTTPReason(msg string) string {
+	// fasthttp appends the raw request after "Buffer size=": client text
+	// that must not steer the choice either.
+	msg, _, _ = strings.Cut(msg, "Buffer size=")
+	switch m := strings.ToLower(msg); {
+	case strings.Contains(m, "content-length"):
+		return "invalid Content-Length"
+	case strings.Contains(m, "chunk"):
+		return "invalid chunked body"
+	case strings.Contains(m, "first line"), strings.Contains(m, "request uri"), strings.Contains(m, "method"):
+		return "invalid request line"
+	case strings.Contains(m, "header"):
+		return "invalid header"
+	}
+	return "unreadable request"
 }
 
 // Bounds of drainBody.
@@ -103,8 +134,14 @@ func drainBody(conn net.Conn, contentLength int) {
 	}
 }
 
-// writeError writes e as the whole response.
-func writeError(c *fiber.Ctx, e *schemas.Error) error {
+// writeError writes e as the whole response, redacted.
+func (g *Gateway) writeError(c *fiber.Ctx, e *schemas.Error) error {
+	return WriteError(c, g.cfg.Redactor.Error(e))
+}
+
+// WriteError writes e as the whole response: OpenAI's body, Retry-After
+// when e has one. Callers redact e first (Redactor.Error).
+func WriteError(c *fiber.Ctx, e *schemas.Error) error {
 	if e.RetryAfter > 0 {
 		c.Set(fiber.HeaderRetryAfter, strconv.Itoa(e.RetryAfter))
 	}

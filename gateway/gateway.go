@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,8 +13,10 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/gateway/httpstream"
@@ -30,6 +33,10 @@ type Config struct {
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
 	Version         string
+	// Redactor cleans what error bodies and log lines quote of a request
+	// (model names, paths): nil redacts key-shaped strings only; give it the
+	// process's own secrets (admin token, NATS credentials).
+	Redactor *Redactor
 
 	// Authorize, if set, is called for every completion request after its
 	// body is parsed and before it is published; req is the body's view
@@ -40,6 +47,12 @@ type Config struct {
 	// with the response, error or not. The principal's tenant travels on the
 	// bus; the principal's fields go into the request's UsageRecord.
 	Authorize func(c *fiber.Ctx, req *schemas.Request) (Principal, error)
+	// ModelAccess, if set, is called for every GET .../models and
+	// .../models/{id}: it authenticates the request (no rate limit) and
+	// returns which models and adapters the caller may see. An error
+	// rejects the request; a model it may not see is a 404 on
+	// .../models/{id}, as if it did not exist.
+	ModelAccess func(c *fiber.Ctx) (allowed func(model string) bool, err error)
 	// OnUsage, if set, is called once per request that finished with a done
 	// frame, with its record: request id, the principal's key, tenant and
 	// reservation, the model and the usage from the done payload's top level.
@@ -118,6 +131,13 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
 	})
+	GuardFraming(g.app)
+	RefuseUnknownMethods(g.app, func(ctx *fasthttp.RequestCtx, e *schemas.Error) {
+		id := "req-" + nuid.Next()
+		ctx.Response.Header.Set(fiber.HeaderXRequestID, id)
+		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
+		g.logRequest(id, routeUnmatched, "", e.Status, 0, "-", outcomeOf(e), "")
+	})
 	// Streams are written on hijacked connections, which httpstream closes
 	// or hands back to fasthttp itself.
 	g.streams = httpstream.New(g.app.Server(), httpstream.Config{ProbeInterval: cfg.ProbeInterval, StuckTimeout: cfg.StuckTimeout})
@@ -132,6 +152,7 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	app := g.app
 	app.Use(g.observe)
 	app.Use(recover.New()) // a handler's panic becomes a 500, not a dead process
+	app.Use(CheckFraming)  // smuggling shapes: 400, connection closed
 	for _, p := range []struct {
 		prefix     string
 		torchServe bool

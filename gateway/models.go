@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"slices"
+
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -12,9 +14,17 @@ type modelList struct {
 	Data   []schemas.Model `json:"data"`
 }
 
-// listModels handles GET .../models: every servable model.
+// listModels handles GET .../models: every servable model the caller may
+// use.
 func (g *Gateway) listModels(c *fiber.Ctx) error {
+	allowed, err := g.modelAccess(c)
+	if err != nil {
+		return err
+	}
 	models := g.cat.Models()
+	if allowed != nil {
+		models = slices.DeleteFunc(models, func(m schemas.Model) bool { return !allowed(m.ID) })
+	}
 	if models == nil {
 		models = []schemas.Model{}
 	}
@@ -24,10 +34,15 @@ func (g *Gateway) listModels(c *fiber.Ctx) error {
 	return c.JSON(modelList{Object: "list", Data: models})
 }
 
-// getModel handles GET .../models/{id}; the id may contain '/'.
+// getModel handles GET .../models/{id}; the id may contain '/'. A model the
+// caller may not use is not found (its existence is not revealed).
 func (g *Gateway) getModel(c *fiber.Ctx) error {
+	allowed, err := g.modelAccess(c)
+	if err != nil {
+		return err
+	}
 	id := pathParam(c, "*")
-	if id != "" {
+	if id != "" && (allowed == nil || allowed(id)) {
 		for _, m := range g.cat.Models() {
 			if m.ID == id {
 				fillModel(&m)
@@ -37,6 +52,14 @@ func (g *Gateway) getModel(c *fiber.Ctx) error {
 		}
 	}
 	return schemas.ErrModelNotFound.New(id)
+}
+
+// modelAccess asks Config.ModelAccess; nil allowed means all.
+func (g *Gateway) modelAccess(c *fiber.Ctx) (func(string) bool, error) {
+	if g.cfg.ModelAccess == nil {
+		return nil, nil
+	}
+	return g.cfg.ModelAccess(c)
 }
 
 func fillModel(m *schemas.Model) {

@@ -28,7 +28,7 @@ const routeUnmatched = "unmatched"
 // handler's error into its response, then counts and logs the request.
 func (g *Gateway) observe(c *fiber.Ctx) error {
 	start := time.Now()
-	id := requestID(c.Get(fiber.HeaderXRequestID))
+	id := g.requestID(c.Get(fiber.HeaderXRequestID))
 	c.Locals(localID, id)
 	c.Set(fiber.HeaderXRequestID, id)
 
@@ -37,7 +37,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	if err != nil {
 		// As errorHandler does for a request observe saw.
 		e := APIError(c, err, g.cfg.BodyLimit)
-		if werr := writeError(c, e); werr != nil {
+		if werr := g.writeError(c, e); werr != nil {
 			return werr
 		}
 		outcome = outcomeOf(e)
@@ -60,7 +60,7 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	if span == nil {
 		span = noop.Span{}
 	}
-	g.logRequest(id, route, model, status, d, c.Method(), outcome, tracing.TraceID(span))
+	g.logRequest(id, route, model, status, d, LogMethod(c.Method()), outcome, tracing.TraceID(span))
 	endSpan(span, status, err, outcome)
 	return nil
 }
@@ -94,7 +94,7 @@ func (g *Gateway) logRequest(id, route, model string, status int, d time.Duratio
 	}
 	attrs := []slog.Attr{
 		slog.String("request_id", id), slog.String("method", method), slog.String("route", route),
-		slog.String("model", model), slog.Int("status", status), slog.Duration("duration", d),
+		slog.String("model", g.cfg.Redactor.String(model)), slog.Int("status", status), slog.Duration("duration", d),
 	}
 	if outcome != "" {
 		attrs = append(attrs, slog.String("outcome", outcome))

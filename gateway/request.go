@@ -47,9 +47,10 @@ var (
 )
 
 // requestID returns the client's X-Request-Id when it is acceptable, else a
-// fresh one.
-func requestID(given string) string {
-	if schemas.ValidRequestID(given) {
+// fresh one. An id that holds a secret (a key pasted in the wrong header) is
+// not: the id is echoed, logged and sent on the bus.
+func (g *Gateway) requestID(given string) string {
+	if schemas.ValidRequestID(given) && g.cfg.Redactor.String(given) == given {
 		return strings.Clone(given)
 	}
 	return "req-" + nuid.Next()

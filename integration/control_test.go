@@ -43,8 +43,8 @@ func adminCall(t *testing.T, d *dev, token, method, path, body string, out any) 
 
 // tokenbus dev --auth: keys made on the admin API work with the official
 // client, are refused without a key or for a model they may not use, count
-// usage, and stop working when deleted. The adapter registered by default is
-// in /v1/models under its base.
+// usage, and stop working when deleted. /v1/models needs a key and lists the
+// key's models; the adapter registered by default is there under its base.
 func TestDevWithKeys(t *testing.T) {
 	const adminToken = "test-admin-token"
 	d := startDev(t, func(c *program.DevConfig) { c.HTTP.Auth, c.HTTP.AdminToken = true, adminToken })
@@ -60,8 +60,8 @@ func TestDevWithKeys(t *testing.T) {
 	var apiErr *openai.Error
 	anon := openaiClient(d.URL + "/v1")
 	_, err := anon.Models.List(ctx)
-	if err != nil {
-		t.Fatalf("listing models needs no key: %v", err)
+	if !errors.As(err, &apiErr) || apiErr.StatusCode != 401 || apiErr.Code != "invalid_api_key" {
+		t.Fatalf("listing models without a key: %v", err)
 	}
 	_, err = anon.Completions.New(ctx, openai.CompletionNewParams{
 		Model: "llama-8b", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("hi")}})
@@ -83,7 +83,18 @@ func TestDevWithKeys(t *testing.T) {
 		t.Fatalf("model not allowed: %v", err)
 	}
 
+	// The key lists only its own model; a key for every model sees the
+	// adapter too, under its base.
 	models, err := c.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != "llama-8b" {
+		t.Fatalf("models of a llama-8b key: %+v %v", models.Data, err)
+	}
+	var anyKey struct{ Key string }
+	if st := adminCall(t, d, adminToken, "POST", "/keys", `{"name":"all","tenant":"acme"}`, &anyKey); st != 201 {
+		t.Fatalf("POST /keys: %d", st)
+	}
+	all := openai.NewClient(option.WithBaseURL(d.URL+"/v1"), option.WithAPIKey(anyKey.Key), option.WithMaxRetries(0))
+	models, err = all.Models.List(ctx)
 	if err != nil || len(models.Data) != 2 || models.Data[1].ID != "llama-8b-lora" ||
 		!strings.Contains(models.Data[1].RawJSON(), `"parent":"llama-8b"`) {
 		t.Fatalf("models: %+v %v", models.Data, err)

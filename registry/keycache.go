@@ -129,3 +129,18 @@ func (c *KeyCache) Subscribe(nc *nats.Conn) (stop func(), err error) {
 	}
 	return func() { _ = sub.Unsubscribe() }, nil
 }
+
+// Peek returns the key whose secret this is if the cache holds it, looked up
+// within maxAge, without asking Redis: a map lookup on the secret's SHA-256,
+// whose time does not depend on the secret. Throttled clients are answered
+// from it only (gateway/throttle.go).
+func (c *KeyCache) Peek(secret string, maxAge time.Duration) (Key, bool) {
+	hash := HashSecret(secret)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	hit, ok := c.pos[hash]
+	if !ok || time.Since(hit.at) >= maxAge {
+		return Key{}, false
+	}
+	return hit.key, true
+}

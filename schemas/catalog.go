@@ -308,6 +308,10 @@ var (
 	ErrInvalidKey = def(secControl, ErrorDef{Code: "invalid_api_key", Status: http.StatusUnauthorized, Type: TypeInvalidRequest,
 		Message: "Incorrect API key provided: %s.",
 		When:    "The key is not a tokenbus key or is unknown (the message shows only its ends)."})
+	ErrTooManyAuthFailures = def(secControl, ErrorDef{Code: "too_many_auth_failures", Status: http.StatusTooManyRequests, Type: TypeRateLimit,
+		Message: "Too many failed authentication attempts from this address or with this key prefix. Please try again in %ds.",
+		When: "Failed API key or admin token checks from the client's address (or with the presented key's first characters) " +
+			"passed the throttle's limit; Retry-After says when the block ends. The credential was not checked."})
 	ErrModelNotAllowed = def(secControl, ErrorDef{Code: "model_not_allowed", Status: http.StatusForbidden, Type: TypePermission, Param: "model",
 		Message: "This API key may not use the model `%s`.",
 		When:    "The key's model list does not have the model."})

@@ -24,6 +24,8 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	registerLimits(fs, &c.Limits)
 	l := &c.Limits
 	fs.DurationVar(&l.KeyMaxStale, "key-max-stale", l.KeyMaxStale, "while Redis is down, API keys it confirmed within this long keep working (others get 503)")
+	fs.IntVar(&c.AuthFailures, "auth-failures", c.AuthFailures, "failed API key or admin token checks within a minute from one client address (or with one key prefix) before further attempts get 429 with Retry-After, doubling up to 15m")
+	fs.StringVar(&c.TrustedProxies, "trusted-proxies", c.TrustedProxies, `addresses and CIDR prefixes of reverse proxies whose X-Forwarded-For names the client (comma-separated); "" trusts none: the client is the TCP peer`)
 	fs.Int64Var(&l.UsageStream.MaxBytes, "usage-stream-max-bytes", l.UsageStream.MaxBytes, "bytes of usage records the JetStream stream TOKENBUS_USAGE holds while Redis is down (full: new records wait in memory)")
 	fs.DurationVar(&l.UsageStream.MaxAge, "usage-stream-max-age", l.UsageStream.MaxAge, "how long a usage record may wait in the stream for Redis before it is dropped")
 	fs.IntVar(&l.UsageBuffer, "usage-buffer", l.UsageBuffer, "usage records a gateway holds in memory while JetStream cannot take them (past it they are dropped and counted)")

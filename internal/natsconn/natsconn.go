@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -59,7 +61,7 @@ func (o *Options) NatsOptions(name string, log *slog.Logger) ([]nats.Option, err
 				log.Warn("nats disconnected", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrlRedacted()) }),
 	}
 	if o.Creds != "" {
 		opts = append(opts, nats.UserCredentials(o.Creds))
@@ -104,12 +106,12 @@ func (o *Options) Connect(ctx context.Context, name string, wait time.Duration, 
 			return nc, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("connect to NATS at %s: %w", o.URL, err)
+			return nil, fmt.Errorf("connect to NATS at %s: %w", redactURLs(o.URL), err)
 		}
-		log.Warn("NATS not reachable yet; retrying", "url", o.URL, "err", err)
+		log.Warn("NATS not reachable yet; retrying", "url", redactURLs(o.URL), "err", err)
 		select {
 		case <-ctx.Done(): // SIGTERM while NATS is away
-			return nil, fmt.Errorf("connect to NATS at %s: %w (last error: %v)", o.URL, ctx.Err(), err)
+			return nil, fmt.Errorf("connect to NATS at %s: %w (last error: %v)", redactURLs(o.URL), ctx.Err(), err)
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -128,4 +130,24 @@ func Drain(nc *nats.Conn, timeout time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	nc.Close()
+}
+
+// redactURLs is a comma-separated URL list with any user information
+// replaced, for logs and errors: nats://user:pass@host and nats://token@host
+// are valid --nats-url forms.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		switch {
+		case err != nil:
+			if strings.Contains(p, "@") {
+				parts[i] = "(unparsable URL)"
+			}
+		case u.User != nil:
+			u.User = url.User("REDACTED")
+			parts[i] = u.String()
+		}
+	}
+	return strings.Join(parts, ",")
 }

@@ -32,6 +32,14 @@ type HTTPConfig struct {
 	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
 	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
 	AdminToken      string        // the bearer token the admin API requires
+	// AuthFailures: failed API key (or admin token) checks within a minute
+	// from one client address, or with one key prefix, before 429s with
+	// Retry-After, doubling up to 15 minutes (gateway/throttle.go).
+	AuthFailures int
+	// TrustedProxies: comma-separated addresses and CIDR prefixes of reverse
+	// proxies whose X-Forwarded-For names the client; "" trusts none (the
+	// client is the TCP peer).
+	TrustedProxies string
 	Limits          LimitsConfig  // Redis faults, reservations and usage
 }
 
@@ -95,6 +103,7 @@ func DefaultHTTP() HTTPConfig {
 		KeyCacheTTL:     10 * time.Second,
 		Admin:           "127.0.0.1:8081",
 		Limits:          DefaultLimits(),
+		AuthFailures:    10,
 	}
 }
 
@@ -124,6 +133,9 @@ func (c HTTPConfig) check(haveStore bool) error {
 		return errors.New("the admin API needs the store (a Redis URL)")
 	case c.Admin != "" && c.AdminToken == "":
 		return errors.New("the admin API needs an admin token")
+	}
+	if _, err := gateway.ParseTrustedProxies(c.TrustedProxies); err != nil {
+		return fmt.Errorf("trusted proxies: %w", err)
 	}
 	return nil
 }
@@ -224,12 +236,18 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	if mp := int(gw.nc.MaxPayload()) - 16<<10; mp > 0 && mp < limit {
 		limit = mp // headers need room too
 	}
+	// Secrets this process holds, kept out of what error bodies and log
+	// lines quote of a request (API keys are recognised by their shape).
+	redactor := gateway.NewRedactor(cfg.HTTP.AdminToken, cfg.NATS.Password, cfg.NATS.Token)
 	gcfg := gateway.Config{
+		Redactor:        redactor,
 		BodyLimit:       limit,
 		RequestTimeout:  cfg.HTTP.RequestTimeout,
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
 	}
+	trusted, _ := gateway.ParseTrustedProxies(cfg.HTTP.TrustedProxies) // checked above
+	throttle := gateway.ThrottleConfig{Failures: cfg.HTTP.AuthFailures}
 	if store != nil {
 		lim := cfg.HTTP.Limits
 		if store.Breaker() == nil {
@@ -239,12 +257,13 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		if err := gw.startUsage(limiter, reg); err != nil {
 			return err
 		}
-		acfg := auth.Config{Limiter: limiter, Log: log, Metrics: reg, FailClosed: lim.FailClosed,
+		acfg := auth.Config{Limiter: limiter, Log: log, Metrics: reg, TrustedProxies: trusted, FailClosed: lim.FailClosed,
 			DefaultMaxTokens: lim.DefaultMaxTokens, Usage: gw.pub.Publish}
 		if cache != nil {
 			acfg.MaxTokens = func(model string) int { m, _ := cache.Get(model); return m.MaxModelLen }
 		}
 		if cfg.HTTP.Auth {
+			acfg.Throttle = gateway.NewThrottle(throttle, "API key", "openai", log, reg)
 			acfg.Keys = registry.NewKeyCache(store, cfg.HTTP.KeyCacheTTL, log)
 			acfg.Keys.MaxStale = lim.KeyMaxStale
 			if gw.unsubKeys, err = acfg.Keys.Subscribe(gw.nc); err != nil {
@@ -255,6 +274,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		gcfg.OnUsage = gw.au.OnUsage
 		if cfg.HTTP.Auth {
 			gcfg.Authorize = gw.au.Authorize
+			gcfg.ModelAccess = gw.au.ModelAccess
 		}
 	}
 	var models gateway.Registry
@@ -265,7 +285,8 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: componentLog(cfg.Log, "admin")}); err != nil {
+			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted,
+			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
 		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {

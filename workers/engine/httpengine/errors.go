@@ -156,3 +156,23 @@ func retryAfter(h http.Header) int {
 	}
 	return n
 }
+
+// scrubKey removes key (the engine's API key, which tokenbus sends as
+// Authorization) from an upstream error's message and param: a server or a
+// proxy in front of it may quote the request's headers, and the message
+// travels to the client and into logs.
+func scrubKey(se *schemas.Error, key string) *schemas.Error {
+	if key == "" || se == nil {
+		return se
+	}
+	se.Body.Message = strings.ReplaceAll(se.Body.Message, key, "***")
+	if se.Body.Param != nil && strings.Contains(*se.Body.Param, key) {
+		p := strings.ReplaceAll(*se.Body.Param, key, "***")
+		se.Body.Param = &p
+	}
+	return se
+}
+
+// Redact is se without the engine's API key (see scrubKey), for errors made
+// from what the engine answered to Call.
+func (e *Engine) Redact(se *schemas.Error) *schemas.Error { return scrubKey(se, e.cfg.APIKey) }

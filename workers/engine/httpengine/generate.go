@@ -120,7 +120,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		if err != nil && len(body) == 0 {
 			return nil, e.failure(ctx, rctx, err, false)
 		}
-		ue := UpstreamError(resp.StatusCode, body)
+		ue := scrubKey(UpstreamError(resp.StatusCode, body), e.cfg.APIKey)
 		ue.RetryAfter = retryAfter(resp.Header)
 		return nil, ue
 	}
@@ -174,7 +174,7 @@ func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFun
 		}
 	}()
 
-	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes}
+	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes, key: e.cfg.APIKey}
 	err := s.run(br, sink)
 	*bp = s.batch[:0]
 	var gone *sinkError
@@ -205,6 +205,7 @@ type sseState struct {
 	maxLine int
 	last    []byte // copy of the last chunk with a usage object
 	counted int    // data chunks without usage, the fallback completion count
+	key     string // the engine's API key, kept out of error messages
 }
 
 // run reads lines until [DONE] (errDone), a read error, a mid-stream error
@@ -218,7 +219,7 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 				return s.flush(sink, errDone)
 			}
 			if errorFirst(data) && isErrorChunk(data) {
-				return s.flush(sink, UpstreamError(0, data))
+				return s.flush(sink, scrubKey(UpstreamError(0, data), s.key))
 			}
 			if hasUsage(data) {
 				s.last = append(s.last[:0], data...)

@@ -123,7 +123,7 @@ func (e *Engine) FetchModels(ctx context.Context) ([]Model, error) {
 		return nil, err
 	}
 	if status/100 != 2 {
-		return nil, UpstreamError(status, body)
+		return nil, e.Redact(UpstreamError(status, body))
 	}
 	var list struct {
 		Data []Model `json:"data"`

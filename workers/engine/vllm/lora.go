@@ -130,7 +130,7 @@ func (e *Engine) loraCall(ctx context.Context, path, name string, body []byte) e
 	if status/100 == 2 {
 		return nil
 	}
-	se := httpengine.UpstreamError(status, answer)
+	se := e.core.Redact(httpengine.UpstreamError(status, answer))
 	if status == http.StatusNotFound && se.Body.Message == "Not Found" {
 		// FastAPI's answer for a route that does not exist.
 		se.Body.Message = "vLLM has no runtime LoRA API: start it with " + EnvRuntimeLoRA
