@@ -40,7 +40,7 @@ type HTTPConfig struct {
 	// proxies whose X-Forwarded-For names the client; "" trusts none (the
 	// client is the TCP peer).
 	TrustedProxies string
-	Limits          LimitsConfig  // Redis faults, reservations and usage
+	Limits         LimitsConfig // Redis faults, reservations and usage
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
