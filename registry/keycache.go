@@ -56,45 +56,57 @@ func NewKeyCache(store *Store, ttl time.Duration, log *slog.Logger) *KeyCache {
 // ErrUnavailable if Redis cannot say.
 func (c *KeyCache) Lookup(ctx context.Context, secret string) (Key, error) {
 	hash := HashSecret(secret)
+	return c.lookup(ctx, hash, func(ctx context.Context) (Key, error) { return c.store.KeyByHash(ctx, hash) })
+}
+
+// Key returns the key with this id, cached as Lookup caches secrets: for a
+// dispatcher admitting NATS-native tenant requests, whose subject names
+// the key id (dispatcher.Keys).
+func (c *KeyCache) Key(ctx context.Context, id string) (Key, error) {
+	// "id:" cannot collide with a secret's hash (hex).
+	return c.lookup(ctx, "id:"+id, func(ctx context.Context) (Key, error) { return c.store.Key(ctx, id) })
+}
+
+func (c *KeyCache) lookup(ctx context.Context, entry string, fetch func(context.Context) (Key, error)) (Key, error) {
 	now := time.Now()
 	c.mu.Lock()
-	hit, known := c.pos[hash]
+	hit, known := c.pos[entry]
 	if known && now.Sub(hit.at) < c.ttl {
 		c.mu.Unlock()
 		return hit.key, nil
 	}
-	if at, ok := c.neg[hash]; ok && now.Sub(at) < c.ttl {
+	if at, ok := c.neg[entry]; ok && now.Sub(at) < c.ttl {
 		c.mu.Unlock()
 		return Key{}, keyNotFound("")
 	}
 	gen := c.gen
 	c.mu.Unlock()
 
-	k, err := c.store.KeyByHash(ctx, hash)
+	k, err := fetch(ctx)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	current := gen == c.gen
 	switch {
 	case err == nil:
 		if current {
-			c.pos[hash] = cachedKey{key: k, at: now, confirmed: now}
-			delete(c.neg, hash)
+			c.pos[entry] = cachedKey{key: k, at: now, confirmed: now}
+			delete(c.neg, entry)
 		}
 		return k, nil
 	case errors.Is(err, ErrNotFound):
 		if current {
-			delete(c.pos, hash)
+			delete(c.pos, entry)
 			if len(c.neg) >= maxNegative {
 				clear(c.neg)
 			}
-			c.neg[hash] = now
+			c.neg[entry] = now
 		}
 		return Key{}, err
 	case errors.Is(err, ErrUnavailable) && known && current && now.Sub(hit.confirmed) < c.maxStale():
 		// Serve the key we know, and do not ask again for a TTL: every
 		// request would otherwise wait on the dead Redis.
 		c.log.Warn("Redis unavailable: serving a cached API key", "key_id", hit.key.ID, "err", err)
-		c.pos[hash] = cachedKey{key: hit.key, at: now, confirmed: hit.confirmed}
+		c.pos[entry] = cachedKey{key: hit.key, at: now, confirmed: hit.confirmed}
 		return hit.key, nil
 	}
 	return Key{}, err

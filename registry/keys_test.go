@@ -141,6 +141,11 @@ func TestKeyCache(t *testing.T) {
 		t.Fatalf("Lookup = %+v, %v", got, err)
 	}
 	wantErr(t, "unknown secret", func() error { _, err := c.Lookup(ctx, "tb-nope"); return err }(), registry.ErrNotFound, 404)
+	// By id (a dispatcher's tenant requests), cached the same way.
+	if got, err := c.Key(ctx, k.ID); err != nil || got.ID != k.ID || got.Tenant != "acme" {
+		t.Fatalf("Key(id) = %+v, %v", got, err)
+	}
+	wantErr(t, "unknown id", func() error { _, err := c.Key(ctx, "key_nope"); return err }(), registry.ErrNotFound, 404)
 
 	// Deleted behind the cache's back: still served from the cache...
 	if err := s.DeleteKey(ctx, k.ID); err != nil {
@@ -148,6 +153,9 @@ func TestKeyCache(t *testing.T) {
 	}
 	if _, err := c.Lookup(ctx, secret); err != nil {
 		t.Fatalf("cached key: %v", err)
+	}
+	if _, err := c.Key(ctx, k.ID); err != nil {
+		t.Fatalf("cached key by id: %v", err)
 	}
 	// ...until the event, with a TTL of an hour: the event did it.
 	pub := testenv.Connect(t, ns)
@@ -160,6 +168,7 @@ func TestKeyCache(t *testing.T) {
 		}
 		return nil
 	})
+	wantErr(t, "deleted id after the event", func() error { _, err := c.Key(ctx, k.ID); return err }(), registry.ErrNotFound, 404)
 
 	// Redis down: a key seen before works even past its TTL; others get 503.
 	k2, secret2, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme"})

@@ -97,11 +97,18 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 		}
 		// Tenant requests (tokenbus.v1.treq.<key-id>.<model>): their keys
 		// and limits are the registry's.
-		if dcfg.Keys == nil {
-			dcfg.Keys = store
-		}
 		if dcfg.Admit == nil {
-			dcfg.Admit = tenantAdmitter(store, cache, p.cfg.Limits, reg, log)
+			dcfg.Admit = tenantAdmitter(store, cache, p.cfg.Limits, reg, log) // sets the store's breaker
+		}
+		if dcfg.Keys == nil {
+			// Cached as a gateway caches keys: no Redis round trip per
+			// request, emptied by every keys event (a deleted key stops at once).
+			keys := registry.NewKeyCache(store, 0, log)
+			keys.MaxStale = p.cfg.Limits.KeyMaxStale
+			if _, err := keys.Subscribe(p.nc); err != nil { // ends with the connection
+				return err
+			}
+			dcfg.Keys = keys
 		}
 	}
 	p.d = dispatcher.New(dcfg, p.nc, models, reg, log)
