@@ -223,6 +223,17 @@ func TestThreatModel(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = wk.Close() })
+	// A gateway as its deploy user: it writes the usage log (JetStream
+	// stream TOKENBUS_USAGE, where the worker's records go) into Redis.
+	gcfg := program.DefaultGateway()
+	gcfg.NATS = natsconn.Options{URL: url, User: "gateway", Password: threatPasswords["NATS_GATEWAY_PASSWORD"]}
+	gcfg.RedisURL = rd.URL
+	gcfg.HTTP.Listen, gcfg.HTTP.Admin = "127.0.0.1:0", ""
+	gw, err := program.StartGateway(ctx, gcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
 
 	// The operator watches what reaches the worker, its done notices and
 	// the usage records.
@@ -388,6 +399,22 @@ func TestThreatModel(t *testing.T) {
 				}
 			}
 			return fmt.Errorf("no usage record of a-forged in %d", len(usage))
+		})
+		// ...and key A's records reach Redis through the usage log, each once.
+		testenv.WaitFor(t, 10*time.Second, func() error {
+			var n, completion int64
+			omu.Lock()
+			for _, r := range usage {
+				if r.KeyID == keyA.ID {
+					n, completion = n+1, completion+int64(r.Usage.CompletionTokens)
+				}
+			}
+			omu.Unlock()
+			rows, err := store.Usage(ctx, keyA.ID, "llama-8b")
+			if err != nil || len(rows) != 1 || rows[0].Requests != n || rows[0].CompletionTokens != completion {
+				return fmt.Errorf("usage of key A in Redis: %+v, %v; records published: %d, %d completion tokens", rows, err, n, completion)
+			}
+			return nil
 		})
 		subj := schemas.TenantReqSubject(keyA1.ID, "llama-8b")
 		first := tenantRequest(t, a, subj, inboxA, "a-rl-1", 2, nil)
