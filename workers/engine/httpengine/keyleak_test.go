@@ -40,9 +40,9 @@ func TestUpstreamErrorsHideTheEngineKey(t *testing.T) {
 	healthy(t, e)
 
 	var errs []error
-	_, err := e.Generate(t.Context(), completion(`{"model":"m","prompt":"hi"}`), &recSink{})
+	_, err := e.Generate(t.Context(), completion(`{"model":"base","prompt":"hi"}`), &recSink{})
 	errs = append(errs, err)
-	_, err = e.Generate(t.Context(), chat(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`), &recSink{})
+	_, err = e.Generate(t.Context(), chat(`{"model":"base","stream":true,"messages":[{"role":"user","content":"hi"}]}`), &recSink{})
 	errs = append(errs, err)
 	failModels.Store(true)
 	_, err = e.FetchModels(t.Context())
