@@ -133,6 +133,29 @@ func (c *Client) Close() error {
 	return err
 }
 
+// WorkerLost tells the client that worker id is gone (its heartbeats
+// stopped, or NATS saw it disconnect): every stream that worker accepted
+// and has not finished ends now with ErrWorkerLost, instead of waiting out
+// its stall timeout.
+func (c *Client) WorkerLost(id, why string) {
+	for _, s := range c.streamsOf(id) {
+		s.fail(schemas.ErrWorkerLost.New(id, why))
+	}
+}
+
+// streamsOf lists the open streams worker id accepted.
+func (c *Client) streamsOf(id string) []*Stream {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var of []*Stream
+	for _, s := range c.streams {
+		if s.Worker() == id {
+			of = append(of, s)
+		}
+	}
+	return of
+}
+
 // Open streams counts streams in flight.
 func (c *Client) Open() int {
 	c.mu.Lock()

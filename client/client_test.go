@@ -210,3 +210,76 @@ func TestNewSubscribesBeforeReturning(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A stream whose worker is known to be gone, or whose numbering has a gap,
+// ends at once with stream_lost, not after its stall timeout (here 10 s).
+func TestFailsFast(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	wc := testenv.Connect(t, ns)
+	reqs := make(chan *nats.Msg, 8)
+	if _, err := wc.Subscribe(schemas.ReqPrefix+">", func(m *nats.Msg) { reqs <- m }); err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(nc, Options{FirstFrameTimeout: 10 * time.Second, StallTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	frame := func(typ schemas.FrameType, seq uint64, payload string) []byte {
+		return schemas.AppendFrame(nil, typ, seq, []byte(payload))
+	}
+	accepted := frame(schemas.FrameAccepted, 1, `{"request_id":"r","worker":"w9","cancel":"c"}`)
+	chunk := func(seq uint64) []byte { return frame(schemas.FrameChunk, seq, `{"choices":[]}`) }
+	for _, tc := range []struct {
+		name   string
+		worker func(reply string)
+	}{
+		{"gap", func(r string) { _ = wc.Publish(r, accepted); _ = wc.Publish(r, chunk(2)); _ = wc.Publish(r, chunk(4)) }},
+		{"worker lost", func(r string) {
+			_ = wc.Publish(r, accepted)
+			_ = wc.Publish(r, chunk(2))
+			_ = wc.Flush()
+			testenv.WaitFor(t, 5*time.Second, func() error {
+				if len(c.streamsOf("w9")) == 0 {
+					return fmt.Errorf("not accepted yet")
+				}
+				return nil
+			})
+			c.WorkerLost("w9", "heartbeats stopped")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := c.Start(&Request{ID: "r", Kind: schemas.KindChat, Model: "m", Body: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			m := <-reqs
+			start := time.Now()
+			go tc.worker(m.Reply)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			chunks := 0
+			for {
+				f, err := s.Next(ctx)
+				if err != nil {
+					var e *schemas.Error
+					if !errors.As(err, &e) || e.Body.Code == nil || *e.Body.Code != schemas.CodeStreamLost {
+						t.Fatalf("Next: %v, want stream_lost", err)
+					}
+					break
+				}
+				if f.Type == schemas.FrameChunk {
+					chunks++
+				}
+			}
+			if d := time.Since(start); chunks != 1 || d > 2*time.Second {
+				t.Fatalf("ended after %s with %d chunks; want at once, after the one chunk before the fault", d, chunks)
+			}
+		})
+	}
+}

@@ -73,6 +73,7 @@ func (s *Stream) push(f schemas.Frame) {
 	case f.Seq != s.nextSeq:
 		s.failLocked(schemas.ErrStreamGap.New(s.nextSeq, f.Seq))
 		s.mu.Unlock()
+		s.wake() // the reader ends the stream now, not at its stall timeout
 		return
 	default:
 		s.nextSeq++
@@ -80,6 +81,7 @@ func (s *Stream) push(f schemas.Frame) {
 	if len(s.pending)-s.head >= s.c.opts.MaxPending {
 		s.failLocked(schemas.ErrStreamOverflow.New())
 		s.mu.Unlock()
+		s.wake()
 		return
 	}
 	s.pending = append(s.pending, f)

@@ -222,6 +222,9 @@ var (
 	ErrWorkerSilent = def(secBus, ErrorDef{Code: "stream_lost", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Worker %s went silent for %s.",
 		When:    "The worker sent nothing, not even a keepalive, for the stall timeout: it is presumed dead."})
+	ErrWorkerLost = def(secBus, ErrorDef{Code: "stream_lost", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "Worker %s is gone (%s).",
+		When:    "The worker serving the stream is known to be dead (its heartbeats stopped, or NATS saw it disconnect), before the stream ended."})
 	ErrWorkerBusy = def(secBus, ErrorDef{Code: "worker_busy", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Worker %s is at capacity.",
 		When:    "A request sent straight to a full worker, with no dispatcher to hand it back to."})
