@@ -208,6 +208,11 @@ func TestNewSubscribesBeforeReturning(t *testing.T) {
 			t.Fatalf("client %d: the server has %d subscriptions right after New, want %d", i, after, before+1)
 		}
 		c.Close()
+		// Close's UNSUB is not flushed: wait for it, or it could land during
+		// the next New and make the next count look one short.
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
