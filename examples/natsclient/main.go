@@ -20,24 +20,35 @@ func main() {
 	url := flag.String("nats", nats.DefaultURL, "NATS server")
 	model := flag.String("model", "llama-8b", "model")
 	maxTokens := flag.Int("max-tokens", 64, "max_tokens")
+	user := flag.String("user", "", "NATS user (a tenant's, from tokenbus nats-users)")
+	password := flag.String("password", os.Getenv("NATS_PASSWORD"), "NATS password (default $NATS_PASSWORD)")
+	keyID := flag.String("key-id", "", "as a tenant: your API key's id (requests go on tokenbus.v1.treq.<key-id>.<model>)")
+	tenant := flag.String("tenant", "", "as a tenant: your tenant name (replies come under its inbox, _INBOX.<tenant>)")
 	flag.Parse()
 	prompt := strings.Join(flag.Args(), " ")
 	if prompt == "" {
 		prompt = "Hello!"
 	}
-	if err := run(*url, *model, prompt, *maxTokens); err != nil {
+	opts := []nats.Option{}
+	if *user != "" {
+		opts = append(opts, nats.UserInfo(*user, *password))
+	}
+	if *tenant != "" {
+		opts = append(opts, nats.CustomInboxPrefix(schemas.TenantInbox(*tenant)))
+	}
+	if err := run(*url, *model, prompt, *maxTokens, *keyID, opts...); err != nil {
 		fmt.Fprintln(os.Stderr, "natsclient:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, model, prompt string, maxTokens int) error {
-	nc, err := nats.Connect(url)
+func run(url, model, prompt string, maxTokens int, keyID string, opts ...nats.Option) error {
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	cl, err := client.New(nc, client.Options{})
+	cl, err := client.New(nc, client.Options{KeyID: keyID})
 	if err != nil {
 		return err
 	}
