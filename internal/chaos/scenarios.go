@@ -1,0 +1,109 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// scenario is one fault under load.
+type scenario struct {
+	name, fault string
+	shape       shape
+	// closedLoop: clients send requests back to back for Config.Duration
+	// (usage is written once per request, so the fault needs many of them
+	// around it); otherwise each client sends one stream.
+	closedLoop bool
+	// inject does the fault and returns the gateway the probe request goes
+	// to and what to do once the probe has been sent (a restart).
+	inject func(ctx context.Context, t *topology) (probeGW int, after func() error, err error)
+}
+
+var scenarios = []scenario{
+	{
+		name: "worker", fault: "kill -9 one of 3 workers",
+		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3},
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			t.workers[0].kill9()
+			return 0, nil, nil
+		},
+	},
+	{
+		name: "gateway", fault: "kill -9 one of 2 gateways (clients round-robin)",
+		shape: shape{natsNodes: 1, gateways: 2, embed: true, workers: 3},
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			t.gateways[0].kill9()
+			return 1, nil, nil
+		},
+	},
+	{
+		name: "dispatcher", fault: "kill -9 one of 2 standalone dispatchers (gateway --embed-dispatcher=false)",
+		shape: shape{natsNodes: 1, gateways: 1, embed: false, dispatchers: 2, workers: 3},
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			t.dispatchers[0].kill9()
+			return 0, nil, nil
+		},
+	},
+	{
+		name: "nats-node", fault: "kill -9 the busiest node of a 3-node NATS cluster",
+		shape: shape{natsNodes: 3, gateways: 1, embed: true, workers: 3},
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			busiest, most := 0, -1
+			for i, n := range t.nats {
+				if c := n.connections(); c > most {
+					busiest, most = i, c
+				}
+			}
+			t.nats[busiest].kill9()
+			return 0, nil, nil
+		},
+	},
+	{
+		name: "nats-restart", fault: "kill -9 the single NATS server and start it again on its port",
+		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3},
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			t.nats[0].kill9()
+			if err := t.nats[0].start(); err != nil {
+				return 0, nil, err
+			}
+			return 0, nil, waitFor(ctx, 30*time.Second, "nats back", httpOK(t.nats[0].healthz()))
+		},
+	},
+	{
+		name: "redis", fault: "kill -9 redis-server (AOF, auth on); restart it on its port 2 s later",
+		shape:      shape{natsNodes: 1, gateways: 1, embed: true, workers: 3, auth: true},
+		closedLoop: true,
+		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+			t.redis.kill9()
+			return 0, func() error {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(2 * time.Second):
+				}
+				if err := t.redis.start(); err != nil {
+					return err
+				}
+				return waitFor(ctx, 15*time.Second, "redis back", tcpUp(t.redisPort))
+			}, nil
+		},
+	},
+}
+
+// Names lists the scenarios, in the order a full run takes them.
+func Names() []string {
+	out := make([]string, len(scenarios))
+	for i, s := range scenarios {
+		out[i] = s.name
+	}
+	return out
+}
+
+func lookup(name string) (scenario, error) {
+	i := slices.IndexFunc(scenarios, func(s scenario) bool { return s.name == name })
+	if i < 0 {
+		return scenario{}, fmt.Errorf("no scenario %q (have %v)", name, Names())
+	}
+	return scenarios[i], nil
+}
