@@ -181,8 +181,9 @@ func netCode(ctx context.Context, err error) string {
 }
 
 // load runs n clients at once, spread round-robin over the gateways; each
-// sends one request, or, with until set, requests back to back until then.
-func (c *client) load(ctx context.Context, bases []string, n int, until time.Time) []*stream {
+// sends one request, or, with until set, requests back to back until then,
+// the clients starting one after the other over stagger.
+func (c *client) load(ctx context.Context, bases []string, n int, until time.Time, stagger time.Duration) []*stream {
 	var (
 		mu  sync.Mutex
 		out []*stream
@@ -191,6 +192,15 @@ func (c *client) load(ctx context.Context, bases []string, n int, until time.Tim
 	for i := range n {
 		gw := i % len(bases)
 		wg.Go(func() {
+			if !until.IsZero() {
+				// Staggered starts: requests begin all the time, so a
+				// fault finds some being routed, not only some streaming.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(time.Duration(i) * stagger / time.Duration(n)):
+				}
+			}
 			for {
 				s := c.run(ctx, bases[gw], gw)
 				mu.Lock()
@@ -234,6 +244,19 @@ func tally(ref, got []string) (lost, dup int) {
 type probe struct {
 	Result  string  `json:"result"` // "ok" or the error code
 	Seconds float64 `json:"seconds"`
+	// RecoveredAfter: when it failed, the time from the fault until a
+	// request succeeded (nil: none did within 30 s, or it did not fail).
+	RecoveredAfter *float64 `json:"recovered_after_s,omitempty"`
 }
 
-func (p probe) String() string { return fmt.Sprintf("%s in %.2fs", p.Result, p.Seconds) }
+func (p probe) String() string {
+	s := fmt.Sprintf("%s in %.2f s", p.Result, p.Seconds)
+	switch {
+	case p.Result == "ok":
+	case p.RecoveredAfter != nil:
+		s += fmt.Sprintf(" (served again %.1f s after the fault)", *p.RecoveredAfter)
+	default:
+		s += " (not served again within 30 s)"
+	}
+	return s
+}

@@ -173,7 +173,7 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 		until = time.Now().Add(cfg.Duration)
 	}
 	loadDone := make(chan []*stream, 1)
-	go func() { loadDone <- cl.load(ctx, bases, cfg.Streams, until) }()
+	go func() { loadDone <- cl.load(ctx, bases, cfg.Streams, until, streamTime) }()
 
 	// The fault comes a third of the way in: by tokens received for a
 	// single round of streams, by time for a closed loop.
@@ -192,20 +192,13 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 	if err := waitFor(ctx, limit, "load under way", trigger); err != nil {
 		r.Notes = append(r.Notes, "fault injected late: "+err.Error())
 	}
+	faultAt := time.Now()
 	probeGW, after, err := s.inject(ctx, t)
 	if err != nil {
 		r.Err = "inject: " + err.Error()
 	}
 	probeDone := make(chan probe, 1)
-	go func() {
-		pc := newClient(t.apiKey, 16, 60*time.Second)
-		ps := pc.run(ctx, bases[probeGW], probeGW)
-		p := probe{Result: "ok", Seconds: ps.end.Sub(ps.start).Seconds()}
-		if ps.failed() {
-			p.Result = ps.code
-		}
-		probeDone <- p
-	}()
+	go func() { probeDone <- probeAfter(ctx, t.apiKey, bases[probeGW], faultAt) }()
 	if after != nil {
 		if err := after(); err != nil && r.Err == "" {
 			r.Err = "after the fault: " + err.Error()
@@ -268,6 +261,31 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 		r.UsageRecorded = &n
 	}
 	return r
+}
+
+// probeAfter sends a short request right after the fault and, if it
+// fails, more of them (every 100 ms, for up to 30 s) to measure when the
+// system serves again.
+func probeAfter(ctx context.Context, apiKey, base string, faultAt time.Time) probe {
+	pc := newClient(apiKey, 16, 60*time.Second)
+	ps := pc.run(ctx, base, 0)
+	p := probe{Result: "ok", Seconds: ps.end.Sub(ps.start).Seconds()}
+	if !ps.failed() {
+		return p
+	}
+	p.Result = ps.code
+	for time.Since(faultAt) < 30*time.Second && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+		if !pc.run(ctx, base, 0).failed() {
+			r := time.Since(faultAt).Seconds()
+			p.RecoveredAfter = &r
+			break
+		}
+	}
+	return p
 }
 
 // loadAvg is the 1-minute load average (other programs share the machine).

@@ -11,9 +11,10 @@ import (
 type scenario struct {
 	name, fault string
 	shape       shape
-	// closedLoop: clients send requests back to back for Config.Duration
-	// (usage is written once per request, so the fault needs many of them
-	// around it); otherwise each client sends one stream.
+	// closedLoop: clients, started one after the other, send requests back
+	// to back for Config.Duration, so the fault finds requests at every
+	// stage (routing, streaming, writing usage); otherwise each client
+	// sends one stream, all at once.
 	closedLoop bool
 	// inject does the fault and returns the gateway the probe request goes
 	// to and what to do once the probe has been sent (a restart).
@@ -40,6 +41,9 @@ var scenarios = []scenario{
 	{
 		name: "dispatcher", fault: "kill -9 one of 2 standalone dispatchers (gateway --embed-dispatcher=false)",
 		shape: shape{natsNodes: 1, gateways: 1, embed: false, dispatchers: 2, workers: 3},
+		// Streams already routed do not touch a dispatcher again: the
+		// fault must find requests being routed.
+		closedLoop: true,
 		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
 			t.dispatchers[0].kill9()
 			return 0, nil, nil
