@@ -16,8 +16,12 @@ func (rep *Report) Markdown(w io.Writer) {
 	fmt.Fprintln(w, "| scenario | streams | completed | failed (by code) | retried | migrated | tokens lost | tokens duplicated | longest stall | request after the fault | notes |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rep.Results {
+		name := r.Scenario
+		if r.Run > 1 {
+			name = fmt.Sprintf("%s (run %d)", name, r.Run)
+		}
 		fmt.Fprintf(w, "| %s | %d | %d | %s | %s | %s | %d | %d | %.2f s | %s | %s |\n",
-			r.Scenario, r.Streams, r.Done, r.failedCell(), opt(r.Retried), opt(r.Migrated),
+			name, r.Streams, r.Done, r.failedCell(), opt(r.Retried), opt(r.Migrated),
 			r.TokensLost, r.TokensDuplicated, r.LongestStall, r.Probe, r.notesCell())
 	}
 }

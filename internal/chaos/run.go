@@ -17,7 +17,9 @@ type Config struct {
 	Streams   int           // concurrent client streams (default 150)
 	Tokens    int           // tokens per stream (default 300)
 	Pace      time.Duration // the sim's decode step, about the time per token (default 20ms)
-	Duration  time.Duration // closed-loop scenarios (redis): how long clients send (default 12s)
+	Duration  time.Duration // closed-loop scenarios (dispatcher, redis): how long clients send (default 15s)
+	Outage    time.Duration // redis: how long it stays down before its restart (default 5s)
+	Repeat    int           // runs of each scenario (default 1): some faults land differently each time
 	Dir       string        // where binaries, logs and data go; "" a temporary directory, removed after a clean run
 	Progress  io.Writer     // progress lines; nil: none
 }
@@ -36,7 +38,13 @@ func (c *Config) defaults() {
 		c.Pace = 20 * time.Millisecond
 	}
 	if c.Duration <= 0 {
-		c.Duration = 12 * time.Second
+		c.Duration = 15 * time.Second
+	}
+	if c.Outage <= 0 {
+		c.Outage = 5 * time.Second
+	}
+	if c.Repeat <= 0 {
+		c.Repeat = 1
 	}
 	if c.Progress == nil {
 		c.Progress = io.Discard
@@ -46,6 +54,7 @@ func (c *Config) defaults() {
 // Result is what one scenario measured.
 type Result struct {
 	Scenario string         `json:"scenario"`
+	Run      int            `json:"run"` // 1 to Config.Repeat
 	Fault    string         `json:"fault"`
 	Streams  int            `json:"streams"` // requests sent (closed loop: more than the clients)
 	Tokens   int            `json:"tokens_per_stream"`
@@ -110,21 +119,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	rep := &Report{Started: time.Now().UTC().Format(time.RFC3339),
-		Config: fmt.Sprintf("streams=%d tokens=%d pace=%s duration=%s", cfg.Streams, cfg.Tokens, cfg.Pace, cfg.Duration)}
+		Config: fmt.Sprintf("streams=%d tokens=%d pace=%s duration=%s outage=%s", cfg.Streams, cfg.Tokens, cfg.Pace,
+			cfg.Duration, cfg.Outage)}
 	for _, s := range scs {
-		sdir := filepath.Join(dir, s.name)
-		if err := os.MkdirAll(sdir, 0o755); err != nil {
-			return rep, err
-		}
-		fmt.Fprintf(cfg.Progress, "chaos: %s: %s\n", s.name, s.fault)
-		r := runScenario(ctx, cfg, s, sdir, tb, nb)
-		if r.Err != "" {
-			clean = false
-			fmt.Fprintf(cfg.Progress, "chaos: %s: %s (logs in %s)\n", s.name, r.Err, sdir)
-		}
-		rep.Results = append(rep.Results, r)
-		if ctx.Err() != nil {
-			break
+		for run := 1; run <= cfg.Repeat && ctx.Err() == nil; run++ {
+			sdir := filepath.Join(dir, fmt.Sprintf("%s-%d", s.name, run))
+			if err := os.MkdirAll(sdir, 0o755); err != nil {
+				return rep, err
+			}
+			fmt.Fprintf(cfg.Progress, "chaos: %s (run %d): %s\n", s.name, run, s.fault)
+			r := runScenario(ctx, cfg, s, sdir, tb, nb)
+			r.Run = run
+			if r.Err != "" {
+				clean = false
+				fmt.Fprintf(cfg.Progress, "chaos: %s: %s (logs in %s)\n", s.name, r.Err, sdir)
+			}
+			rep.Results = append(rep.Results, r)
 		}
 	}
 	if clean {
@@ -193,7 +203,7 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 		r.Notes = append(r.Notes, "fault injected late: "+err.Error())
 	}
 	faultAt := time.Now()
-	probeGW, after, err := s.inject(ctx, t)
+	probeGW, after, err := s.inject(ctx, t, cfg)
 	if err != nil {
 		r.Err = "inject: " + err.Error()
 	}

@@ -18,14 +18,14 @@ type scenario struct {
 	closedLoop bool
 	// inject does the fault and returns the gateway the probe request goes
 	// to and what to do once the probe has been sent (a restart).
-	inject func(ctx context.Context, t *topology) (probeGW int, after func() error, err error)
+	inject func(ctx context.Context, t *topology, cfg Config) (probeGW int, after func() error, err error)
 }
 
 var scenarios = []scenario{
 	{
 		name: "worker", fault: "kill -9 one of 3 workers",
 		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3},
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.workers[0].kill9()
 			return 0, nil, nil
 		},
@@ -33,7 +33,7 @@ var scenarios = []scenario{
 	{
 		name: "gateway", fault: "kill -9 one of 2 gateways (clients round-robin)",
 		shape: shape{natsNodes: 1, gateways: 2, embed: true, workers: 3},
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.gateways[0].kill9()
 			return 1, nil, nil
 		},
@@ -44,7 +44,7 @@ var scenarios = []scenario{
 		// Streams already routed do not touch a dispatcher again: the
 		// fault must find requests being routed.
 		closedLoop: true,
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.dispatchers[0].kill9()
 			return 0, nil, nil
 		},
@@ -52,7 +52,7 @@ var scenarios = []scenario{
 	{
 		name: "nats-node", fault: "kill -9 the busiest node of a 3-node NATS cluster",
 		shape: shape{natsNodes: 3, gateways: 1, embed: true, workers: 3},
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			busiest, most := 0, -1
 			for i, n := range t.nats {
 				if c := n.connections(); c > most {
@@ -66,7 +66,7 @@ var scenarios = []scenario{
 	{
 		name: "nats-restart", fault: "kill -9 the single NATS server and start it again on its port",
 		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3},
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.nats[0].kill9()
 			if err := t.nats[0].start(); err != nil {
 				return 0, nil, err
@@ -75,16 +75,16 @@ var scenarios = []scenario{
 		},
 	},
 	{
-		name: "redis", fault: "kill -9 redis-server (AOF, auth on); restart it on its port 2 s later",
+		name: "redis", fault: "kill -9 redis-server (AOF, auth on); restart it on its port after the outage (-outage)",
 		shape:      shape{natsNodes: 1, gateways: 1, embed: true, workers: 3, auth: true},
 		closedLoop: true,
-		inject: func(ctx context.Context, t *topology) (int, func() error, error) {
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.redis.kill9()
 			return 0, func() error {
 				select {
 				case <-ctx.Done():
 					return ctx.Err()
-				case <-time.After(2 * time.Second):
+				case <-time.After(cfg.Outage):
 				}
 				if err := t.redis.start(); err != nil {
 					return err
