@@ -214,6 +214,7 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 			r.Err = "after the fault: " + err.Error()
 		}
 	}
+	r.Notes = append(r.Notes, t.notes...)
 	streams := <-loadDone
 	r.Probe = <-probeDone
 

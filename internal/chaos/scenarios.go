@@ -53,13 +53,16 @@ var scenarios = []scenario{
 		name: "nats-node", fault: "kill -9 the busiest node of a 3-node NATS cluster",
 		shape: shape{natsNodes: 3, gateways: 1, embed: true, workers: 3},
 		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
-			busiest, most := 0, -1
+			busiest, most, total := 0, -1, 0
 			for i, n := range t.nats {
-				if c := n.connections(); c > most {
+				c := n.connections()
+				total += max(c, 0)
+				if c > most {
 					busiest, most = i, c
 				}
 			}
 			t.nats[busiest].kill9()
+			t.note(fmt.Sprintf("killed %s, which had %d of the %d client connections", t.nats[busiest].name, most, total))
 			return 0, nil, nil
 		},
 	},

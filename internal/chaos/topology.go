@@ -44,7 +44,11 @@ type topology struct {
 	workers     []*proc
 	workerIDs   []string
 	all         []*proc // start order; stopped in reverse
+	notes       []string
 }
+
+// note keeps a fact about the fault for the report.
+func (t *topology) note(s string) { t.notes = append(t.notes, s) }
 
 type natsNode struct {
 	*proc
