@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -54,15 +55,17 @@ var scenarios = []scenario{
 		shape: shape{natsNodes: 3, gateways: 1, embed: true, workers: 3},
 		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			busiest, most, total := 0, -1, 0
+			var names []string
 			for i, n := range t.nats {
-				c := n.connections()
-				total += max(c, 0)
-				if c > most {
-					busiest, most = i, c
+				c := n.clients()
+				total += len(c)
+				if len(c) > most {
+					busiest, most, names = i, len(c), c
 				}
 			}
 			t.nats[busiest].kill9()
-			t.note(fmt.Sprintf("killed %s, which had %d of the %d client connections", t.nats[busiest].name, most, total))
+			t.note(fmt.Sprintf("killed %s, which had %d of the %d client connections: %s",
+				t.nats[busiest].name, most, total, strings.Join(names, ", ")))
 			return 0, nil, nil
 		},
 	},

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -191,20 +193,28 @@ func (n *natsNode) healthz() string {
 	return "http://127.0.0.1:" + strconv.Itoa(n.monitor) + "/healthz"
 }
 
-// connections is the number of clients connected to the node (its /varz).
-func (n *natsNode) connections() int {
-	resp, err := probeClient.Get("http://127.0.0.1:" + strconv.Itoa(n.monitor) + "/varz")
+// clients names the client connections of the node (its /connz): which
+// tokenbus processes a kill of it cuts off.
+func (n *natsNode) clients() []string {
+	resp, err := probeClient.Get("http://127.0.0.1:" + strconv.Itoa(n.monitor) + "/connz")
 	if err != nil {
-		return -1
+		return nil
 	}
 	defer resp.Body.Close()
 	var v struct {
-		Connections int `json:"connections"`
+		Conns []struct {
+			Name string `json:"name"`
+		} `json:"connections"`
 	}
 	if json.NewDecoder(resp.Body).Decode(&v) != nil {
-		return -1
+		return nil
 	}
-	return v.Connections
+	out := make([]string, 0, len(v.Conns))
+	for _, c := range v.Conns {
+		out = append(out, cmp.Or(c.Name, "(unnamed)"))
+	}
+	slices.Sort(out)
+	return out
 }
 
 // startRedis runs redis-server with an append-only file synced at every
