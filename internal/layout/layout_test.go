@@ -29,7 +29,7 @@ var layers = map[string]int{
 	"workers/engine/openai": 2, "workers/engine/vllm": 2, "workers/engine/sim": 2, "workers/engine/sim/simserver": 2,
 
 	"internal/program": 3, "internal/cli": 3, "cmd/tokenbus": 3, "deploy/probe": 3, "examples/natsclient": 3,
-	"internal/layout": 3,
+	"internal/layout": 3, "internal/chaos": 3, "cmd/chaos": 3,
 }
 
 var testOnly = []string{"internal/testenv", "internal/fakevllm", "workers/engine/enginetest", "integration"}
@@ -50,6 +50,7 @@ var allowed = map[string][]string{
 	"workers/engine/sim/simserver": {"workers/engine", "workers/engine/sim"},
 	"internal/cli":                 {"internal/program"},
 	"cmd/tokenbus":                 {"internal/cli"},
+	"cmd/chaos":                    {"internal/chaos"},
 }
 
 // packages maps every package of the module (by path below the module) to
