@@ -1,5 +1,5 @@
 # Convenience targets; each is one script a newcomer can also run directly.
-.PHONY: dev test bench bench-smoke build
+.PHONY: dev test bench bench-smoke chaos build
 
 build:
 	go build -o tokenbus ./cmd/tokenbus
@@ -15,3 +15,6 @@ bench:
 
 bench-smoke:
 	./scripts/bench smoke
+
+chaos:
+	./scripts/chaos

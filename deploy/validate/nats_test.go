@@ -123,7 +123,9 @@ func TestNATSConfig(t *testing.T) {
 		uncommented.WriteString(line + "\n")
 	}
 	nats := loadCompose(t).Services["nats"]
-	for _, m := range regexp.MustCompile(`\$([A-Z][A-Z0-9_]*)`).FindAllStringSubmatch(uncommented.String(), -1) {
+	// A quoted "$JS.API..." is a literal subject, not a variable.
+	unquoted := regexp.MustCompile(`"[^"\n]*"`).ReplaceAllString(uncommented.String(), `""`)
+	for _, m := range regexp.MustCompile(`\$([A-Z][A-Z0-9_]*)`).FindAllStringSubmatch(unquoted, -1) {
 		if _, ok := nats.Environment[m[1]]; !ok {
 			t.Errorf("%s reads $%s, which the compose nats service does not set", natsConf, m[1])
 		}
