@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sync/singleflight"
 )
 
 // KeyCache looks API keys up by secret for gateways, holding each answer for
@@ -25,6 +26,11 @@ type KeyCache struct {
 	// while Redis is down (a key deleted meanwhile whose event was lost works
 	// that long). Default (0) 1h; set it before use.
 	MaxStale time.Duration
+
+	// flight makes concurrent misses for one entry one Redis call: a burst
+	// of requests with a key not yet cached would otherwise each ask Redis,
+	// each within the breaker's short wait.
+	flight singleflight.Group
 
 	mu  sync.Mutex
 	gen uint64 // bumped by Purge, so a lookup racing with it does not store a stale answer
@@ -82,7 +88,8 @@ func (c *KeyCache) lookup(ctx context.Context, entry string, fetch func(context.
 	gen := c.gen
 	c.mu.Unlock()
 
-	k, err := fetch(ctx)
+	v, err, _ := c.flight.Do(entry, func() (any, error) { return fetch(ctx) })
+	k, _ := v.(Key)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	current := gen == c.gen
