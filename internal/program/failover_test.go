@@ -289,9 +289,9 @@ func TestMigrationNATSNative(t *testing.T) {
 					var ch struct {
 						ID      string `json:"id"`
 						Choices []struct {
-							Text         string  `json:"text"`
+							Text         string                   `json:"text"`
 							Delta        struct{ Content string } `json:"delta"`
-							FinishReason *string `json:"finish_reason"`
+							FinishReason *string                  `json:"finish_reason"`
 						} `json:"choices"`
 					}
 					if err := json.Unmarshal(line, &ch); err != nil {
