@@ -64,7 +64,7 @@ func (fo *failover) continuation(r *Request) (continuation, string) {
 		why     string
 		haveOne bool
 	)
-	_ = schemas.ForEachLine(fo.kept, func(line []byte) error {
+	line := func(line []byte) error {
 		var ch streamChunk
 		if json.Unmarshal(line, &ch) != nil {
 			why = "a chunk is not JSON"
@@ -96,7 +96,12 @@ func (fo *failover) continuation(r *Request) (continuation, string) {
 			}
 		}
 		return nil
-	})
+	}
+	for _, p := range fo.kept {
+		if schemas.ForEachLine(p, line) != nil {
+			break
+		}
+	}
 	if why != "" {
 		return continuation{}, why
 	}

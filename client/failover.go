@@ -78,11 +78,13 @@ type Failover struct {
 type failover struct {
 	attempts  int
 	exclude   []string
-	delivered int    // chunk frames returned to the reader
-	kept      []byte // their payloads, one chunk a line, for a continuation
-	keptN     int
-	over      bool    // more than MigrationMaxSeqLen: cannot be continued
-	sp        *splice // set once migrated
+	delivered int // chunk frames returned to the reader
+	// kept are their payloads, for a continuation. Kept by reference, not
+	// copied: a payload is part of a message nats.go allocated for us alone
+	// and nobody writes to it (a copy doubled the bytes a stream allocates).
+	kept [][]byte
+	over bool    // more than MigrationMaxSeqLen: cannot be continued
+	sp   *splice // set once migrated
 }
 
 // pass is what Next does with a content frame before returning it: keep a
@@ -98,12 +100,13 @@ func (fo *failover) pass(s *Stream, f schemas.Frame) (schemas.Frame, bool) {
 		}
 		fo.delivered++
 		if s.c.opts.MigrationLimit > 0 && !fo.over {
-			if fo.keptN >= s.c.opts.MigrationMaxSeqLen {
+			if len(fo.kept) >= s.c.opts.MigrationMaxSeqLen {
 				fo.over, fo.kept = true, nil
 			} else {
-				fo.kept = append(fo.kept, f.Payload...)
-				fo.kept = append(fo.kept, '\n')
-				fo.keptN++
+				if fo.kept == nil {
+					fo.kept = make([][]byte, 0, 64) // fewer regrowths on a long stream
+				}
+				fo.kept = append(fo.kept, f.Payload)
 			}
 		}
 	case schemas.FrameDone:
