@@ -169,7 +169,7 @@ func (c *Client) streamsOf(id string) []*Stream {
 	defer c.mu.Unlock()
 	var of []*Stream
 	for _, s := range c.streams {
-		if s.Worker() == id {
+		if s.acceptedBy() == id {
 			of = append(of, s)
 		}
 	}
@@ -188,7 +188,7 @@ type Request struct {
 	ID       string       // required; see schemas.ValidRequestID
 	Kind     schemas.Kind // required
 	Model    string       // required
-	Body     []byte       // the OpenAI JSON body, sent as is
+	Body     []byte       // the OpenAI JSON body, sent as is; kept until the stream ends (a retry sends it again): do not modify it
 	Deadline time.Time    // optional
 	Priority int          // optional; lower runs first
 	Tenant   string       // optional

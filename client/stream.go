@@ -63,6 +63,24 @@ func (s *Stream) Worker() string {
 	return s.worker
 }
 
+// acceptedBy is the worker that accepted the request, also when its
+// accepted frame has come but the reader has not taken it yet.
+func (s *Stream) acceptedBy() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.worker != "" {
+		return s.worker
+	}
+	for _, f := range s.pending[s.head:] {
+		if f.Type == schemas.FrameAccepted {
+			if acc, ok := schemas.ParseAccepted(f.Payload); ok {
+				return acc.Worker
+			}
+		}
+	}
+	return ""
+}
+
 // Queued reports whether a dispatcher queued the request at some point.
 func (s *Stream) Queued() bool {
 	s.mu.Lock()
