@@ -47,7 +47,19 @@ type Options struct {
 	// Submit, when set, takes requests instead of publishing them on their
 	// request subject: an embedded dispatcher's Submit.
 	Submit func(*nats.Msg) error
-	Logger *slog.Logger
+	// MigrationLimit is how many times one request may be sent again after
+	// its worker failed (died, refused, went silent, or a gap): before its
+	// first content chunk a retry, after it a migration (failover.go).
+	// 0: the default, 3; negative: never (a failed worker fails its streams).
+	MigrationLimit int
+	// MigrationMaxSeqLen bounds the chunk frames a stream keeps so that it
+	// can be continued elsewhere; a longer stream that loses its worker
+	// fails with stream_lost. Default 4096.
+	MigrationMaxSeqLen int
+	// OnFailover, when set, is told of every retry, migration and failed
+	// migration (for metrics). It runs on the stream's reader: keep it short.
+	OnFailover func(Failover)
+	Logger     *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -59,6 +71,12 @@ func (o *Options) defaults() {
 	}
 	if o.MaxPending <= 0 {
 		o.MaxPending = 4096
+	}
+	if o.MigrationLimit == 0 {
+		o.MigrationLimit = 3
+	}
+	if o.MigrationMaxSeqLen <= 0 {
+		o.MigrationMaxSeqLen = 4096
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -81,6 +99,7 @@ type Client struct {
 // entry is a frame of a multiplexed reply and its stream (nil: ended).
 type entry struct {
 	s     *Stream
+	epoch uint32
 	frame []byte
 }
 
@@ -135,11 +154,12 @@ func (c *Client) Close() error {
 
 // WorkerLost tells the client that worker id is gone (its heartbeats
 // stopped, or NATS saw it disconnect): every stream that worker accepted
-// and has not finished ends now with ErrWorkerLost, instead of waiting out
-// its stall timeout.
+// and has not finished is retried or migrated now (failover.go), or, past
+// its migration limit, ends with ErrWorkerLost, instead of waiting out its
+// stall timeout.
 func (c *Client) WorkerLost(id, why string) {
 	for _, s := range c.streamsOf(id) {
-		s.fail(schemas.ErrWorkerLost.New(id, why))
+		s.lose(schemas.ErrWorkerLost.New(id, why), ReasonWorkerLost)
 	}
 }
 
@@ -149,7 +169,7 @@ func (c *Client) streamsOf(id string) []*Stream {
 	defer c.mu.Unlock()
 	var of []*Stream
 	for _, s := range c.streams {
-		if s.Worker() == id {
+		if s.acceptedBy() == id {
 			of = append(of, s)
 		}
 	}
@@ -168,7 +188,7 @@ type Request struct {
 	ID       string       // required; see schemas.ValidRequestID
 	Kind     schemas.Kind // required
 	Model    string       // required
-	Body     []byte       // the OpenAI JSON body, sent as is
+	Body     []byte       // the OpenAI JSON body, sent as is; kept until the stream ends (a retry sends it again): do not modify it
 	Deadline time.Time    // optional
 	Priority int          // optional; lower runs first
 	Tenant   string       // optional
@@ -218,6 +238,7 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	cancelToken := schemas.NewCancelToken()
 	h[schemas.HdrCancelToken] = []string{cancelToken}
 	s := newStream(c, tok, r.ID, cancelToken)
+	s.req = *r
 	c.mu.Lock()
 	if c.streams == nil {
 		c.mu.Unlock()
@@ -259,15 +280,19 @@ func (c *Client) route(m *nats.Msg) {
 		err := schemas.ForEachMuxEntry(m.Data, func(tok, frame []byte) {
 			c.mu.Lock()
 			s := c.streams[string(tok)] // no allocation for a map index
+			var epoch uint32
+			if s != nil {
+				epoch = s.epoch
+			}
 			c.mu.Unlock()
 			if s != nil && !s.begun {
-				c.deliver(s, frame)
+				c.deliver(s, epoch, frame)
 				return
 			}
-			c.later = append(c.later, entry{s, frame})
+			c.later = append(c.later, entry{s, epoch, frame})
 		})
 		for i, e := range c.later {
-			c.deliver(e.s, e.frame)
+			c.deliver(e.s, e.epoch, e.frame)
 			c.later[i] = entry{}
 		}
 		c.later = c.later[:0]
@@ -278,6 +303,10 @@ func (c *Client) route(m *nats.Msg) {
 	}
 	c.mu.Lock()
 	s := c.streams[tok]
+	var epoch uint32
+	if s != nil {
+		epoch = s.epoch
+	}
 	c.mu.Unlock()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		if s != nil {
@@ -285,11 +314,12 @@ func (c *Client) route(m *nats.Msg) {
 		}
 		return
 	}
-	c.deliver(s, m.Data)
+	c.deliver(s, epoch, m.Data)
 }
 
-// deliver hands one frame to its stream, s (nil: the stream has ended).
-func (c *Client) deliver(s *Stream, data []byte) {
+// deliver hands one frame to its stream, s (nil: the stream has ended), for
+// the attempt epoch that was current when s was looked up.
+func (c *Client) deliver(s *Stream, epoch uint32, data []byte) {
 	f, err := schemas.ParseFrame(data)
 	if err != nil {
 		c.opts.Logger.Warn("dropping malformed reply frame")
@@ -310,7 +340,7 @@ func (c *Client) deliver(s *Stream, data []byte) {
 		}
 		return
 	}
-	s.push(f)
+	s.push(f, epoch)
 }
 
 func (c *Client) cancelLate(payload []byte) {

@@ -6,5 +6,10 @@
 // replies to streams through a map: a subscription per stream would cost
 // about 512 KB and several microseconds per token.
 //
+// A stream whose worker fails (WorkerLost, a gap, a stall, a retryable error
+// frame) is sent to another worker transparently: retried before its first
+// chunk, continued (migrated) after it, at most Options.MigrationLimit times
+// (failover.go, docs/migration.md).
+//
 // Tokenbus imports: schemas.
 package client

@@ -37,6 +37,15 @@ type Stream struct {
 	timer *time.Timer
 
 	begun bool // a chunk (or the end) was pushed; only the client's route goroutine uses it
+
+	// Failover (failover.go). epoch counts the attempts; it changes with
+	// tok under both the client's and the stream's lock, and frames of an
+	// earlier attempt are dropped. lost is why the client itself failed the
+	// stream (a Reason), "" for anything else.
+	epoch uint32
+	lost  string
+	req   Request // as Start sent it, for a retry or a continuation
+	fo    failover
 }
 
 func newStream(c *Client, tok, id, cancelToken string) *Stream {
@@ -54,6 +63,24 @@ func (s *Stream) Worker() string {
 	return s.worker
 }
 
+// acceptedBy is the worker that accepted the request, also when its
+// accepted frame has come but the reader has not taken it yet.
+func (s *Stream) acceptedBy() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.worker != "" {
+		return s.worker
+	}
+	for _, f := range s.pending[s.head:] {
+		if f.Type == schemas.FrameAccepted {
+			if acc, ok := schemas.ParseAccepted(f.Payload); ok {
+				return acc.Worker
+			}
+		}
+	}
+	return ""
+}
+
 // Queued reports whether a dispatcher queued the request at some point.
 func (s *Stream) Queued() bool {
 	s.mu.Lock()
@@ -61,9 +88,9 @@ func (s *Stream) Queued() bool {
 	return s.queued
 }
 
-func (s *Stream) push(f schemas.Frame) {
+func (s *Stream) push(f schemas.Frame, epoch uint32) {
 	s.mu.Lock()
-	if s.failed != nil || s.finished {
+	if s.failed != nil || s.finished || epoch != s.epoch {
 		s.mu.Unlock()
 		return
 	}
@@ -72,6 +99,7 @@ func (s *Stream) push(f schemas.Frame) {
 		// dispatcher frames are not numbered
 	case f.Seq != s.nextSeq:
 		s.failLocked(schemas.ErrStreamGap.New(s.nextSeq, f.Seq))
+		s.lost = ReasonGap
 		s.mu.Unlock()
 		s.wake() // the reader ends the stream now, not at its stall timeout
 		return
@@ -103,6 +131,16 @@ func (s *Stream) wake() {
 func (s *Stream) fail(e *schemas.Error) {
 	s.mu.Lock()
 	s.failLocked(e)
+	s.mu.Unlock()
+	s.wake()
+}
+
+// lose fails the stream for a reason that a retry or a migration may cure.
+func (s *Stream) lose(e *schemas.Error, reason string) {
+	s.mu.Lock()
+	if s.failed == nil && !s.finished {
+		s.failed, s.lost = e, reason
+	}
 	s.mu.Unlock()
 	s.wake()
 }
@@ -140,13 +178,27 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 				s.timer.Reset(time.Until(s.last.Add(s.stallFor)))
 			}
 			s.mu.Unlock()
-			if ok {
+			if !ok {
+				continue
+			}
+			if err != nil {
+				if s.failover(err, "") {
+					continue
+				}
 				return out, err
 			}
-			continue
+			if out, ok = s.fo.pass(s, out); !ok {
+				continue // a continuation's chunk the client already has
+			}
+			return out, nil
 		}
 		if s.failed != nil {
-			err := s.failed
+			err, why := s.failed, s.lost
+			s.mu.Unlock()
+			if s.failover(err, why) {
+				continue
+			}
+			s.mu.Lock()
 			s.finished = true
 			s.mu.Unlock()
 			return schemas.Frame{}, err
@@ -172,7 +224,12 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 				s.timer.Reset(stall - idle)
 				continue
 			}
-			s.fail(s.stallError())
+			e := s.stallError()
+			reason := ReasonSilent
+			if schemas.ErrQueueTimeout.Is(e) && s.Queued() {
+				reason = "" // a full fleet: sending again would only queue again
+			}
+			s.lose(e, reason)
 		}
 	}
 }
@@ -249,9 +306,9 @@ func (s *Stream) Close() {
 			s.handleLocked(f)
 		}
 	}
-	cancel, token := s.cancel, s.cancelToken
+	cancel, token, tok := s.cancel, s.cancelToken, s.tok
 	s.mu.Unlock()
-	s.c.remove(s.tok)
+	s.c.remove(tok)
 	if done {
 		return
 	}

@@ -398,7 +398,18 @@ func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 	// The worker (and a bounce) cannot read the model from the subject.
 	m.Header.Set(schemas.HdrModel, r.model)
 	d.startSpan(r)
-	d.route(r, "")
+	d.route(r, clientExclude(m.Header))
+}
+
+// clientExclude is the Tb-Exclude list of a request sent again after its
+// worker failed: workers to avoid (only to avoid: a client never chooses).
+// An over-long list is ignored.
+func clientExclude(h nats.Header) string {
+	x := h.Get(schemas.HdrExclude)
+	if len(x) > schemas.MaxExclude {
+		return ""
+	}
+	return x
 }
 
 // reject answers a request that cannot be read, counting it.
@@ -442,7 +453,14 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 		d.enqueueLocked(r)
 		return
 	}
-	d.route(r, from)
+	exclude := clientExclude(m.Header)
+	switch {
+	case exclude == "":
+		exclude = from
+	case from != "":
+		exclude = from + "," + exclude
+	}
+	d.route(r, exclude)
 }
 
 func (d *Dispatcher) route(r *request, exclude string) {

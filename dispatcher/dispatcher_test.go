@@ -364,3 +364,51 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// A request sent again by its client after a worker failed it names the
+// workers to avoid (Tb-Exclude): the dispatcher routes it to another, here
+// the only one left, although the excluded ones are less loaded. (Exclusion
+// holds when a request is routed; one that has to queue goes to whichever
+// worker frees a slot first, as a bounced one does.)
+func TestClientExclude(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{})
+	ws := map[string]*fakeWorker{}
+	for _, id := range []string{"a", "b", "c"} {
+		ws[id] = newFakeWorker(t, nc, id, 4)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if d.Fleet().Serving("m") != 3 {
+			return fmt.Errorf("workers not seen")
+		}
+		return nil
+	})
+	for i := range 4 {
+		h := nats.Header{}
+		h.Set(schemas.HdrRequestID, fmt.Sprintf("r%d", i))
+		h.Set(schemas.HdrKind, "chat")
+		h.Set(schemas.HdrExclude, "a,c")
+		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: nats.NewInbox(), Header: h, Data: []byte(body)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.WaitFor(t, 2*time.Second, wantCount(ws["b"], 4)) // b's four slots
+	if ws["a"].count() != 0 || ws["c"].count() != 0 {
+		t.Fatalf("excluded workers got %d and %d requests", ws["a"].count(), ws["c"].count())
+	}
+}
+
+func TestExcludeHas(t *testing.T) {
+	for _, tc := range []struct {
+		list, id string
+		want     bool
+	}{
+		{"", "a", false}, {"a", "a", true}, {"a,b", "b", true}, {"ab,b", "a", false}, {"a,,b", "", false}, {"w-1,w-2", "w-2", true},
+	} {
+		if got := schemas.ExcludeHas(tc.list, tc.id); got != tc.want {
+			t.Errorf("ExcludeHas(%q, %q) = %v", tc.list, tc.id, got)
+		}
+	}
+}

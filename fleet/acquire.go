@@ -3,10 +3,12 @@ package fleet
 import (
 	"slices"
 	"time"
+
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Acquire picks the least-loaded live worker serving model with a free slot,
-// not excluded, and counts one more request on it. ok is false when none has
+// not excluded (exclude: a comma-separated list, schemas.ExcludeHas), and counts one more request on it. ok is false when none has
 // room; serving says how many live workers serve the model at all.
 func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool) {
 	f.mu.Lock()
@@ -19,7 +21,7 @@ func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool)
 			continue
 		}
 		serving++
-		if wid == exclude || w.load >= w.hb.MaxConcurrency {
+		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency {
 			continue
 		}
 		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
@@ -104,7 +106,7 @@ func (f *Fleet) AcquireAdapter(adapter, base, exclude string, now time.Time) (id
 			continue
 		}
 		serving++
-		if wid == exclude || w.load >= w.hb.MaxConcurrency {
+		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency {
 			continue
 		}
 		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))

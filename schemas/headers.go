@@ -20,6 +20,15 @@ const (
 	HdrWorker    = "Tb-Worker"     // set by a dispatcher: the worker it forwarded to
 	HdrTrace     = "traceparent"   // W3C trace context
 
+	// Set by a client that sends a request again after its worker failed
+	// (client: retry and migration). HdrExclude lists the workers to avoid,
+	// comma-separated (ExcludeHas): a client may only exclude, never choose.
+	// HdrResume is the number of completion tokens already streamed: the
+	// request is a continuation, and an engine that can resume exactly (the
+	// sim) continues its output at that position.
+	HdrExclude = "Tb-Exclude"
+	HdrResume  = "Tb-Resume"
+
 	// Set by a dispatcher on a request for a LoRA adapter (and stripped from
 	// any other): the adapter's base model and where its weights are, from the
 	// registry, so a worker that does not have it loaded can load it first.
@@ -50,7 +59,7 @@ const (
 // canonicalises.
 func DispatcherOnly(name string, tenant bool) bool {
 	switch name { // the headers clients send, spelled as they are: no folding
-	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace:
+	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace, HdrExclude, HdrResume:
 		return false
 	}
 	if len(name) < 3 || !strings.EqualFold(name[:3], "tb-") {
@@ -121,4 +130,25 @@ func ParsePriority(v string) int {
 		return 0
 	}
 	return p
+}
+
+// MaxExclude bounds a HdrExclude value a dispatcher reads (bytes): a longer
+// one is ignored, so no client makes routing scan a long list.
+const MaxExclude = 1024
+
+// ExcludeHas reports whether the comma-separated worker list names id. It
+// does not allocate: dispatchers call it for every candidate worker.
+func ExcludeHas(list, id string) bool {
+	for list != "" {
+		item := list
+		if i := strings.IndexByte(list, ','); i >= 0 {
+			item, list = list[:i], list[i+1:]
+		} else {
+			list = ""
+		}
+		if item == id && id != "" {
+			return true
+		}
+	}
+	return false
 }

@@ -52,6 +52,10 @@ type Request struct {
 
 	Messages []Message // chat: at least one
 	Prompt   Prompt    // completion
+	// ContinueFinalMessage (chat, vLLM's continue_final_message): the last
+	// message is an assistant message to continue, not closed and followed
+	// by no generation prompt. A migrated stream's continuation sets it.
+	ContinueFinalMessage bool
 }
 
 // Message is one chat message: its role, and its content as it came (a
@@ -98,6 +102,7 @@ const (
 	fUser
 	fMessages
 	fPrompt
+	fContinueFinalMessage
 )
 
 var fieldNames = [...]string{
@@ -105,6 +110,7 @@ var fieldNames = [...]string{
 	fMaxCompletionTokens: "max_completion_tokens", fMinTokens: "min_tokens", fN: "n", fSeed: "seed",
 	fStop: "stop", fIgnoreEOS: "ignore_eos", fIncludeStopStr: "include_stop_str_in_output",
 	fPriority: "priority", fUser: "user", fMessages: "messages", fPrompt: "prompt",
+	fContinueFinalMessage: "continue_final_message",
 }
 
 // lookupField returns the field a raw key names for kind, or false: keys
@@ -148,11 +154,13 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 		f = fMessages
 	case "prompt":
 		f = fPrompt
+	case "continue_final_message":
+		f = fContinueFinalMessage
 	default:
 		return 0, false
 	}
 	switch f {
-	case fMessages, fMaxCompletionTokens:
+	case fMessages, fMaxCompletionTokens, fContinueFinalMessage:
 		return f, kind == KindChat
 	case fPrompt:
 		return f, kind == KindCompletion
@@ -266,6 +274,8 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 			return r.messages(&req.Messages)
 		case fPrompt:
 			return r.prompt(&req.Prompt)
+		case fContinueFinalMessage:
+			return r.boolean(f, name, 1, &req.ContinueFinalMessage)
 		}
 		return r.s.skip(1)
 	})
@@ -358,7 +368,7 @@ type reader struct {
 	s     scanner
 	err   *Error
 	later *Error
-	nulls [fPrompt + 1]bool // the field was null
+	nulls [fContinueFinalMessage + 1]bool // the field was null
 }
 
 // notTop stands for "not a top-level field" where a helper takes a field.

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -58,6 +59,9 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		Body:        m.Data,
 		Deadline:    schemas.ParseDeadline(h.Get(schemas.HdrDeadline)),
 		TraceParent: h.Get(schemas.HdrTrace),
+	}
+	if v := h.Get(schemas.HdrResume); v != "" { // usually absent: Atoi("") allocates its error
+		c.req.Resume, _ = strconv.Atoi(v)
 	}
 	c.adapterBase, c.adapterPath = h.Get(schemas.HdrAdapterBase), h.Get(schemas.HdrAdapterPath)
 	c.cancelToken = h.Get(schemas.HdrCancelToken)

@@ -29,6 +29,8 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.Int64Var(&l.UsageStream.MaxBytes, "usage-stream-max-bytes", l.UsageStream.MaxBytes, "bytes of usage records the JetStream stream TOKENBUS_USAGE holds while Redis is down (full: new records wait in memory)")
 	fs.DurationVar(&l.UsageStream.MaxAge, "usage-stream-max-age", l.UsageStream.MaxAge, "how long a usage record may wait in the stream for Redis before it is dropped")
 	fs.IntVar(&l.UsageBuffer, "usage-buffer", l.UsageBuffer, "usage records a gateway holds in memory while JetStream cannot take them (past it they are dropped and counted)")
+	fs.IntVar(&c.MigrationLimit, "migration-limit", c.MigrationLimit, "how many times a request whose worker dies, refuses or goes silent is sent to another worker: retried before its first token, migrated (continued) after it; 0 turns it off")
+	fs.IntVar(&c.MigrationMaxSeqLen, "migration-max-seq-len", c.MigrationMaxSeqLen, "chunks of a stream kept so that it can be continued on another worker; a longer stream whose worker fails ends with stream_lost")
 }
 
 // registerLimits defines the flags of rate-limit admission on Redis (a

@@ -41,6 +41,14 @@ type HTTPConfig struct {
 	// client is the TCP peer).
 	TrustedProxies string
 	Limits         LimitsConfig // Redis faults, reservations and usage
+	// MigrationLimit: how many times a request whose worker fails (dies,
+	// refuses, goes silent, loses a frame) is sent to another worker: a
+	// retry before its first token, a migration after it (client.Options).
+	// 0 turns it off.
+	MigrationLimit int
+	// MigrationMaxSeqLen: chunks a stream keeps to be continued elsewhere;
+	// a longer stream that loses its worker fails with stream_lost.
+	MigrationMaxSeqLen int
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -104,6 +112,9 @@ func DefaultHTTP() HTTPConfig {
 		Admin:           "127.0.0.1:8081",
 		Limits:          DefaultLimits(),
 		AuthFailures:    10,
+
+		MigrationLimit:     3,
+		MigrationMaxSeqLen: 4096,
 	}
 }
 
@@ -218,7 +229,11 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		}
 	}
 
-	copts := client.Options{Logger: log}
+	copts := client.Options{Logger: log, MigrationLimit: cfg.HTTP.MigrationLimit, MigrationMaxSeqLen: cfg.HTTP.MigrationMaxSeqLen,
+		OnFailover: failoverMetrics(reg)}
+	if copts.MigrationLimit <= 0 {
+		copts.MigrationLimit = -1 // the flag's 0 is "off"; the client's 0 is its default
+	}
 	var workers *fleet.Fleet
 	if d != nil {
 		workers = d.Fleet()

@@ -20,6 +20,12 @@ type Request struct {
 	View        *schemas.Request
 	Deadline    time.Time // zero: none
 	TraceParent string    // W3C trace context, to pass on to HTTP engines
+	// Resume is the number of completion tokens a failed worker already
+	// streamed for this request (schemas.HdrResume); the body is their
+	// continuation. An engine that can continue exactly (the sim: its output
+	// resumes at that position of its deterministic sequence) uses it; the
+	// others ignore it (the body is a text continuation).
+	Resume int
 }
 
 // Sink receives a request's output. An engine calls it from one goroutine at

@@ -36,9 +36,17 @@
 // prompt (string, strings, token ids, arrays of token ids), max_tokens
 // (completions default 16), max_completion_tokens, n, stop,
 // include_stop_str_in_output, stream, stream_options (as in vLLM, present
-// means include_usage unless it is false), seed, ignore_eos, min_tokens.
-// Others (temperature, logprobs, tools, echo...) are accepted and ignored:
-// logprobs are always null and there are no tool calls.
+// means include_usage unless it is false), seed, ignore_eos, min_tokens,
+// continue_final_message (chat: the last message is left open, with no
+// generation prompt after it). Others (temperature, logprobs, tools,
+// echo...) are accepted and ignored: logprobs are always null and there are
+// no tool calls.
+//
+// A continuation (engine.Request.Resume = N, from the Tb-Resume header of a
+// migrated stream) goes on exactly where the failed worker stopped: the
+// first N tokens of the sequence are drawn and dropped, with the seed of the
+// original prompt (the continuation's prompt less its last N tokens) unless
+// the request has one; usage and max_tokens count only the new tokens.
 //
 // A streaming request gets one Sink.Chunks call per step with a chunk for
 // each of its sequences that produced text, made by the scheduler goroutine;

@@ -56,9 +56,13 @@ func encode(dst []uint32, text string) []uint32 {
 }
 
 // chatPrompt applies the chat template to the messages and tokenizes them.
-func chatPrompt(msgs []schemas.Message) []uint32 {
+func chatPrompt(msgs []schemas.Message) []uint32 { return chatTemplate(msgs, false) }
+
+// chatTemplate is chatPrompt; with cont (continue_final_message) the last
+// message is left open, with no generation prompt after it, as vLLM does.
+func chatTemplate(msgs []schemas.Message, cont bool) []uint32 {
 	ids := make([]uint32, 0, 64)
-	for _, m := range msgs {
+	for i, m := range msgs {
 		ids = append(ids, tokImStart)
 		if rt, ok := roleTokens()[m.Role]; ok {
 			ids = append(ids, rt...)
@@ -67,6 +71,9 @@ func chatPrompt(msgs []schemas.Message) []uint32 {
 		}
 		ids = append(ids, tokNewline)
 		ids = encode(ids, m.Text())
+		if cont && i == len(msgs)-1 {
+			return ids
+		}
 		ids = append(ids, tokImEnd, tokNewline)
 	}
 	ids = append(ids, tokImStart)

@@ -72,6 +72,7 @@ type seq struct {
 	rng       uint64
 
 	generated int     // tokens produced
+	base      int     // tokens a failed worker produced before (engine.Request.Resume): the sequence goes on from there
 	computed  int     // tokens in the KV cache
 	blocks    []int32 // block table
 	text      []byte  // when req.keepText
@@ -136,7 +137,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	promptParam := "prompt"
 	if chat {
 		promptParam = "messages"
-		promptIDs = [][]uint32{chatPrompt(b.Messages)}
+		promptIDs = [][]uint32{chatTemplate(b.Messages, b.ContinueFinalMessage)}
 	} else {
 		var perr *schemas.Error
 		if promptIDs, perr = completionPrompts(b.Prompt); perr != nil {
@@ -217,9 +218,15 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			pr.hashes[i] = h
 		}
 		var seed uint64
-		if b.HasSeed {
+		switch {
+		case b.HasSeed:
 			seed = uint64(b.Seed)
-		} else {
+		case req.Resume > 0 && len(ids) > req.Resume:
+			// A continuation's prompt ends with the tokens already
+			// generated (each of the sim's tokens encodes back to one):
+			// the seed is the original prompt's.
+			seed = blockHash(0, ids[:len(ids)-req.Resume])
+		default:
 			seed = blockHash(0, ids)
 		}
 		mt := limit - len(ids)
@@ -233,6 +240,9 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			s.maxTokens, s.minTokens, s.ignoreEOS = mt, minTokens, ignoreEOS
 			s.rng = mix64(seed^uint64(idx+1)*0x9e3779b97f4a7c15) | 1
 			s.eosLen = max(e.cfg.MinEOS+int(s.rand()%span), minTokens, 1)
+			if req.Resume > 0 {
+				s.resume(chat, req.Resume)
+			}
 			expect := mt
 			if !ignoreEOS {
 				expect = min(mt, s.eosLen)

@@ -383,7 +383,7 @@ func (s *seq) rand() uint64 {
 // follows punctuation), so the text has exactly one token per step. A
 // natural end is a full stop.
 func (s *seq) nextToken(chat bool) string {
-	g := s.generated
+	g := s.base + s.generated
 	x := s.rand()
 	pick := x >> 8
 	switch {
@@ -405,6 +405,17 @@ func (s *seq) nextToken(chat bool) string {
 	}
 	s.prev = tkWord
 	return words[pick%uint64(len(words))]
+}
+
+// resume draws and drops the first n tokens, so that the sequence goes on
+// exactly where a failed worker's stopped (engine.Request.Resume): the same
+// seed, the same draws. Usage and max_tokens count only what comes after.
+func (s *seq) resume(chat bool, n int) {
+	for range n {
+		s.nextToken(chat)
+		s.generated++
+	}
+	s.base, s.generated = n, 0
 }
 
 // findStop looks for a stop string that ends in text[from:] (from is where
@@ -447,7 +458,7 @@ func (e *Engine) emit(s *seq) {
 		}
 	}
 	if reason == "" {
-		if !s.ignoreEOS && s.generated >= s.eosLen {
+		if !s.ignoreEOS && s.base+s.generated >= s.eosLen {
 			reason = "stop"
 		} else if s.generated >= s.maxTokens {
 			reason = "length"
