@@ -281,11 +281,24 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Unlock()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		if s != nil {
-			s.fail(schemas.ErrNoDispatcher.New())
+			s.fail(noResponders(m.Header.Get("Nats-Subject")))
 		}
 		return
 	}
 	c.deliver(s, m.Data)
+}
+
+// noResponders is the error for NATS's "no responders" answer to a message
+// published to subject (its Nats-Subject header). The server sends it to the
+// publisher's own connection: for a gateway with an embedded dispatcher that
+// is the forward to a worker's work subject, which nobody holds when the
+// worker has died and the fleet has not noticed yet: the worker is lost, not
+// the dispatchers (what this said before, misleadingly).
+func noResponders(subject string) *schemas.Error {
+	if id, ok := strings.CutPrefix(subject, schemas.WorkPrefix); ok && id != "" {
+		return schemas.ErrWorkerLost.New(id, "nobody takes its requests")
+	}
+	return schemas.ErrNoDispatcher.New()
 }
 
 // deliver hands one frame to its stream, s (nil: the stream has ended).

@@ -22,7 +22,9 @@ import (
 type Config struct {
 	ID                string        // required; a valid subject token
 	MaxConcurrency    int           // hard admission cap; default 256
-	HeartbeatInterval time.Duration // default 1s
+	// HeartbeatInterval: default 250ms. Three missed beats and the worker is
+	// gone: a dead worker is noticed, and its streams end, within 1s.
+	HeartbeatInterval time.Duration
 	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
 	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
 	Version           string
@@ -49,7 +51,7 @@ func (c *Config) defaults() {
 		c.MaxConcurrency = 256
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = time.Second
+		c.HeartbeatInterval = 250 * time.Millisecond
 	}
 	if c.ChunkLinger == 0 {
 		c.ChunkLinger = time.Millisecond
@@ -86,6 +88,10 @@ type Worker struct {
 	m        *metrics
 	hbSeq    atomic.Uint64
 	wake     chan struct{} // asks the heartbeat loop for an early beat
+
+	healthMu sync.Mutex
+	healthAt time.Time // when the engine was last asked (see health)
+	healthy  bool
 	ready    chan struct{} // closed once Run has subscribed
 
 	lingerMu   sync.Mutex
