@@ -210,6 +210,12 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	if !r.Kind.Valid() {
 		return nil, schemas.ErrUnknownKind.New(r.Kind)
 	}
+	// While the connection is down nats.go buffers publishes for the
+	// reconnect: the request would wait out FirstFrameTimeout and fail with
+	// a 503 that does not say why. Say it now.
+	if !c.nc.IsConnected() {
+		return nil, schemas.ErrBusUnavailable.New()
+	}
 	tok := nuid.Next()
 	h := r.Header()
 	// The token our cancels carry. A dispatcher that takes the request from

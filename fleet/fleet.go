@@ -19,10 +19,10 @@ type Fleet struct {
 	// least-loaded worker with a free LoRA slot before a request for the
 	// adapter goes to the latter, which loads a second copy. Default 0.5.
 	AdapterSpill float64
-	mu      sync.RWMutex
-	onGone  func(id, why string) // see OnGone
-	workers map[string]*workerState
-	rr      uint64 // rotates ties between equally loaded workers
+	mu           sync.RWMutex
+	onGone       func(id, why string) // see OnGone
+	workers      map[string]*workerState
+	rr           uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time

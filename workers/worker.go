@@ -20,8 +20,8 @@ import (
 
 // Config tunes a Worker. Zero values take the defaults shown.
 type Config struct {
-	ID                string        // required; a valid subject token
-	MaxConcurrency    int           // hard admission cap; default 256
+	ID             string // required; a valid subject token
+	MaxConcurrency int    // hard admission cap; default 256
 	// HeartbeatInterval: default 250ms. Three missed beats and the worker is
 	// gone: a dead worker is noticed, and its streams end, within 1s.
 	HeartbeatInterval time.Duration

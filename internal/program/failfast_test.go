@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/tokenbus/tokenbus/internal/embedded"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
@@ -159,4 +161,71 @@ func TestDeadWorkerNoticedWithinASecond(t *testing.T) {
 			break
 		}
 	}
+}
+
+// natsOn starts a NATS server on port (0: any) storing in dir; it stops
+// with the test (a second Shutdown is harmless).
+func natsOn(t *testing.T, port int, dir string) *server.Server {
+	t.Helper()
+	ns, err := embedded.NATS("127.0.0.1:"+strconv.Itoa(port), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	return ns
+}
+
+// chat posts a short non-streaming request and returns its status and body.
+func chat(t *testing.T, addr string) (int, string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"llama-8b","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), time.Since(start)
+}
+
+// With NATS down under a running gateway, a request gets an immediate 503
+// bus_unavailable and /ready says not ready (before: every request waited
+// 5s for a 503 no_dispatcher); once the server is back on its port,
+// requests work again.
+func TestNATSDownIsAnImmediate503(t *testing.T) {
+	port, dir := testenv.FreePort(t), t.TempDir()
+	ns := natsOn(t, port, dir)
+	simWorker(t, ns, "w1")
+	gw := plainGateway(t, ns)
+	testenv.WaitFor(t, 10*time.Second, fleetLen(gw, 1))
+	if code, body, _ := chat(t, gw.Addr()); code != 200 {
+		t.Fatalf("before the outage: %d %s", code, body)
+	}
+
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if gw.nc.IsConnected() {
+			return fmt.Errorf("the gateway still thinks it is connected")
+		}
+		return nil
+	})
+	code, body, took := chat(t, gw.Addr())
+	if code != 503 || !strings.Contains(body, `"bus_unavailable"`) || took > time.Second {
+		t.Errorf("with NATS down: %d %s after %v, want an immediate 503 bus_unavailable", code, body, took)
+	}
+	if got := get(t, "http://"+gw.Addr()+"/ready"); got != 503 {
+		t.Errorf("/ready with NATS down: %d, want 503", got)
+	}
+
+	natsOn(t, port, dir)
+	back := time.Now()
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if code, body, _ := chat(t, gw.Addr()); code != 200 {
+			return fmt.Errorf("after NATS came back: %d %s", code, body)
+		}
+		return nil
+	})
+	t.Logf("requests work %v after NATS came back", time.Since(back))
 }
