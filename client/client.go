@@ -76,7 +76,13 @@ type Client struct {
 	streams map[string]*Stream // by inbox token
 
 	later []entry // route's second pass; route runs on one goroutine
+	// parts holds the pieces of frames sent in parts (schemas.FramePart),
+	// by stream, until their last piece; only route's goroutine uses it.
+	parts map[*Stream][]byte
 }
+
+// maxAssembled bounds one frame reassembled from parts.
+const maxAssembled = 64 << 20
 
 // entry is a frame of a multiplexed reply and its stream (nil: ended).
 type entry struct {
@@ -329,7 +335,53 @@ func (c *Client) deliver(s *Stream, data []byte) {
 		}
 		return
 	}
+	if f.Type == schemas.FramePart || len(c.parts) > 0 {
+		var ok bool
+		if f, ok = c.assemble(s, f); !ok {
+			return
+		}
+	}
 	s.push(f)
+}
+
+// assemble collects the pieces of a frame sent in parts. A part is pushed
+// as a keepalive with its sequence number (the numbering stays checked, and
+// the stall timer sees the worker is alive); the frame after the parts gets
+// their payloads in front of its own. ok is false when f was consumed.
+func (c *Client) assemble(s *Stream, f schemas.Frame) (schemas.Frame, bool) {
+	if f.Type == schemas.FramePart {
+		if c.parts == nil {
+			c.parts = map[*Stream][]byte{}
+		}
+		if _, ok := c.parts[s]; !ok {
+			c.forgetEndedParts() // a stream that failed mid-frame left its pieces
+		}
+		b := append(c.parts[s], f.Payload...)
+		if len(b) > maxAssembled {
+			delete(c.parts, s)
+			s.fail(schemas.ErrStreamOverflow.New())
+			return f, false
+		}
+		c.parts[s] = b
+		s.push(schemas.Frame{Type: schemas.FrameKeepalive, Seq: f.Seq})
+		return f, false
+	}
+	if b, ok := c.parts[s]; ok {
+		delete(c.parts, s)
+		f.Payload = append(b, f.Payload...)
+	}
+	return f, true
+}
+
+// forgetEndedParts drops the pieces of streams that are no longer open.
+func (c *Client) forgetEndedParts() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.parts {
+		if c.streams[s.tok] != s {
+			delete(c.parts, s)
+		}
+	}
 }
 
 func (c *Client) cancelLate(payload []byte) {

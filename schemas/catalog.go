@@ -210,6 +210,9 @@ var (
 	ErrDispatcherSilent = def(secBus, ErrorDef{Code: "no_dispatcher", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "No dispatcher answered within %s.",
 		When:    "No frame came back for the client's first-frame timeout."})
+	ErrReplyNotSent = def(secBus, ErrorDef{Code: "stream_lost", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The worker could not send a reply frame (%s): %v.",
+		When:    "NATS refused a frame of the reply (connection down or closed): the worker ends the request and says so if it still can."})
 	ErrBusUnavailable = def(secBus, ErrorDef{Code: "bus_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 2,
 		Message: "The message bus (NATS) is unreachable; retry shortly.",
 		When:    "The client's NATS connection is down (reconnecting): the request is refused at once instead of waiting for a dispatcher."})

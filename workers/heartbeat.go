@@ -83,6 +83,15 @@ func (w *Worker) health() bool {
 	return w.healthy
 }
 
+// frameHeadroom is what a message needs besides a frame's payload: the frame
+// header and a mux entry's header.
+const frameHeadroom = 1 << 10
+
+// setPartSize sets the largest frame payload from the server's max_payload.
+func (w *Worker) setPartSize(maxPayload int64) {
+	w.partSize.Store(max(maxPayload-frameHeadroom, frameHeadroom))
+}
+
 // publishHeartbeat sends one heartbeat and returns the models it listed.
 func (w *Worker) publishHeartbeat() []string {
 	hb := w.Heartbeat()

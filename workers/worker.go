@@ -89,6 +89,11 @@ type Worker struct {
 	hbSeq    atomic.Uint64
 	wake     chan struct{} // asks the heartbeat loop for an early beat
 
+	// partSize is the largest frame payload sent in one message: the
+	// server's max_payload less room for the frame and mux headers; larger
+	// payloads go as parts (schemas.FramePart).
+	partSize atomic.Int64
+
 	healthMu sync.Mutex
 	healthAt time.Time // when the engine was last asked (see health)
 	healthy  bool
@@ -120,6 +125,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
 		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
+	w.setPartSize(nc.MaxPayload())
 	w.usage = cfg.Usage
 	if w.usage == nil {
 		w.usage = NATSUsageSink{NC: nc, Source: cfg.ID, Log: w.log}

@@ -3,6 +3,7 @@ package program
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -228,4 +229,61 @@ func TestNATSDownIsAnImmediate503(t *testing.T) {
 		return nil
 	})
 	t.Logf("requests work %v after NATS came back", time.Since(back))
+}
+
+// A non-streaming reply larger than the server's max_payload reaches the
+// client whole: the worker sends it in parts (schemas.FramePart) and the
+// client joins them (before: the worker's publish failed, unnoticed, and
+// the client waited 15s for a 503).
+func TestLargeReplyInParts(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, NoSigs: true, NoLog: true, MaxPayload: 32 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("nats did not start")
+	}
+	wc := DefaultWorker()
+	wc.NATS.URL, wc.Worker.ID = ns.ClientURL(), "w1"
+	wc.Engine.Sim.DecodeBase, wc.Engine.Sim.PrefillBase, wc.Engine.Sim.DecodePerSeq, wc.Engine.Sim.PrefillPerToken = 0, 0, 0, 0
+	w, err := StartWorker(context.Background(), wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	gw := plainGateway(t, ns)
+	testenv.WaitFor(t, 10*time.Second, fleetLen(gw, 1))
+
+	start := time.Now()
+	resp, err := http.Post("http://"+gw.Addr()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"llama-8b","max_tokens":8000,"n":2,"ignore_eos":true,"prompt":"hi"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	t.Logf("%d bytes in %v", len(b), time.Since(start))
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %.300s", resp.StatusCode, b)
+	}
+	if len(b) < 64<<10 {
+		t.Fatalf("the reply is %d bytes: not over max_payload (32 KiB) enough to test parts", len(b))
+	}
+	var out struct {
+		Choices []struct {
+			Text         string `json:"text"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("reply is not one JSON object: %v", err)
+	}
+	if len(out.Choices) != 2 || out.Usage.CompletionTokens != 16000 {
+		t.Errorf("%d choices, %d completion tokens; want 2 and 16000", len(out.Choices), out.Usage.CompletionTokens)
+	}
 }
