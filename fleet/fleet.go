@@ -50,7 +50,9 @@ func (f *Fleet) Heartbeat(data []byte, now time.Time) (hb schemas.Heartbeat, joi
 		return hb, false, false
 	}
 	if hb.Draining && hb.Running == 0 {
-		f.remove(hb.Worker, "it shut down")
+		// Not a loss: it has nothing running, and the last frames of its
+		// streams may still be on their way (another subscription): no OnGone.
+		f.remove(hb.Worker, "")
 		return hb, false, true
 	}
 	return hb, f.Observe(hb, now), true
@@ -176,8 +178,9 @@ func (f *Fleet) Expire(now time.Time) []string {
 }
 
 // OnGone sets fn to be called, outside the fleet's lock, with the id of every
-// worker that leaves: expired (why: WhyNoHeartbeat) or removed (its last
-// heartbeat said draining and idle, or Remove's reason). A gateway ends that
+// worker lost: expired (why: WhyNoHeartbeat) or removed with Remove's reason.
+// A worker whose last heartbeat said draining and idle is not lost: its
+// streams have ended, though their last frames may still be in flight. A gateway ends that
 // worker's streams with it (client.WorkerLost) rather than let them wait out
 // their stall timeout. It may be set while the fleet is in use.
 func (f *Fleet) OnGone(fn func(id, why string)) {
@@ -189,8 +192,8 @@ func (f *Fleet) OnGone(fn func(id, why string)) {
 // WhyNoHeartbeat is the reason OnGone gives for an expired worker.
 const WhyNoHeartbeat = "no heartbeat"
 
-// Remove forgets a worker at once (its last heartbeat said it is draining
-// and idle, or NATS saw its connection close); why is passed to OnGone.
+// Remove forgets a worker at once (e.g. NATS saw its connection close); why
+// is passed to OnGone.
 func (f *Fleet) Remove(worker, why string) { f.remove(worker, why) }
 
 func (f *Fleet) remove(worker, why string) {
@@ -200,7 +203,7 @@ func (f *Fleet) remove(worker, why string) {
 	f.forgetPendingLocked(worker)
 	onGone := f.onGone
 	f.mu.Unlock()
-	if known && onGone != nil {
+	if known && onGone != nil && why != "" {
 		onGone(worker, why)
 	}
 }
