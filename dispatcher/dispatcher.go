@@ -625,6 +625,11 @@ func (d *Dispatcher) fail(span trace.Span, subject string, e *schemas.Error) {
 // sweep forgets silent workers and answers queued requests that waited too long
 // or whose model lost its last worker.
 func (d *Dispatcher) sweep(now time.Time) {
+	if !d.nc.IsConnected() {
+		// We hear no heartbeats while reconnecting: that is no worker's death
+		// (with 250ms beats, a NATS restart would otherwise expire them all).
+		d.fleet.Blind(now)
+	}
 	for _, id := range d.fleet.Expire(now) {
 		d.m.lost.Inc()
 		d.log.Warn("worker lost: no heartbeat", "worker", id)

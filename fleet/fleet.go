@@ -189,6 +189,20 @@ func (f *Fleet) OnGone(fn func(id, why string)) {
 	f.mu.Unlock()
 }
 
+// Blind tells the fleet that its owner cannot hear heartbeats now (its NATS
+// connection is down): silence is not the workers' fault, so none expires
+// for it. Call it on every sweep while disconnected; after the reconnect the
+// workers have MissedBeats intervals to be heard again.
+func (f *Fleet) Blind(now time.Time) {
+	f.mu.Lock()
+	for _, w := range f.workers {
+		if now.After(w.lastSeen) {
+			w.lastSeen = now
+		}
+	}
+	f.mu.Unlock()
+}
+
 // WhyNoHeartbeat is the reason OnGone gives for an expired worker.
 const WhyNoHeartbeat = "no heartbeat"
 

@@ -42,6 +42,10 @@ func Watch(ctx context.Context, nc *nats.Conn, f *Fleet) error {
 			case <-ctx.Done():
 				return
 			case now := <-tick.C:
+				if !nc.IsConnected() {
+					f.Blind(now) // we are deaf, not they dead
+					continue
+				}
 				f.Expire(now)
 			}
 		}
