@@ -94,7 +94,13 @@ type Client struct {
 	streams map[string]*Stream // by inbox token
 
 	later []entry // route's second pass; route runs on one goroutine
+	// parts holds the pieces of frames sent in parts (schemas.FramePart),
+	// by stream, until their last piece; only route's goroutine uses it.
+	parts map[*Stream][]byte
 }
+
+// maxAssembled bounds one frame reassembled from parts.
+const maxAssembled = 64 << 20
 
 // entry is a frame of a multiplexed reply and its stream (nil: ended).
 type entry struct {
@@ -230,6 +236,12 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	if !r.Kind.Valid() {
 		return nil, schemas.ErrUnknownKind.New(r.Kind)
 	}
+	// While the connection is down nats.go buffers publishes for the
+	// reconnect: the request would wait out FirstFrameTimeout and fail with
+	// a 503 that does not say why. Say it now.
+	if !c.nc.IsConnected() {
+		return nil, schemas.ErrBusUnavailable.New()
+	}
 	tok := nuid.Next()
 	h := r.Header()
 	// The token our cancels carry. A dispatcher that takes the request from
@@ -310,16 +322,34 @@ func (c *Client) route(m *nats.Msg) {
 	c.mu.Unlock()
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		if s != nil {
-			s.fail(schemas.ErrNoDispatcher.New())
+			if e, lost := noResponders(m.Header.Get("Nats-Subject")); lost {
+				s.lose(e, ReasonWorkerLost) // a retry on another worker may cure it
+			} else {
+				s.fail(e)
+			}
 		}
 		return
 	}
 	c.deliver(s, epoch, m.Data)
 }
 
+// noResponders is the error for NATS's "no responders" answer to a message
+// published to subject (its Nats-Subject header). The server sends it to the
+// publisher's own connection: for a gateway with an embedded dispatcher that
+// is the forward to a worker's work subject, which nobody holds when the
+// worker has died and the fleet has not noticed yet: the worker is lost, not
+// the dispatchers (what this said before, misleadingly).
+func noResponders(subject string) (e *schemas.Error, workerLost bool) {
+	if id, ok := strings.CutPrefix(subject, schemas.WorkPrefix); ok && id != "" {
+		return schemas.ErrWorkerLost.New(id, "nobody takes its requests"), true
+	}
+	return schemas.ErrNoDispatcher.New(), false
+}
+
 // deliver hands one frame to its stream, s (nil: the stream has ended), for
 // the attempt epoch that was current when s was looked up.
 func (c *Client) deliver(s *Stream, epoch uint32, data []byte) {
+
 	f, err := schemas.ParseFrame(data)
 	if err != nil {
 		c.opts.Logger.Warn("dropping malformed reply frame")
@@ -340,7 +370,53 @@ func (c *Client) deliver(s *Stream, epoch uint32, data []byte) {
 		}
 		return
 	}
+	if f.Type == schemas.FramePart || len(c.parts) > 0 {
+		var ok bool
+		if f, ok = c.assemble(s, epoch, f); !ok {
+			return
+		}
+	}
 	s.push(f, epoch)
+}
+
+// assemble collects the pieces of a frame sent in parts. A part is pushed
+// as a keepalive with its sequence number (the numbering stays checked, and
+// the stall timer sees the worker is alive); the frame after the parts gets
+// their payloads in front of its own. ok is false when f was consumed.
+func (c *Client) assemble(s *Stream, epoch uint32, f schemas.Frame) (schemas.Frame, bool) {
+	if f.Type == schemas.FramePart {
+		if c.parts == nil {
+			c.parts = map[*Stream][]byte{}
+		}
+		if _, ok := c.parts[s]; !ok {
+			c.forgetEndedParts() // a stream that failed mid-frame left its pieces
+		}
+		b := append(c.parts[s], f.Payload...)
+		if len(b) > maxAssembled {
+			delete(c.parts, s)
+			s.fail(schemas.ErrStreamOverflow.New())
+			return f, false
+		}
+		c.parts[s] = b
+		s.push(schemas.Frame{Type: schemas.FrameKeepalive, Seq: f.Seq}, epoch)
+		return f, false
+	}
+	if b, ok := c.parts[s]; ok {
+		delete(c.parts, s)
+		f.Payload = append(b, f.Payload...)
+	}
+	return f, true
+}
+
+// forgetEndedParts drops the pieces of streams that are no longer open.
+func (c *Client) forgetEndedParts() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for s := range c.parts {
+		if c.streams[s.tok] != s {
+			delete(c.parts, s)
+		}
+	}
 }
 
 func (c *Client) cancelLate(payload []byte) {

@@ -53,7 +53,7 @@ type Config struct {
 	QueueSize    int           // per model; default 1024
 	QueueTimeout time.Duration // longest wait in a queue; default 60s
 	MaxBounces   int           // workers a request may bounce off before it queues; default 3
-	SweepEvery   time.Duration // expiry scan period; default 250ms
+	SweepEvery   time.Duration // expiry scan period; default 100ms (a dead worker is noticed within 3 heartbeats plus this)
 	// ReplyPrefixes are the subject prefixes a request's reply subject must
 	// have; default ["_INBOX."]. Replies go wherever a request says, so
 	// without this a client could aim a dispatcher's or worker's messages at
@@ -88,7 +88,7 @@ func (c *Config) defaults() {
 		c.MaxBounces = 3
 	}
 	if c.SweepEvery <= 0 {
-		c.SweepEvery = 250 * time.Millisecond
+		c.SweepEvery = 100 * time.Millisecond
 	}
 	if len(c.ReplyPrefixes) == 0 {
 		c.ReplyPrefixes = []string{"_INBOX."}
@@ -643,6 +643,11 @@ func (d *Dispatcher) fail(span trace.Span, subject string, e *schemas.Error) {
 // sweep forgets silent workers and answers queued requests that waited too long
 // or whose model lost its last worker.
 func (d *Dispatcher) sweep(now time.Time) {
+	if !d.nc.IsConnected() {
+		// We hear no heartbeats while reconnecting: that is no worker's death
+		// (with 250ms beats, a NATS restart would otherwise expire them all).
+		d.fleet.Blind(now)
+	}
 	for _, id := range d.fleet.Expire(now) {
 		d.m.lost.Inc()
 		d.log.Warn("worker lost: no heartbeat", "worker", id)

@@ -156,7 +156,7 @@ func TestAdapterPendingSettles(t *testing.T) {
 	fl := New()
 	fl.Observe(lw{"a", 0, 10, 4, nil, nil}.beat(), t0)
 	fl.AcquireAdapter("x", "b", "", t0)
-	fl.Remove("a")
+	fl.Remove("a", "test")
 	if p := fl.Pending("x"); len(p) != 0 {
 		t.Fatalf("pending after remove: %v", p)
 	}

@@ -19,10 +19,10 @@ type Fleet struct {
 	// least-loaded worker with a free LoRA slot before a request for the
 	// adapter goes to the latter, which loads a second copy. Default 0.5.
 	AdapterSpill float64
-
-	mu      sync.RWMutex
-	workers map[string]*workerState
-	rr      uint64 // rotates ties between equally loaded workers
+	mu           sync.RWMutex
+	onGone       func(id, why string) // see OnGone
+	workers      map[string]*workerState
+	rr           uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
@@ -50,7 +50,9 @@ func (f *Fleet) Heartbeat(data []byte, now time.Time) (hb schemas.Heartbeat, joi
 		return hb, false, false
 	}
 	if hb.Draining && hb.Running == 0 {
-		f.Remove(hb.Worker)
+		// Not a loss: it has nothing running, and the last frames of its
+		// streams may still be on their way (another subscription): no OnGone.
+		f.remove(hb.Worker, "")
 		return hb, false, true
 	}
 	return hb, f.Observe(hb, now), true
@@ -157,7 +159,6 @@ func (f *Fleet) MarkFull(worker string) {
 // Expire removes workers not heard from in MissedBeats intervals and returns their ids.
 func (f *Fleet) Expire(now time.Time) []string {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	var gone []string
 	for id, w := range f.workers {
 		if now.Sub(w.lastSeen) > time.Duration(f.MissedBeats)*w.interval() {
@@ -166,15 +167,59 @@ func (f *Fleet) Expire(now time.Time) []string {
 			gone = append(gone, id)
 		}
 	}
+	onGone := f.onGone
+	f.mu.Unlock()
+	if onGone != nil {
+		for _, id := range gone {
+			onGone(id, WhyNoHeartbeat)
+		}
+	}
 	return gone
 }
 
-// Remove forgets a worker at once (its last heartbeat said it is draining and idle).
-func (f *Fleet) Remove(worker string) {
+// OnGone sets fn to be called, outside the fleet's lock, with the id of every
+// worker lost: expired (why: WhyNoHeartbeat) or removed with Remove's reason.
+// A worker whose last heartbeat said draining and idle is not lost: its
+// streams have ended, though their last frames may still be in flight. A gateway ends that
+// worker's streams with it (client.WorkerLost) rather than let them wait out
+// their stall timeout. It may be set while the fleet is in use.
+func (f *Fleet) OnGone(fn func(id, why string)) {
 	f.mu.Lock()
+	f.onGone = fn
+	f.mu.Unlock()
+}
+
+// Blind tells the fleet that its owner cannot hear heartbeats now (its NATS
+// connection is down): silence is not the workers' fault, so none expires
+// for it. Call it on every sweep while disconnected; after the reconnect the
+// workers have MissedBeats intervals to be heard again.
+func (f *Fleet) Blind(now time.Time) {
+	f.mu.Lock()
+	for _, w := range f.workers {
+		if now.After(w.lastSeen) {
+			w.lastSeen = now
+		}
+	}
+	f.mu.Unlock()
+}
+
+// WhyNoHeartbeat is the reason OnGone gives for an expired worker.
+const WhyNoHeartbeat = "no heartbeat"
+
+// Remove forgets a worker at once (e.g. NATS saw its connection close); why
+// is passed to OnGone.
+func (f *Fleet) Remove(worker, why string) { f.remove(worker, why) }
+
+func (f *Fleet) remove(worker, why string) {
+	f.mu.Lock()
+	_, known := f.workers[worker]
 	delete(f.workers, worker)
 	f.forgetPendingLocked(worker)
+	onGone := f.onGone
 	f.mu.Unlock()
+	if known && onGone != nil && why != "" {
+		onGone(worker, why)
+	}
 }
 
 // ModelsOf returns the models worker serves.

@@ -118,7 +118,7 @@ func TestReadyWithoutNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 503 || openAIError(t, string(b))["code"] != schemas.CodeNoDispatcher {
+	if resp.StatusCode != 503 || openAIError(t, string(b))["code"] != schemas.CodeBusUnavailable {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
 	if err := g.Shutdown(context.Background()); err != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -179,7 +179,7 @@ var (
 	ErrRequestTimeout = def(secHTTP, ErrorDef{Code: "timeout", Status: http.StatusGatewayTimeout, Type: TypeTimeout,
 		Message: "The request did not finish within %s.",
 		When:    "The gateway's --request-timeout passed."})
-	ErrNotConnected = def(secHTTP, ErrorDef{Code: "no_dispatcher", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+	ErrNotConnected = def(secHTTP, ErrorDef{Code: "bus_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Not connected to NATS.",
 		When:    "GET /ready while the gateway has no NATS connection."})
 	ErrNoWorkerUp = def(secHTTP, ErrorDef{Code: "no_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
@@ -210,6 +210,12 @@ var (
 	ErrDispatcherSilent = def(secBus, ErrorDef{Code: "no_dispatcher", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "No dispatcher answered within %s.",
 		When:    "No frame came back for the client's first-frame timeout."})
+	ErrReplyNotSent = def(secBus, ErrorDef{Code: "stream_lost", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The worker could not send a reply frame (%s): %v.",
+		When:    "NATS refused a frame of the reply (connection down or closed): the worker ends the request and says so if it still can."})
+	ErrBusUnavailable = def(secBus, ErrorDef{Code: "bus_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 2,
+		Message: "The message bus (NATS) is unreachable; retry shortly.",
+		When:    "The client's NATS connection is down (reconnecting): the request is refused at once instead of waiting for a dispatcher."})
 	ErrPublish = def(secBus, ErrorDef{Code: "no_dispatcher", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Cannot publish the request: %v.",
 		When:    "The client could not publish the request (NATS connection down)."})

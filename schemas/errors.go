@@ -73,9 +73,10 @@ const (
 	CodeQueueFull         = "queue_full"
 	CodeNoWorker          = "no_worker"
 	CodeNoDispatcher      = "no_dispatcher"
-	CodeStreamLost        = "stream_lost"   // gap in the sequence or worker went silent
-	CodeWorkerBusy        = "worker_busy"   // a worker at its cap, with no dispatcher to hand it back to
-	CodeShuttingDown      = "shutting_down" // the serving process is draining
+	CodeBusUnavailable    = "bus_unavailable" // the NATS connection is down
+	CodeStreamLost        = "stream_lost"     // gap in the sequence or worker went silent
+	CodeWorkerBusy        = "worker_busy"     // a worker at its cap, with no dispatcher to hand it back to
+	CodeShuttingDown      = "shutting_down"   // the serving process is draining
 	CodeEngineError       = "engine_error"
 	CodeEngineUnhealthy   = "engine_unhealthy"
 	CodeAdapterLoadFailed = "adapter_load_failed"

@@ -29,6 +29,11 @@ const (
 	FrameKeepalive FrameType = "keepalive" // empty payload; the worker is alive but has nothing to say
 	FrameDone      FrameType = "done"      // payload: stream {"usage":...}; non-stream the whole response object
 	FrameError     FrameType = "error"     // payload Error
+	// FramePart carries a piece of the payload of the next frame that is not
+	// a part: a frame too large for the connection's max_payload goes as
+	// parts and then its own type with the last piece. Each part has its
+	// own sequence number; the client concatenates the pieces.
+	FramePart FrameType = "part"
 )
 
 // Terminal reports whether t ends a stream.
@@ -90,6 +95,8 @@ func frameType(b []byte) FrameType {
 		return FrameDone
 	case string(FrameError):
 		return FrameError
+	case string(FramePart):
+		return FramePart
 	}
 	return ""
 }

@@ -185,9 +185,46 @@ func (c *call) send(t schemas.FrameType, payload []byte) error {
 	return c.publishLocked(t, payload, now, false)
 }
 
-// publishLocked sends one frame; urgent (a stream's first chunk) is not
-// held back in a multiplexed outbox.
+// publishLocked sends one frame, as parts if its payload is over the
+// connection's limit; urgent (a stream's first chunk) is not held back in a
+// multiplexed outbox. A frame that cannot be sent fails the request (see
+// publishFailedLocked): the stream would have a hole the client cannot see.
 func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time, urgent bool) error {
+	if size := int(c.w.partSize.Load()); len(payload) > size {
+		for len(payload) > size {
+			if err := c.publishOneLocked(schemas.FramePart, payload[:size], now, urgent); err != nil {
+				return c.publishFailedLocked(t, err)
+			}
+			payload = payload[size:]
+		}
+	}
+	if err := c.publishOneLocked(t, payload, now, urgent); err != nil {
+		return c.publishFailedLocked(t, err)
+	}
+	return nil
+}
+
+// publishFailedLocked handles a frame that could not be published: the
+// request ends (its engine work is cancelled), the client is told with an
+// error frame if that can still go out, and the failure is counted.
+func (c *call) publishFailedLocked(t schemas.FrameType, err error) error {
+	c.w.m.publishErrors.Inc()
+	c.w.log.Warn("reply frame not sent; failing the request", "request_id", c.req.ID, "frame", t, "err", err)
+	e := schemas.ErrReplyNotSent.New(t, err)
+	if !c.ended {
+		c.ended = true
+		c.seq++
+		// Straight to the stream's subject, past the outbox: it is small,
+		// and whatever failed there must not hold it.
+		if c.w.nc.Publish(c.reply, schemas.AppendFrame(c.buf[:0], schemas.FrameError, c.seq, e.Payload())) != nil {
+			c.w.m.publishErrors.Inc()
+		}
+	}
+	c.cancel(e)
+	return e
+}
+
+func (c *call) publishOneLocked(t schemas.FrameType, payload []byte, now time.Time, urgent bool) error {
 	c.seq++
 	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	c.lastSend = now

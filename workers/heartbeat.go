@@ -46,9 +46,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 // Heartbeat is the worker's current state as it advertises it.
 func (w *Worker) Heartbeat() schemas.Heartbeat {
 	st := w.eng.Stats()
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	healthy := w.eng.Health(ctx) == nil
-	cancel()
+	healthy := w.health()
 	return schemas.Heartbeat{
 		Worker:         w.cfg.ID,
 		Models:         w.eng.Models(),
@@ -66,6 +64,32 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		IntervalMS:     int(w.cfg.HeartbeatInterval / time.Millisecond),
 		Seq:            w.hbSeq.Add(1),
 	}
+}
+
+// healthEvery bounds how often a heartbeat asks the engine for its health (an
+// HTTP call for vLLM): beats come every 250ms, the engine is asked at most
+// once a second and the last answer is repeated in between.
+const healthEvery = time.Second
+
+func (w *Worker) health() bool {
+	w.healthMu.Lock()
+	defer w.healthMu.Unlock()
+	if now := time.Now(); w.healthAt.IsZero() || now.Sub(w.healthAt) >= healthEvery {
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		w.healthy = w.eng.Health(ctx) == nil
+		cancel()
+		w.healthAt = now
+	}
+	return w.healthy
+}
+
+// frameHeadroom is what a message needs besides a frame's payload: the frame
+// header and a mux entry's header.
+const frameHeadroom = 1 << 10
+
+// setPartSize sets the largest frame payload from the server's max_payload.
+func (w *Worker) setPartSize(maxPayload int64) {
+	w.partSize.Store(max(maxPayload-frameHeadroom, frameHeadroom))
 }
 
 // publishHeartbeat sends one heartbeat and returns the models it listed.

@@ -16,6 +16,9 @@ type metrics struct {
 	// cancelsIgnored: cancels with a wrong or missing token, or for a
 	// request not running here.
 	cancelsIgnored prometheus.Counter
+	// publishErrors: reply frames (or a multiplexed message of them) NATS
+	// would not take; each fails its request.
+	publishErrors prometheus.Counter
 }
 
 // Latency buckets for LLM serving, the gateway's (gateway/metrics.go,
@@ -35,6 +38,9 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 			Name: "tokenbus_worker_time_to_first_token_seconds", Help: "From admission to the engine's first chunk (streams).", Buckets: ttftBuckets}),
 		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tokenbus_worker_request_duration_seconds", Help: "From admission to the end of the request.", Buckets: e2eBuckets}),
+		publishErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_worker_publish_errors_total",
+			Help: "Reply messages NATS would not take (connection down, too large): each fails its request or requests."}),
 		cancelsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_worker_cancels_ignored_total",
 			Help: "Cancels ignored: a wrong or missing cancel token, or a request not (or no longer) running here."}),
@@ -50,7 +56,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
-	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored,
+	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored, m.publishErrors,
 		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),
 		gauge("tokenbus_worker_max_concurrency", "The worker's admission cap.", func() float64 { return float64(w.cfg.MaxConcurrency) }),
 		gauge("tokenbus_worker_waiting", "Requests queued inside the engine.", func() float64 { return float64(w.eng.Stats().Waiting) }),

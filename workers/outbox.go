@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -46,6 +47,13 @@ func (ob *outbox) add(reply, token string, frame []byte, urgent bool, now time.T
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	ob.used = now
+	// One message stays under the server's max_payload: a frame that would
+	// take the batch past it sends the batch first (frames themselves are
+	// split to fit, see call.publishLocked).
+	var early error
+	if ob.n > 0 && int64(len(ob.body)+len(frame)) > ob.w.partSize.Load() {
+		early = ob.flushLocked(now)
+	}
 	if ob.n == 0 {
 		ob.single = reply
 	}
@@ -55,13 +63,13 @@ func (ob *outbox) add(reply, token string, frame []byte, urgent bool, now time.T
 	}
 	ob.n++
 	if urgent || now.Sub(ob.last) >= ob.w.cfg.ChunkLinger || len(ob.body) >= maxPending {
-		return ob.flushLocked(now)
+		return errors.Join(early, ob.flushLocked(now))
 	}
 	if !ob.lingering {
 		ob.lingering = true
 		ob.w.linger(ob)
 	}
-	return nil
+	return early
 }
 
 func (ob *outbox) flushLocked(now time.Time) error {
@@ -82,7 +90,12 @@ func (ob *outbox) flushLocked(now time.Time) error {
 func (ob *outbox) flushLinger() {
 	ob.mu.Lock()
 	ob.lingering = false
-	_ = ob.flushLocked(time.Now())
+	if err := ob.flushLocked(time.Now()); err != nil {
+		// The frames of several streams are lost: their clients see the
+		// gap at the next frame, or the stall; count it.
+		ob.w.m.publishErrors.Inc()
+		ob.w.log.Warn("multiplexed reply not sent", "subject", ob.subject, "err", err)
+	}
 	ob.mu.Unlock()
 }
 

@@ -20,9 +20,11 @@ import (
 
 // Config tunes a Worker. Zero values take the defaults shown.
 type Config struct {
-	ID                string        // required; a valid subject token
-	MaxConcurrency    int           // hard admission cap; default 256
-	HeartbeatInterval time.Duration // default 1s
+	ID             string // required; a valid subject token
+	MaxConcurrency int    // hard admission cap; default 256
+	// HeartbeatInterval: default 250ms. Three missed beats and the worker is
+	// gone: a dead worker is noticed, and its streams end, within 1s.
+	HeartbeatInterval time.Duration
 	KeepaliveInterval time.Duration // silence after which a stream gets a keepalive; default 2s
 	DrainTimeout      time.Duration // how long in-flight requests may run on shutdown; default 30s
 	Version           string
@@ -49,7 +51,7 @@ func (c *Config) defaults() {
 		c.MaxConcurrency = 256
 	}
 	if c.HeartbeatInterval <= 0 {
-		c.HeartbeatInterval = time.Second
+		c.HeartbeatInterval = 250 * time.Millisecond
 	}
 	if c.ChunkLinger == 0 {
 		c.ChunkLinger = time.Millisecond
@@ -86,6 +88,15 @@ type Worker struct {
 	m        *metrics
 	hbSeq    atomic.Uint64
 	wake     chan struct{} // asks the heartbeat loop for an early beat
+
+	// partSize is the largest frame payload sent in one message: the
+	// server's max_payload less room for the frame and mux headers; larger
+	// payloads go as parts (schemas.FramePart).
+	partSize atomic.Int64
+
+	healthMu sync.Mutex
+	healthAt time.Time // when the engine was last asked (see health)
+	healthy  bool
 	ready    chan struct{} // closed once Run has subscribed
 
 	lingerMu   sync.Mutex
@@ -114,6 +125,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
 	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
 		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
+	w.setPartSize(nc.MaxPayload())
 	w.usage = cfg.Usage
 	if w.usage == nil {
 		w.usage = NATSUsageSink{NC: nc, Source: cfg.ID, Log: w.log}

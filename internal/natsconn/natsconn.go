@@ -48,7 +48,12 @@ func (o *Options) NatsOptions(name string, log *slog.Logger) ([]nats.Option, err
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(64 << 20),
-		nats.PingInterval(10 * time.Second),
+		// A server that dies without closing the connection (power, a
+		// partition) is noticed after 2 unanswered pings: ~4-6s, then the
+		// client moves to another URL of the list (a killed server's closed
+		// socket is noticed at once).
+		nats.PingInterval(2 * time.Second),
+		nats.MaxPingsOutstanding(2),
 		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
 			subj := ""
 			if s != nil {

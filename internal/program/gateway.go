@@ -163,6 +163,7 @@ type Gateway struct {
 	unsubKeys func()          // the API key cache's event subscription
 	stopDisp  context.CancelFunc
 	cl        *client.Client
+	workers   *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
 	g         *gateway.Gateway
 	au        *auth.Auth
 	pub       *usage.Publisher
@@ -247,6 +248,11 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	if gw.cl, err = client.New(gw.nc, copts); err != nil {
 		return err
 	}
+	// A worker the fleet sees go (no heartbeat for 3 beats, or it shut
+	// down) takes its streams with it at once, not after their stall timeout.
+	cl := gw.cl
+	gw.workers = workers
+	workers.OnGone(func(id, why string) { cl.WorkerLost(id, why) })
 	limit := cfg.HTTP.BodyLimit
 	if mp := int(gw.nc.MaxPayload()) - 16<<10; mp > 0 && mp < limit {
 		limit = mp // headers need room too
