@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -91,12 +92,25 @@ type streamResult struct {
 	finish     string
 	err        error
 	progressed atomic.Int32
+	last       time.Time     // when the last token came
+	maxGap     time.Duration // the longest wait between two tokens: the stall a migration caused
+}
+
+// tick counts a token and the wait since the one before.
+func (r *streamResult) tick() {
+	now := time.Now()
+	if !r.last.IsZero() {
+		r.maxGap = max(r.maxGap, now.Sub(r.last))
+	}
+	r.last = now
+	r.tokens++
+	r.progressed.Add(1)
 }
 
 // Thirty streams of 100 tokens (ignore_eos) through the gateway with
 // openai-go, half chat, half completions; once every one has tokens, the
-// busiest worker is killed and the gateway's client told (as the fleet's
-// failure detection does). Every stream still ends well: exactly 100
+// busiest worker is killed (its connection closed, no goodbye) and the
+// gateway's fleet notices. Every stream still ends well: exactly 100
 // tokens, one id, the same text as every other stream of its kind (the
 // sim's output is a function of the prompt: a migrated stream lost or
 // repeated nothing), usage of the whole completion; the migrations are
@@ -131,8 +145,7 @@ func TestMigrationEndToEnd(t *testing.T) {
 					for _, c := range ch.Choices {
 						if c.Delta.Content != "" {
 							r.text += c.Delta.Content
-							r.tokens++
-							r.progressed.Add(1)
+							r.tick()
 						}
 						if c.FinishReason != "" {
 							r.finish = c.FinishReason
@@ -157,8 +170,7 @@ func TestMigrationEndToEnd(t *testing.T) {
 				for _, c := range ch.Choices {
 					if c.Text != "" {
 						r.text += c.Text
-						r.tokens++
-						r.progressed.Add(1)
+						r.tick()
 					}
 					if c.FinishReason != "" {
 						r.finish = string(c.FinishReason)
@@ -181,10 +193,19 @@ func TestMigrationEndToEnd(t *testing.T) {
 	})
 	victim := kill(t, ws, map[string]bool{})
 	lost := victim.eng.Stats().Running
-	gw.cl.WorkerLost(victim.ID(), "killed by the test")
+	// No hint: the gateway's fleet notices the dead worker (missed
+	// heartbeats) and its streams migrate.
 	wg.Wait()
 
 	checkStreams(t, res, tokens)
+	var stall time.Duration
+	for _, r := range res {
+		stall = max(stall, r.maxGap)
+	}
+	t.Logf("longest wait between two tokens of a stream: %v", stall)
+	if stall > 2*time.Second {
+		t.Errorf("a stream stalled %v across the worker's death, want ≤ 2s", stall)
+	}
 	body := get200(t, "http://"+gw.Addr()+"/metrics")
 	if !strings.Contains(body, `tokenbus_client_migrations_total{reason="worker_lost"}`) {
 		t.Fatalf("no migration counted (%d streams were on %s):\n%s", lost, victim.ID(), grepLines(body, "tokenbus_client_"))
@@ -254,6 +275,19 @@ func TestMigrationNATSNative(t *testing.T) {
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
+	// What a NATS-native program does to fail over within a second: watch
+	// the workers' heartbeats and tell the client which ones die.
+	workers := fleet.New()
+	if err := fleet.Watch(ctx, nc, workers); err != nil {
+		t.Fatal(err)
+	}
+	workers.OnGone(cl.WorkerLost)
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if workers.Len() != len(ws) {
+			return fmt.Errorf("%d workers seen", workers.Len())
+		}
+		return nil
+	})
 
 	const n, tokens = 12, 100
 	res := make([]*streamResult, n)
@@ -301,8 +335,7 @@ func TestMigrationNATSNative(t *testing.T) {
 					for _, c := range ch.Choices {
 						if s := c.Text + c.Delta.Content; s != "" {
 							r.text += s
-							r.tokens++
-							r.progressed.Add(1)
+							r.tick()
 						}
 						if c.FinishReason != nil {
 							r.finish = *c.FinishReason
@@ -323,7 +356,6 @@ func TestMigrationNATSNative(t *testing.T) {
 	})
 	victim := kill(t, ws, map[string]bool{})
 	lost := victim.eng.Stats().Running
-	cl.WorkerLost(victim.ID(), "killed by the test")
 	wg.Wait()
 	checkStreams(t, res, tokens)
 	if migrations.Load() == 0 {
