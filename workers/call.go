@@ -95,14 +95,23 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	}
 	c.req.View = view
 	w.mu.Lock()
-	if _, dup := w.inflight[c.req.ID]; dup {
+	if _, dup := w.inflight[c.key()]; dup {
 		w.mu.Unlock()
 		return c, schemas.ErrDuplicateRequest.New(c.req.ID)
 	}
-	w.inflight[c.req.ID] = c
+	w.inflight[c.key()] = c
 	w.mu.Unlock()
 	return c, nil
 }
+
+// key is the call's entry in the worker's table: its request id and cancel
+// token. A client that sends a request again after losing its stream (a
+// retry or a migration: same id, a new token) may reach this worker while
+// the first attempt still runs here, and must not be refused as a duplicate;
+// a cancel names both, so it stops only the attempt it was given for.
+func (c *call) key() string { return inflightKey(c.req.ID, c.cancelToken) }
+
+func inflightKey(id, cancelToken string) string { return id + " " + cancelToken }
 
 // Chunks implements engine.Sink.
 func (c *call) Chunks(b []byte) error {

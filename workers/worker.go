@@ -107,7 +107,7 @@ type Worker struct {
 	outboxes map[string]*outbox // by reply prefix
 
 	mu       sync.Mutex
-	inflight map[string]*call // by request id
+	inflight map[string]*call // by request id and cancel token (call.key)
 	wg       sync.WaitGroup
 }
 
@@ -302,7 +302,7 @@ func (w *Worker) bounce(m *nats.Msg) {
 func (w *Worker) onCancel(m *nats.Msg) {
 	id, token := schemas.ParseCancel(m.Data)
 	w.mu.Lock()
-	c := w.inflight[id]
+	c := w.inflight[inflightKey(id, token)]
 	w.mu.Unlock()
 	if c != nil && schemas.CancelTokenMatches(c.cancelToken, token) {
 		c.cancel(context.Canceled)
@@ -354,8 +354,8 @@ func (w *Worker) finish(c *call) {
 	c.span.End() // after the last frame
 	c.cancel(nil)
 	w.mu.Lock()
-	if w.inflight[c.req.ID] == c { // a call refused as a duplicate is not the one running
-		delete(w.inflight, c.req.ID)
+	if w.inflight[c.key()] == c { // a call refused as a duplicate is not the one running
+		delete(w.inflight, c.key())
 	}
 	w.mu.Unlock()
 	n := w.running.Add(-1)

@@ -437,3 +437,50 @@ func counterValue(c prometheus.Counter) float64 {
 	_ = c.Write(&m)
 	return m.GetCounter().GetValue()
 }
+
+// A request sent again with its id and a new cancel token (a client's
+// retry or migration, which may reach this worker while the first attempt
+// still runs) is a second request, not a duplicate; the same id and token
+// twice is a duplicate. A cancel stops only the attempt whose token it has.
+func TestRetrySameIDNewToken(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	w, _, _ := startWorker(t, nc, eng, Config{ID: "w1"})
+	defer close(eng.release) // the second attempt finishes: the worker stops at once
+	first, second := schemas.NewCancelToken(), schemas.NewCancelToken()
+	a := send(t, nc, schemas.WorkSubject("w1"), "r1", map[string]string{schemas.HdrCancelToken: first})
+	accepted := func(f *frames) func() error {
+		return func() error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			if len(f.got) == 0 || f.got[0].Type != schemas.FrameAccepted {
+				return fmt.Errorf("not accepted yet")
+			}
+			return nil
+		}
+	}
+	testenv.WaitFor(t, 2*time.Second, accepted(a))
+	b := send(t, nc, schemas.WorkSubject("w1"), "r1", map[string]string{schemas.HdrCancelToken: second})
+	testenv.WaitFor(t, 2*time.Second, accepted(b))
+	dup := send(t, nc, schemas.WorkSubject("w1"), "r1", map[string]string{schemas.HdrCancelToken: second})
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		f := dup.last()
+		if f.Type != schemas.FrameError || !strings.Contains(string(f.Payload), "duplicate_request") {
+			return fmt.Errorf("the same id and token twice: last frame %s %s", f.Type, f.Payload)
+		}
+		return nil
+	})
+	if w.Running() != 2 {
+		t.Fatalf("%d running, want both attempts", w.Running())
+	}
+	if err := nc.Publish(schemas.CancelSubject("w1"), schemas.CancelBody("r1", first)); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if eng.canceled.Load() != 1 || w.Running() != 1 {
+			return fmt.Errorf("canceled %d running %d, want the first attempt only", eng.canceled.Load(), w.Running())
+		}
+		return nil
+	})
+}

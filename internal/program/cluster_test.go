@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -140,15 +139,13 @@ func runStream(ctx context.Context, addr string, n int, started func()) streamEn
 }
 
 // A NATS node fails under 30 streams. Gateway, dispatcher and worker list
-// every node and reconnect to another. Target: no stream fails (enforced
-// with TOKENBUS_CHAOS_STRICT=1, once streams migrate; see issue 13). What
-// always holds: no stream hangs, and every failed one ends with an OpenAI
-// error event with a code, within 3s of the fault.
+// every node and reconnect to another. No stream fails (streams whose
+// frames the node took with it migrate); and were one to fail, it would end
+// with an OpenAI error event with a code within 3s of the fault, not hang.
 func TestNATSNodeLossUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: a 3-node cluster")
 	}
-	strict := os.Getenv("TOKENBUS_CHAOS_STRICT") == "1"
 	for _, victim := range []string{"worker's node", "gateway's node"} {
 		t.Run(victim, func(t *testing.T) {
 			nodes := natsCluster(t, 3)
@@ -212,8 +209,8 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 			if slowest > 3*time.Second {
 				t.Errorf("a failed stream ended %v after the node stopped, want ≤ 3s", slowest)
 			}
-			if strict && failed > 0 {
-				t.Errorf("TOKENBUS_CHAOS_STRICT: %d streams failed, want 0", failed)
+			if failed > 0 {
+				t.Errorf("%d streams failed, want 0", failed)
 			}
 		})
 	}
@@ -221,7 +218,7 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 
 // The only NATS server restarts (same port) under 20 streams: each stream
 // either completes or ends with an OpenAI error event within 3s of the
-// server's return; none hangs. Target (TOKENBUS_CHAOS_STRICT=1): none fails.
+// server's return; none hangs; and none fails.
 func TestNATSRestartUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: a NATS restart")
@@ -267,7 +264,7 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 	if slowest > 3*time.Second {
 		t.Errorf("a failed stream ended %v after NATS came back, want ≤ 3s", slowest)
 	}
-	if os.Getenv("TOKENBUS_CHAOS_STRICT") == "1" && failed > 0 {
-		t.Errorf("TOKENBUS_CHAOS_STRICT: %d streams failed, want 0", failed)
+	if failed > 0 {
+		t.Errorf("%d streams failed, want 0", failed)
 	}
 }
