@@ -1,6 +1,8 @@
 package httpstream
 
 import (
+	"errors"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -143,6 +145,12 @@ func (c *handedConn) Read(p []byte) (int, error) {
 		c.ahead = c.ahead[n:]
 	} else {
 		n, err = c.Conn.Read(p)
+	}
+	if n == 0 && !c.seen.Load() && errors.Is(err, net.ErrClosed) {
+		// closeAll closed it while it waited for a request (shutdown): to
+		// fasthttp that is a client that went away (io.EOF), not an error
+		// it would answer, and log, as a 500.
+		err = io.EOF
 	}
 	if n > 0 && !c.seen.Load() {
 		c.seen.Store(true)

@@ -22,6 +22,9 @@ import (
 type testServer struct {
 	*Server
 	addr string
+	// errs counts the errors fasthttp hands its ErrorHandler (and would
+	// answer and log): a closed idle connection must not be one.
+	errs *atomic.Int32
 }
 
 type serverOptions struct {
@@ -34,7 +37,12 @@ func startServer(t *testing.T, o serverOptions) *testServer {
 	if o.stream == nil {
 		o.stream = defaultStream
 	}
-	srv := &fasthttp.Server{ReadTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second}
+	errs := new(atomic.Int32)
+	srv := &fasthttp.Server{ReadTimeout: 10 * time.Second, IdleTimeout: 10 * time.Second,
+		ErrorHandler: func(rc *fasthttp.RequestCtx, err error) {
+			errs.Add(1)
+			rc.Error(err.Error(), fasthttp.StatusBadRequest)
+		}}
 	s := New(srv, o.cfg)
 	srv.Handler = func(rc *fasthttp.RequestCtx) {
 		if string(rc.Path()) == "/stream" {
@@ -61,7 +69,7 @@ func startServer(t *testing.T, o serverOptions) *testServer {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return &testServer{Server: s, addr: ln.Addr().String()}
+	return &testServer{Server: s, addr: ln.Addr().String(), errs: errs}
 }
 
 // defaultStream sends streamBody: its first event from the handler, two more
@@ -250,6 +258,17 @@ func TestDrainClosesHandedBack(t *testing.T) {
 		t.Fatalf("%d connections still tracked after Drain", n)
 	}
 	expectClosed(t, r)
+	// fasthttp saw a client going away, not an error to answer (the gateway
+	// logged and counted each such connection as a 500 at shutdown).
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if n := ts.IdleConns(); n != 0 {
+			return fmt.Errorf("%d tracked", n)
+		}
+		return nil
+	})
+	if n := ts.errs.Load(); n != 0 {
+		t.Fatalf("closing an idle handed-back connection reached the error handler %d times", n)
+	}
 
 	conn, r = dial(t, ts)
 	send(t, conn, get("/stream", ""))
