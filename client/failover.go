@@ -117,6 +117,10 @@ func (fo *failover) pass(s *Stream, f schemas.Frame) (schemas.Frame, bool) {
 	return f, true
 }
 
+// retryBackoff is the wait before the second attempt of a stream; it
+// doubles for each further one.
+const retryBackoff = 250 * time.Millisecond
+
 // failover sends the stream again after err (why: the client's own reason,
 // or "" for an error frame) if it may; false: the stream fails with err.
 func (s *Stream) failover(err error, why string) bool {
@@ -154,6 +158,13 @@ func (s *Stream) failover(err error, why string) bool {
 	}
 	if worker != "" && !slices.Contains(s.fo.exclude, worker) {
 		s.fo.exclude = append(s.fo.exclude, worker)
+	}
+	if s.fo.attempts > 0 {
+		// The first attempt goes at once (a dead worker: another takes it);
+		// a second failure in a row suggests something shared (NATS
+		// restarting, workers reconnecting): give it a moment, 250 ms
+		// then 500 ms, rather than spend the limit in a few milliseconds.
+		time.Sleep(min(retryBackoff<<(s.fo.attempts-1), 4*retryBackoff))
 	}
 	if !s.resend(body, resume) {
 		return false
