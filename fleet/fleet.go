@@ -26,7 +26,16 @@ type Fleet struct {
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
+	// blindAt is the last time the owner could not hear heartbeats (Blind):
+	// for ReconnectGrace after it, no worker expires.
+	blindAt time.Time
 }
+
+// ReconnectGrace is how long after its owner's NATS connection is back a
+// fleet expires no worker: resubscribing, and heartbeats crossing a
+// cluster route to the new server, take a moment, longer on a loaded
+// machine, and a worker expired then fails (or moves) every stream it has.
+const ReconnectGrace = time.Second
 
 type workerState struct {
 	hb       schemas.Heartbeat
@@ -159,6 +168,10 @@ func (f *Fleet) MarkFull(worker string) {
 // Expire removes workers not heard from in MissedBeats intervals and returns their ids.
 func (f *Fleet) Expire(now time.Time) []string {
 	f.mu.Lock()
+	if !f.blindAt.IsZero() && now.Sub(f.blindAt) < ReconnectGrace {
+		f.mu.Unlock()
+		return nil
+	}
 	var gone []string
 	for id, w := range f.workers {
 		if now.Sub(w.lastSeen) > time.Duration(f.MissedBeats)*w.interval() {
@@ -195,6 +208,7 @@ func (f *Fleet) OnGone(fn func(id, why string)) {
 // workers have MissedBeats intervals to be heard again.
 func (f *Fleet) Blind(now time.Time) {
 	f.mu.Lock()
+	f.blindAt = now
 	for _, w := range f.workers {
 		if now.After(w.lastSeen) {
 			w.lastSeen = now

@@ -108,6 +108,24 @@ func TestExpireAfterMissedBeats(t *testing.T) {
 	}
 }
 
+// While the owner is deaf (Blind) and for ReconnectGrace after, no worker
+// expires; then one still unheard does.
+func TestBlindThenGrace(t *testing.T) {
+	fl := New()
+	t0 := time.Now()
+	fl.Observe(hb("a", 0, 1, "m"), t0) // interval 1s: gone after 3s of silence
+	blind := t0.Add(5 * time.Second)   // disconnected from 5 s to 6 s
+	fl.Blind(blind)
+	fl.Blind(blind.Add(time.Second))
+	back := blind.Add(time.Second)
+	if gone := fl.Expire(back.Add(ReconnectGrace - time.Millisecond)); len(gone) != 0 {
+		t.Fatalf("expired within the grace after the reconnect: %v", gone)
+	}
+	if gone := fl.Expire(back.Add(3100 * time.Millisecond)); len(gone) != 1 {
+		t.Fatalf("a worker unheard past the grace and its beats: %v, want it gone", gone)
+	}
+}
+
 func TestObserveIgnoresOlderBeat(t *testing.T) {
 	fl := New()
 	h := hb("a", 1, 4, "m")
