@@ -205,21 +205,32 @@ type sseState struct {
 	maxLine int
 	last    []byte // copy of the last chunk with a usage object
 	counted int    // data chunks without usage, the fallback completion count
-	key     string // the engine's API key, kept out of error messages
+	chunks  int    // data chunks, all of them
+	// finished: a chunk had a finish_reason. Only then is the stream's end
+	// (with [DONE] or without: some servers close after the last chunk) a
+	// clean one; before it, the stream was cut.
+	finished bool
+	key      string // the engine's API key, kept out of error messages
 }
 
-// run reads lines until [DONE] (errDone), a read error, a mid-stream error
-// object (*schemas.Error) or a sink error (*sinkError). Lines read before
-// any of these reach the sink first.
+// run reads lines until the stream's end, a read error, a mid-stream error
+// object (*schemas.Error) or a sink error (*sinkError). The end is errDone
+// after a finish_reason ([DONE] or the body's end), else a 502
+// engine_stream_truncated. Lines read before any of these reach the sink
+// first.
 func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 	for {
 		line, rerr := s.readLine(br)
 		if data, ok := dataOf(line, rerr); ok {
 			if bytes.Equal(data, done) {
-				return s.flush(sink, errDone)
+				return s.flush(sink, s.end("[DONE] came"))
 			}
 			if errorFirst(data) && isErrorChunk(data) {
 				return s.flush(sink, scrubKey(UpstreamError(0, data), s.key))
+			}
+			s.chunks++
+			if !s.finished && hasFinish(data) {
+				s.finished = true
 			}
 			if hasUsage(data) {
 				s.last = append(s.last[:0], data...)
@@ -233,7 +244,10 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 		}
 		if rerr != nil {
 			if rerr == io.EOF {
-				rerr = io.ErrUnexpectedEOF // no [DONE]: a truncated stream must not look complete
+				if len(bytes.TrimSpace(line)) == 0 {
+					return s.flush(sink, s.end("the body ended"))
+				}
+				rerr = io.ErrUnexpectedEOF // a line cut short
 			}
 			return s.flush(sink, rerr)
 		}
@@ -243,6 +257,20 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			}
 		}
 	}
+}
+
+// end is how a stream that ends now (how says why) ends: cleanly after a
+// finish_reason, else truncated; a stream with no chunk at all says so (a
+// server that refused the request without an error, as some do with a
+// prompt over the context).
+func (s *sseState) end(how string) error {
+	switch {
+	case s.finished:
+		return errDone
+	case s.chunks == 0:
+		return schemas.ErrEngineTruncated.New(how + " with no chunk at all: the engine answered 200 with an empty stream")
+	}
+	return schemas.ErrEngineTruncated.New(fmt.Sprintf("%s after %d chunks, before any finish_reason", how, s.chunks))
 }
 
 // flush hands the batch to the sink, then returns then (or the sink's error).
@@ -344,6 +372,25 @@ func hasUsage(d []byte) bool {
 		if len(r) > 0 && r[0] == ':' {
 			r = bytes.TrimLeft(r[1:], " \t")
 			if len(r) > 0 && r[0] == '{' {
+				return true
+			}
+		}
+	}
+}
+
+// hasFinish is the cheap test for a choice with a finish_reason that is a
+// string (finish_reason, ':', '"'), not null.
+func hasFinish(d []byte) bool {
+	for {
+		i := quoted(d, []byte(`finish_reason"`))
+		if i < 0 {
+			return false
+		}
+		d = d[i+len(`finish_reason"`):]
+		r := bytes.TrimLeft(d, " \t")
+		if len(r) > 0 && r[0] == ':' {
+			r = bytes.TrimLeft(r[1:], " \t")
+			if len(r) > 0 && r[0] == '"' {
 				return true
 			}
 		}

@@ -143,8 +143,8 @@ func TestNeverHoldsBack(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("complete lines held back while a partial one was buffered")
 	}
-	go pw.Write([]byte(":3}\n\ndata: [DONE]\n\n"))
-	if lines := <-got; !slices.Equal(lines, []string{`{"c":3}`}) {
+	go pw.Write([]byte(":3,\"finish_reason\":\"stop\"}\n\ndata: [DONE]\n\n"))
+	if lines := <-got; !slices.Equal(lines, []string{`{"c":3,"finish_reason":"stop"}`}) {
 		t.Fatalf("second call %q", lines)
 	}
 	if err := <-done; err != errDone {
@@ -158,24 +158,35 @@ func (f sinkFunc) Chunks(b []byte) error { return f(b) }
 
 // SSE details: CRLF, no space after "data:", comments and other fields
 // skipped, lines longer than the read buffer put together, a line over the
-// limit refused.
+// limit refused; the end of a stream: clean after a finish_reason, with or
+// without [DONE], truncated (engine_stream_truncated) before any.
 func TestSSELines(t *testing.T) {
 	long := `{"x":"` + strings.Repeat("y", 200_000) + `"}`
+	const fin = `{"choices":[{"finish_reason":"stop"}]}`
 	for _, tc := range []struct {
 		name, in string
 		want     []string
 		err      string
 	}{
-		{"crlf", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"a":1}`}, ""},
-		{"no space", "data:{\"a\":1}\n\ndata:[DONE]\n\n", []string{`{"a":1}`}, ""},
-		{"others skipped", ": ping\nevent: x\nid: 3\nretry: 10\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"a":1}`}, ""},
-		{"long line", "data: " + long + "\n\ndata: [DONE]\n\n", []string{long}, ""},
+		{"crlf", "data: {\"a\":1}\r\n\r\ndata: " + fin + "\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"a":1}`, fin}, ""},
+		{"no space", "data:{\"a\":1}\n\ndata:" + fin + "\n\ndata:[DONE]\n\n", []string{`{"a":1}`, fin}, ""},
+		{"others skipped", ": ping\nevent: x\nid: 3\nretry: 10\n\ndata: {\"a\":1}\n\ndata: " + fin + "\n\ndata: [DONE]\n\n", []string{`{"a":1}`, fin}, ""},
+		{"long line", "data: " + long + "\n\ndata: " + fin + "\n\ndata: [DONE]\n\n", []string{long, fin}, ""},
 		{"too long", "data: " + long + strings.Repeat("z", 1<<20) + "\n\n", nil, "longer than"},
-		{"no [DONE]", "data: {\"a\":1}\n\n", []string{`{"a":1}`}, "unexpected EOF"},
+		{"finish, no [DONE]: clean", "data: {\"a\":1}\n\ndata: " + fin + "\n\n", []string{`{"a":1}`, fin}, ""},
+		{"finish, usage, no [DONE]: clean", "data: " + fin + "\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\n",
+			[]string{fin, `{"choices":[],"usage":{"completion_tokens":1}}`}, ""},
+		{"finish with spaces", "data: {\"choices\": [{\"finish_reason\" : \"length\"}]}\n\n", []string{`{"choices": [{"finish_reason" : "length"}]}`}, ""},
+		{"no finish, no [DONE]", "data: {\"a\":1}\n\n", []string{`{"a":1}`}, "The engine's stream ended before it finished: the body ended after 1 chunks, before any finish_reason"},
+		{"no finish, [DONE]", "data: {\"choices\":[{\"finish_reason\":null}]}\n\ndata: [DONE]\n\n", []string{`{"choices":[{"finish_reason":null}]}`},
+			"The engine's stream ended before it finished: [DONE] came after 1 chunks, before any finish_reason"},
+		{"empty", "", nil, "the engine answered 200 with an empty stream"},
+		{"empty with [DONE]", ": hi\n\ndata: [DONE]\n\n", nil, "the engine answered 200 with an empty stream"},
 		{"cut line", "data: {\"a\":1}\n\ndata: {\"b\"", []string{`{"a":1}`}, "unexpected EOF"},
+		{"cut line after finish", "data: " + fin + "\n\ndata: {\"b\"", []string{fin}, "unexpected EOF"},
 		{"finish_reason error is no error", "data: {\"choices\":[{\"finish_reason\":\"error\"}]}\n\ndata: [DONE]\n\n",
 			[]string{`{"choices":[{"finish_reason":"error"}]}`}, ""},
-		{"error null is no error", "data: {\"error\":null,\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"error":null,"a":1}`}, ""},
+		{"error null is no error", "data: {\"error\":null,\"finish_reason\":\"stop\"}\n\ndata: [DONE]\n\n", []string{`{"error":null,"finish_reason":"stop"}`}, ""},
 		{"error object", "data: {\"a\":1}\n\ndata: {\"error\":{\"message\":\"m\",\"code\":429}}\n\n", []string{`{"a":1}`}, "429 rate_limit_error: m"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
