@@ -120,8 +120,15 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		if err != nil && len(body) == 0 {
 			return nil, e.failure(ctx, rctx, err, false)
 		}
-		ue := scrubKey(UpstreamError(resp.StatusCode, body), e.cfg.APIKey)
+		ue := scrubKey(answerError(resp.StatusCode, body, http.MethodPost, path), e.cfg.APIKey)
 		ue.RetryAfter = retryAfter(resp.Header)
+		// An answer without a body gives the client nothing to go on: the
+		// log has it, with where it came from (never the key, which is in a
+		// header).
+		if len(bytes.TrimSpace(body)) == 0 {
+			e.log.Warn("engine error answer with an empty body", "status", resp.StatusCode,
+				"url", e.base+path, "request_id", req.ID)
+		}
 		return nil, ue
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
