@@ -93,9 +93,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	if err != nil {
 		return nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
-	if req.ID != "" {
-		hreq.Header.Set("X-Request-Id", req.ID)
-	}
+	setRequestID(hreq.Header, e.cfg.RequestID, req.ID)
 	if tp := traceparent(span, req); tp != "" {
 		hreq.Header.Set("Traceparent", tp)
 	}

@@ -5,6 +5,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
 	"github.com/tokenbus/tokenbus/workers/engine/sim/simserver"
 )
 
@@ -18,7 +19,10 @@ func TestConformance(t *testing.T) {
 			url := enginetest.SimServer(t, enginetest.SimConfig("llama"), simserver.Config{APIKeys: []string{"sk-1"}})
 			return newEngine(t, Config{URL: url + "/v1", APIKey: "sk-1"})
 		},
-		Faulty: func(t *testing.T, url string) engine.Engine { return newEngine(t, Config{URL: url}) },
+		// The fake vLLM keys what it saw by X-Request-Id: the ids go as they are.
+		Faulty: func(t *testing.T, url string) engine.Engine {
+			return newEngine(t, Config{URL: url, RequestID: httpengine.RequestIDRaw})
+		},
 		Lacks: map[enginetest.Feature]string{
 			enginetest.Adapters: "an OpenAI-compatible server has no standard API to load adapters",
 			enginetest.StreamUsage: "the server sends a stream's usage only when stream_options asks, and the engine " +
