@@ -215,6 +215,7 @@ type sseState struct {
 	// (with [DONE] or without: some servers close after the last chunk) a
 	// clean one; before it, the stream was cut.
 	finished bool
+	fixed    []byte // a usage chunk given "choices":[]
 	key      string // the engine's API key, kept out of error messages
 }
 
@@ -238,6 +239,12 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 				s.finished = true
 			}
 			if hasUsage(data) {
+				if quoted(data, []byte(`choices"`)) < 0 {
+					// A usage chunk without "choices" (some servers): OpenAI's
+					// has "choices":[], and clients read the key.
+					s.fixed = withEmptyChoices(s.fixed[:0], data)
+					data = s.fixed
+				}
 				s.last = append(s.last[:0], data...)
 			} else {
 				s.counted++
@@ -381,6 +388,21 @@ func hasUsage(d []byte) bool {
 			}
 		}
 	}
+}
+
+// withEmptyChoices appends to dst the chunk d with "choices":[] as its
+// first member.
+func withEmptyChoices(dst, d []byte) []byte {
+	i := bytes.IndexByte(d, '{')
+	if i < 0 {
+		return append(dst, d...)
+	}
+	dst = append(dst, d[:i+1]...)
+	dst = append(dst, `"choices":[]`...)
+	if rest := bytes.TrimSpace(d[i+1:]); len(rest) > 0 && rest[0] != '}' {
+		dst = append(dst, ',')
+	}
+	return append(dst, d[i+1:]...)
 }
 
 // hasFinish is the cheap test for a choice with a finish_reason that is a

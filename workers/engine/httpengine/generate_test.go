@@ -182,6 +182,8 @@ func TestSSELines(t *testing.T) {
 			"The engine's stream ended before it finished: [DONE] came after 1 chunks, before any finish_reason"},
 		{"empty", "", nil, "the engine answered 200 with an empty stream"},
 		{"empty with [DONE]", ": hi\n\ndata: [DONE]\n\n", nil, "the engine answered 200 with an empty stream"},
+		{"usage chunk without choices", "data: " + fin + "\n\ndata: {\"id\":\"x\",\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
+			[]string{fin, `{"choices":[],"id":"x","usage":{"completion_tokens":1}}`}, ""},
 		{"cut line", "data: {\"a\":1}\n\ndata: {\"b\"", []string{`{"a":1}`}, "unexpected EOF"},
 		{"cut line after finish", "data: " + fin + "\n\ndata: {\"b\"", []string{fin}, "unexpected EOF"},
 		{"finish_reason error is no error", "data: {\"choices\":[{\"finish_reason\":\"error\"}]}\n\ndata: [DONE]\n\n",
