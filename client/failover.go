@@ -48,8 +48,10 @@ const (
 )
 
 // retryable is the reason for an error frame that another worker may not
-// have: the worker is shutting down (shutting_down), full (worker_busy) or
-// its engine is down (engine_unhealthy). Everything else in the catalogue is
+// have: the worker is shutting down (shutting_down), full (worker_busy), its
+// engine is down (engine_unhealthy) or cut the stream before it finished
+// (engine_stream_truncated: a server that ends a running stream when
+// another request arrives). Everything else in the catalogue is
 // about the request (4xx), the fleet as a whole (no_worker, queue_full) or
 // time (timeout), which another attempt would not change. "" for those.
 func retryable(e *schemas.Error) string {
@@ -57,7 +59,7 @@ func retryable(e *schemas.Error) string {
 		return ""
 	}
 	switch code := *e.Body.Code; code {
-	case "shutting_down", "worker_busy", "engine_unhealthy":
+	case "shutting_down", "worker_busy", "engine_unhealthy", schemas.CodeEngineTruncated:
 		return code
 	}
 	return ""

@@ -125,6 +125,9 @@ func TestMigrationSplicesOneStream(t *testing.T) {
 		{"shutting down", func(_ *Client, w *fakeWorker) {
 			w.send(schemas.FrameError, string(schemas.ErrShuttingDown.New("worker w1").Payload()))
 		}, "shutting_down"},
+		{"engine cut the stream", func(_ *Client, w *fakeWorker) {
+			w.send(schemas.FrameError, string(schemas.ErrEngineTruncated.New("the body ended after 4 chunks, before any finish_reason").Payload()))
+		}, schemas.CodeEngineTruncated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fb, nc := newFakeBus(t)

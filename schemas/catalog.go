@@ -266,6 +266,9 @@ var (
 	ErrEngine = def(secEngine, ErrorDef{Code: "engine_error", Status: http.StatusBadGateway, Type: TypeServer,
 		Message: "The engine failed: %s.",
 		When:    "The engine broke a stream, stalled, or sent what tokenbus cannot pass on (a line or a response over its limits)."})
+	ErrEngineTruncated = def(secEngine, ErrorDef{Code: "engine_stream_truncated", Status: http.StatusBadGateway, Type: TypeServer,
+		Message: "The engine's stream ended before it finished: %s.",
+		When:    "A stream ended (with or without `[DONE]`) before any `finish_reason`, or a 200 stream had no chunk at all: never a clean end; another worker may finish it (the client retries or migrates)."})
 	ErrEngineTimeout = def(secEngine, ErrorDef{Code: "timeout", Status: http.StatusGatewayTimeout, Type: TypeTimeout,
 		Message: "The engine did not answer %s in time.",
 		When:    "A control call to the engine (a LoRA load or unload) outlasted its timeout."})

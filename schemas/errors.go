@@ -78,6 +78,7 @@ const (
 	CodeWorkerBusy        = "worker_busy"     // a worker at its cap, with no dispatcher to hand it back to
 	CodeShuttingDown      = "shutting_down"   // the serving process is draining
 	CodeEngineError       = "engine_error"
+	CodeEngineTruncated   = "engine_stream_truncated" // a stream ended before any finish_reason
 	CodeEngineUnhealthy   = "engine_unhealthy"
 	CodeAdapterLoadFailed = "adapter_load_failed"
 )

@@ -15,6 +15,7 @@ func registerEngine(fs *pflag.FlagSet, c *program.EngineConfig) {
 	fs.StringVar(&c.URL, "engine-url", c.URL, "vllm/openai: the server's URL, e.g. http://127.0.0.1:8000 (vllm: default from --vllm-cmd's --port, else :8000)")
 	fs.StringVar(&c.VLLMCmd, "vllm-cmd", c.VLLMCmd, `vllm: start vLLM as a child process with this command line, e.g. "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000 --enable-lora --max-loras 4"; it is restarted if it dies`)
 	fs.StringVar(&c.APIKey, "engine-api-key", c.APIKey, "vllm/openai: API key sent to the engine as a Bearer token")
+	fs.StringVar(&c.RequestID, "engine-request-id", c.RequestID, "vllm/openai: how the request id goes to the engine in X-Request-Id: raw, uuid (made from the id; strict servers refuse other ids) or off (default: vllm raw, openai uuid)")
 	fs.StringSliceVar(&c.Models, "engine-models", c.Models, "openai: model names the server serves (default: read from its /v1/models)")
 	fs.IntVar(&c.MaxLoras, "max-loras", c.MaxLoras, "vllm: LoRA adapters kept loaded, least recently used evicted first (default: --vllm-cmd's --max-loras, else vLLM's own)")
 	fs.DurationVar(&c.StartTimeout, "engine-start-timeout", c.StartTimeout, "vllm/openai: how long to wait for the engine's first good health check")

@@ -26,7 +26,10 @@
 // vLLM's old and new shapes), "midstream_error" (chunks with no
 // finish_reason, then a data line with an error object), "break" (the same
 // chunks, then the connection is closed), "nodone" (the chunks of a normal
-// answer, then the body ends without [DONE]), "slow" (one chunk,
+// answer, finish_reason included, then the body ends without [DONE]: a
+// clean end), "truncate" (chunks with no finish_reason, then the body ends),
+// "truncate_done" (the same, then [DONE]), "empty" (a 200 stream that ends
+// with no chunk), "slow" (one chunk,
 // the role chunk of a chat stream, or nothing for stream:false, then wait
 // for the client to go: the request id is sent on Cancelled), "burst" (every
 // event in one write).

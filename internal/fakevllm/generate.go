@@ -162,6 +162,9 @@ func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
 			fl.Flush()
 		}
 	}
+	if mode == "empty" {
+		return // a 200 stream with no chunk (a real server's answer to a prompt over the context)
+	}
 	head := fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[`, a.prefix, a.id, a.object, a.view.Model)
 	if a.chat {
 		for k := range a.view.N {
@@ -180,7 +183,7 @@ func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// A stream that fails mid-generation never finishes its choices.
-	unfinished := mode == "midstream_error" || mode == "break"
+	unfinished := mode == "midstream_error" || mode == "break" || mode == "truncate" || mode == "truncate_done"
 	for i := range a.chunks {
 		finish := "null"
 		if i == a.chunks-1 && !unfinished {
@@ -209,7 +212,7 @@ func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
 			conn.Close()
 		}
 		return
-	case "nodone":
+	case "nodone", "truncate":
 		return
 	}
 	if a.view.IncludeUsage {

@@ -21,6 +21,7 @@ type EngineConfig struct {
 	URL          string        // vllm, openai: the server's URL (vllm: default from VLLMCmd's --port, else :8000)
 	VLLMCmd      string        // vllm: start vLLM as a child process with this command line
 	APIKey       string        // vllm, openai: sent to the engine as a Bearer token
+	RequestID    string        // vllm, openai: X-Request-Id to the engine: raw, uuid or off ("": vllm raw, openai uuid)
 	Models       []string      // openai: the models the server serves (nil: read from its /v1/models)
 	MaxLoras     int           // vllm: adapters kept loaded (0: VLLMCmd's --max-loras, else vLLM's own)
 	StartTimeout time.Duration // vllm, openai: how long to wait for the first good health check
@@ -43,7 +44,7 @@ func (c EngineConfig) Desc() string {
 // newEngine builds the engine; for HTTP engines it waits until the server
 // answers its health check (ctx and StartTimeout bound the wait).
 func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.Engine, error) {
-	hc := httpengine.Config{URL: c.URL, APIKey: c.APIKey, Models: c.Models, Command: c.VLLMCmd,
+	hc := httpengine.Config{URL: c.URL, APIKey: c.APIKey, RequestID: c.RequestID, Models: c.Models, Command: c.VLLMCmd,
 		StartTimeout: c.StartTimeout, Logger: log}
 	switch c.Kind {
 	case "sim":

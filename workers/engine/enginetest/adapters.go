@@ -47,7 +47,7 @@ func testAdapters(t *testing.T, h *Harness) {
 	})
 	for _, kind := range kinds {
 		s := newSink()
-		res, err := generate(ctx, e, request(t, kind, name, `"stream":true,"stream_options":{"include_usage":true},`+short), s)
+		res, err := generate(ctx, e, request(t, kind, name, `"stream":true,"stream_options":{"include_usage":true},`+h.short()), s)
 		if err != nil {
 			t.Fatalf("%s request on the adapter: %v", kind, err)
 		}

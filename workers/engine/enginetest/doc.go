@@ -2,8 +2,10 @@
 // of the behaviours a worker relies on, which every engine runs. The sim
 // runs it in-process; the vllm and openai engines run it over real HTTP
 // against tokenbus's sim-server (SimServer), and against the fake vLLM
-// (internal/fakevllm) for the faults a sim-server cannot produce. A new
-// engine passes Run before it is wired in:
+// (internal/fakevllm) for the faults a sim-server cannot produce; the
+// openai engine also against each quirk fake (QuirkServer: the sim-server
+// with one quirk of a real server, Quirks lists them). A new engine passes
+// Run before it is wired in:
 //
 //	func TestConformance(t *testing.T) {
 //		enginetest.Run(t, enginetest.Harness{New: newEngine, Model: "m",

@@ -1,6 +1,7 @@
 package enginetest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -21,9 +22,14 @@ const (
 	// Faults: the engine talks to a server whose failures it must survive
 	// (Harness.Faulty attaches it to the fake vLLM).
 	Faults Feature = "faults"
+	// Extensions: the server takes fields it does not know (ignore_eos,
+	// x_...) as vLLM does. Without it the suite sends no ignore_eos (the
+	// harness's server must still generate all of max_tokens) and expects a
+	// field the server does not know to be a 400 naming it.
+	Extensions Feature = "extensions"
 )
 
-var features = []Feature{Adapters, StreamUsage, Faults}
+var features = []Feature{Adapters, StreamUsage, Faults, Extensions}
 
 // Harness is what the suite needs of an engine.
 type Harness struct {
@@ -45,32 +51,34 @@ type Harness struct {
 
 // behaviour is one row of the table.
 type behaviour struct {
-	name  string
-	needs []Feature
-	run   func(t *testing.T, h *Harness)
+	name   string
+	needs  []Feature
+	run    func(t *testing.T, h *Harness)
+	unless Feature // run only when the engine lacks this feature ("": always)
 }
 
 // behaviours is the table.
 var behaviours = []behaviour{
-	{"models lists the served model", nil, testModels},
-	{"health is nil when up", nil, testHealth},
-	{"stream", nil, testStream},
-	{"include_usage", nil, testIncludeUsage},
-	{"stream usage without include_usage", []Feature{StreamUsage}, testStreamUsage},
-	{"whole response", nil, testWhole},
-	{"n choices", nil, testN},
-	{"unknown fields are accepted", nil, testUnknownFields},
-	{"concurrent requests", nil, testConcurrent},
-	{"bad request", nil, testBadRequest},
-	{"unknown model", nil, testUnknownModel},
-	{"cancel", nil, testCancel},
-	{"sink error", nil, testSinkError},
-	{"deadline", nil, testDeadline},
-	{"close", nil, testClose},
-	{"adapters", []Feature{Adapters}, testAdapters},
-	{"upstream errors", []Feature{Faults}, testUpstreamErrors},
-	{"stream failures", []Feature{Faults}, testStreamFailures},
-	{"cancel reaches the server", []Feature{Faults}, testCancelUpstream},
+	{"models lists the served model", nil, testModels, ""},
+	{"health is nil when up", nil, testHealth, ""},
+	{"stream", nil, testStream, ""},
+	{"include_usage", nil, testIncludeUsage, ""},
+	{"stream usage without include_usage", []Feature{StreamUsage}, testStreamUsage, ""},
+	{"whole response", nil, testWhole, ""},
+	{"n choices", nil, testN, ""},
+	{"unknown fields are accepted", []Feature{Extensions}, testUnknownFields, ""},
+	{"unknown fields are a 400 naming them", nil, testStrictFields, Extensions},
+	{"concurrent requests", nil, testConcurrent, ""},
+	{"bad request", nil, testBadRequest, ""},
+	{"unknown model", nil, testUnknownModel, ""},
+	{"cancel", nil, testCancel, ""},
+	{"sink error", nil, testSinkError, ""},
+	{"deadline", nil, testDeadline, ""},
+	{"close", nil, testClose, ""},
+	{"adapters", []Feature{Adapters}, testAdapters, ""},
+	{"upstream errors", []Feature{Faults}, testUpstreamErrors, ""},
+	{"stream failures", []Feature{Faults}, testStreamFailures, ""},
+	{"cancel reaches the server", []Feature{Faults}, testCancelUpstream, ""},
 }
 
 // Run runs every behaviour of the table against h's engine, each as a subtest.
@@ -89,6 +97,9 @@ func Run(t *testing.T, h Harness) {
 	}
 	for _, b := range behaviours {
 		t.Run(b.name, func(t *testing.T) {
+			if _, lacks := h.Lacks[b.unless]; b.unless != "" && !lacks {
+				t.Skipf("only for an engine without %s", b.unless)
+			}
 			for _, f := range b.needs {
 				if why, lacks := h.Lacks[f]; lacks {
 					t.Skipf("the engine lacks %s: %s", f, why)
@@ -110,6 +121,20 @@ const (
 	// 8 seconds, well past promptly.
 	longTokens = 8000
 )
+
+// short is the members of a short request: tokens tokens, every one of
+// them (ignore_eos, where the server takes it).
+func (h *Harness) short() string { return h.exactly(tokens) }
+
+// long is the members of a request that lasts (longTokens).
+func (h *Harness) long() string { return h.exactly(longTokens) }
+
+func (h *Harness) exactly(n int) string {
+	if _, lacks := h.Lacks[Extensions]; lacks {
+		return fmt.Sprintf(`"max_tokens":%d`, n)
+	}
+	return fmt.Sprintf(`"max_tokens":%d,"ignore_eos":true`, n)
+}
 
 // start runs New and closes the engine after the test.
 func start(t *testing.T, h *Harness) engine.Engine {

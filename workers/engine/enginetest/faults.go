@@ -61,28 +61,42 @@ func testUpstreamErrors(t *testing.T, h *Harness) {
 }
 
 // A stream that fails after some chunks ends with a *schemas.Error, and
-// every chunk the server sent before reached the sink.
+// every chunk the server sent before reached the sink. A stream that ends
+// before any finish_reason, with [DONE] or without, failed
+// (engine_stream_truncated); one that ends after it without [DONE] did not.
 func testStreamFailures(t *testing.T, h *Harness) {
 	e, f := faulty(t, h)
 	for _, tc := range []struct {
 		mode   string
-		status int
+		status int // 0: a clean end
 		code   string
 		msg    string
 	}{
 		{"midstream_error", 500, "", "engine exploded"},  // an error object in the stream
 		{"break", 502, schemas.CodeEngineError, "broke"}, // the connection closed
-		{"nodone", 502, schemas.CodeEngineError, "EOF"},  // the body ended without [DONE]
+		{"nodone", 0, "", ""},                            // finished, then the body ended without [DONE]
+		{"truncate", 502, schemas.CodeEngineTruncated, "the body ended after"},
+		{"truncate_done", 502, schemas.CodeEngineTruncated, "[DONE] came after"},
+		{"empty", 502, schemas.CodeEngineTruncated, "empty stream"},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			s := newSink()
 			req := request(t, schemas.KindChat, h.Model, `"stream":true,`+fake(`{"mode":"`+tc.mode+`"}`))
 			_, err := generate(t.Context(), e, req, s)
+			if tc.status == 0 {
+				if err != nil {
+					t.Fatalf("Generate returned %v, want a clean end", err)
+				}
+				if got, sent := s.Lines(), f.Sent(req.ID); len(sent) == 0 || !slices.Equal(got, sent) {
+					t.Errorf("the sink got\n%q\nthe server sent\n%q", got, sent)
+				}
+				return
+			}
 			se := asError(t, err, tc.status)
 			if code(se) != tc.code || !strings.Contains(se.Body.Message, tc.msg) {
 				t.Errorf("code %q message %q, want %q and %q", code(se), se.Body.Message, tc.code, tc.msg)
 			}
-			if got, sent := s.Lines(), f.Sent(req.ID); len(sent) == 0 || !slices.Equal(got, sent) {
+			if got, sent := s.Lines(), f.Sent(req.ID); !slices.Equal(got, sent) || (len(sent) == 0 && tc.mode != "empty") {
 				t.Errorf("the sink got\n%q\nthe server sent\n%q", got, sent)
 			}
 		})

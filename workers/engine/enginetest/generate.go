@@ -1,15 +1,14 @@
 package enginetest
 
 import (
-	"fmt"
+	"strings"
 	"testing"
 )
 
-// The requests of these behaviours ask for this many tokens, ignore_eos, so
-// an engine with real counts reports exactly that many per choice.
+// The requests of these behaviours ask for this many tokens, all of them
+// (Harness.short), so an engine with real counts reports exactly that many
+// per choice.
 const tokens = 5
-
-var short = fmt.Sprintf(`"max_tokens":%d,"ignore_eos":true`, tokens)
 
 // A stream delivers OpenAI chunk objects through Sink.Chunks, ends with a
 // Result that counts completion tokens and has no Response, and sends no
@@ -19,7 +18,7 @@ func testStream(t *testing.T, h *Harness) {
 	for _, kind := range kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			s := newSink()
-			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,`+short), s)
+			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,`+h.short()), s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -50,7 +49,7 @@ func testIncludeUsage(t *testing.T, h *Harness) {
 		} {
 			t.Run(string(kind)+" "+tc.options, func(t *testing.T) {
 				s := newSink()
-				res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,"stream_options":`+tc.options+`,`+short), s)
+				res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,"stream_options":`+tc.options+`,`+h.short()), s)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -74,7 +73,7 @@ func testStreamUsage(t *testing.T, h *Harness) {
 	e := start(t, h)
 	for _, kind := range kinds {
 		t.Run(string(kind), func(t *testing.T) {
-			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,`+short), newSink())
+			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,`+h.short()), newSink())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +89,7 @@ func testWhole(t *testing.T, h *Harness) {
 	for _, kind := range kinds {
 		t.Run(string(kind), func(t *testing.T) {
 			s := newSink()
-			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":false,`+short), s)
+			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":false,`+h.short()), s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +108,7 @@ func testN(t *testing.T, h *Harness) {
 	for _, kind := range kinds {
 		t.Run(string(kind)+" stream", func(t *testing.T) {
 			s := newSink()
-			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"n":2,"stream":true,"stream_options":{"include_usage":true},`+short), s)
+			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"n":2,"stream":true,"stream_options":{"include_usage":true},`+h.short()), s)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,7 +119,7 @@ func testN(t *testing.T, h *Harness) {
 			checkUsage(t, res.Usage, 2*tokens)
 		})
 		t.Run(string(kind)+" whole", func(t *testing.T) {
-			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"n":2,`+short), newSink())
+			res, err := generate(t.Context(), e, request(t, kind, h.Model, `"n":2,`+h.short()), newSink())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,11 +137,31 @@ func testUnknownFields(t *testing.T, h *Harness) {
 		t.Run(string(kind), func(t *testing.T) {
 			s := newSink()
 			_, err := generate(t.Context(), e, request(t, kind, h.Model,
-				`"stream":true,"Stream":false,"temperature":0.5,"x_enginetest":{"a":[1,{"b":null}]},`+short), s)
+				`"stream":true,"Stream":false,"temperature":0.5,"x_enginetest":{"a":[1,{"b":null}]},`+h.short()), s)
 			if err != nil {
 				t.Fatal(err)
 			}
 			checkStream(t, kind, h.Model, 1, s.Lines())
+		})
+	}
+}
+
+// A server that refuses fields it does not know (FastAPI's 422 list, as
+// transformers serve answers vLLM's ignore_eos) gives a 400 that names the
+// field, before any chunk.
+func testStrictFields(t *testing.T, h *Harness) {
+	e := start(t, h)
+	for _, kind := range kinds {
+		t.Run(string(kind), func(t *testing.T) {
+			s := newSink()
+			_, err := generate(t.Context(), e, request(t, kind, h.Model, `"stream":true,"ignore_eos":true,`+h.short()), s)
+			se := asError(t, err, 400)
+			if param(se) != "ignore_eos" || !strings.Contains(se.Body.Message, "ignore_eos") {
+				t.Errorf("param %q message %q: want the field named", param(se), se.Body.Message)
+			}
+			if n := s.Calls(); n != 0 {
+				t.Errorf("%d Sink.Chunks calls", n)
+			}
 		})
 	}
 }
@@ -155,7 +174,7 @@ func testConcurrent(t *testing.T, h *Harness) {
 	outs := make([]<-chan outcome, n)
 	for i := range n {
 		sinks[i] = newSink()
-		outs[i] = goGenerate(t.Context(), e, request(t, kinds[i%2], h.Model, `"stream":true,`+short), sinks[i])
+		outs[i] = goGenerate(t.Context(), e, request(t, kinds[i%2], h.Model, `"stream":true,`+h.short()), sinks[i])
 	}
 	ids := map[string]bool{}
 	for i := range n {

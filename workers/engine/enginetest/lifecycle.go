@@ -13,8 +13,6 @@ import (
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
-var long = fmt.Sprintf(`"max_tokens":%d,"ignore_eos":true`, longTokens)
-
 func testModels(t *testing.T, h *Harness) {
 	e := start(t, h)
 	testenv.WaitFor(t, waitLong, func() error {
@@ -63,7 +61,7 @@ func testCancel(t *testing.T, h *Harness) {
 			ctx, cancel := context.WithCancel(t.Context())
 			defer cancel()
 			s := newSink()
-			out := goGenerate(ctx, e, request(t, schemas.KindChat, h.Model, fmt.Sprintf(`"stream":%v,%s`, stream, long)), s)
+			out := goGenerate(ctx, e, request(t, schemas.KindChat, h.Model, fmt.Sprintf(`"stream":%v,%s`, stream, h.long())), s)
 			if stream {
 				s.firstChunk(t)
 			}
@@ -91,7 +89,7 @@ func testSinkError(t *testing.T, h *Harness) {
 		}
 		return nil
 	}
-	out := goGenerate(t.Context(), e, request(t, schemas.KindCompletion, h.Model, `"stream":true,`+long), s)
+	out := goGenerate(t.Context(), e, request(t, schemas.KindCompletion, h.Model, `"stream":true,`+h.long()), s)
 	if o := await(t, out, waitLong, "its start"); !errors.Is(o.err, errGone) {
 		t.Fatalf("Generate returned %v, %v; want the sink's error", o.res, o.err)
 	}
@@ -108,7 +106,7 @@ func testDeadline(t *testing.T, h *Harness) {
 	e := start(t, h)
 	for _, stream := range []bool{true, false} {
 		t.Run(fmt.Sprintf("stream %v", stream), func(t *testing.T) {
-			req := request(t, schemas.KindChat, h.Model, fmt.Sprintf(`"stream":%v,%s`, stream, long))
+			req := request(t, schemas.KindChat, h.Model, fmt.Sprintf(`"stream":%v,%s`, stream, h.long()))
 			req.Deadline = time.Now().Add(100 * time.Millisecond)
 			s := newSink()
 			if o := await(t, goGenerate(t.Context(), e, req, s), promptly, "its deadline"); !errors.Is(o.err, context.DeadlineExceeded) {
@@ -126,7 +124,7 @@ func testDeadline(t *testing.T, h *Harness) {
 func testClose(t *testing.T, h *Harness) {
 	e := start(t, h)
 	s := newSink()
-	out := goGenerate(t.Context(), e, request(t, schemas.KindChat, h.Model, `"stream":true,`+long), s)
+	out := goGenerate(t.Context(), e, request(t, schemas.KindChat, h.Model, `"stream":true,`+h.long()), s)
 	s.firstChunk(t)
 	closed := make(chan error, 1)
 	go func() { closed <- e.Close() }()

@@ -16,11 +16,16 @@ import (
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
-// sseBody is a vLLM-like chat stream of n content chunks, a usage chunk and [DONE].
+// sseBody is a vLLM-like chat stream of n content chunks (the last with a
+// finish_reason), a usage chunk and [DONE].
 func sseBody(n int) string {
 	var b strings.Builder
 	for i := range n {
-		fmt.Fprintf(&b, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word%d"},"logprobs":null,"finish_reason":null}]}`+"\n\n", i)
+		finish := "null"
+		if i == n-1 {
+			finish = `"length"`
+		}
+		fmt.Fprintf(&b, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" word%d"},"logprobs":null,"finish_reason":%s}]}`+"\n\n", i, finish)
 	}
 	b.WriteString(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":9,"completion_tokens":256,"total_tokens":265}}` + "\n\ndata: [DONE]\n\n")
 	return b.String()
@@ -48,7 +53,7 @@ func BenchmarkSSEParse(b *testing.B) {
 		if u, _ := s.usage(); u.CompletionTokens != 256 {
 			b.Fatal("usage")
 		}
-		s.last, s.counted = s.last[:0], 0
+		s.last, s.counted, s.chunks, s.finished = s.last[:0], 0, 0, false
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*257), "ns/chunk")
 }
@@ -71,7 +76,7 @@ func BenchmarkStreamHTTP(b *testing.B) {
 	}))
 	defer srv.Close()
 	e := newEngine(b, fastConfig(srv.URL))
-	req := chat(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	req := chat(`{"model":"base","stream":true,"messages":[{"role":"user","content":"hi"}]}`) // the model the request is bound to
 	var calls int
 	b.ReportAllocs()
 	for b.Loop() {

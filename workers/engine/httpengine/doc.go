@@ -3,14 +3,17 @@
 // another tokenbus) and passes its JSON through untouched.
 //
 // Requests: the client's body is POSTed byte for byte to /v1/chat/completions
-// or /v1/completions (by Request.Kind) with X-Request-Id and traceparent. A
-// text/event-stream answer is read line by line; the JSON after each "data: "
-// goes to the Sink as is, and every data line already in the read buffer goes
-// in the same Chunks call ('\n'-separated), without ever waiting for more. The
-// stream ends at "data: [DONE]" (the rest of the body is read in the
-// background, so the connection is reused); an end of stream before it is an
-// error. Any other 2xx answer is the non-stream response, returned whole as
-// Result.Response.
+// or /v1/completions (by Request.Kind) with traceparent and X-Request-Id (as
+// Config.RequestID says: the id, a UUID made from it, or none; see
+// requestid.go). A text/event-stream answer is read line by line; the JSON
+// after each "data: " goes to the Sink as is, and every data line already in
+// the read buffer goes in the same Chunks call ('\n'-separated), without ever
+// waiting for more. A stream that had a finish_reason ends at "data: [DONE]"
+// or at the end of the body (some servers send no [DONE]); the rest of the
+// body is read in the background, so the connection is reused. One that ends
+// either way before any finish_reason, or with no chunk at all, is a 502
+// engine_stream_truncated: never a clean end. Any other 2xx answer is the
+// non-stream response, returned whole as Result.Response.
 //
 // Usage: the last chunk with a "usage" object fills Result.Usage. A stream
 // without one (the client did not ask for stream_options.include_usage, and
@@ -19,7 +22,9 @@
 //
 // Errors, all *schemas.Error: a non-2xx answer keeps its status and becomes
 // OpenAI's nested error (from vLLM's flat or nested shape, TGI's, FastAPI's
-// "detail" or plain text); a data line whose first key is "error" (vLLM,
+// "detail" or plain text), except that FastAPI's validation list is a 400
+// naming the field and a 500 that is not an error object a 502 with its
+// text; an empty one names the status and endpoint and is logged; a data line whose first key is "error" (vLLM,
 // SGLang, OpenAI and TGI send the error object alone) ends the request with
 // that error (status from its code, else 502); a connection that cannot be
 // made or breaks before the answer is a 503 engine_unhealthy; one that breaks

@@ -3,6 +3,7 @@ package httpengine
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,8 +18,13 @@ import (
 //	{"error":{"message","type","param","code"}}          OpenAI, vLLM >= 0.10.1 (code an int there)
 //	{"object":"error","message","type","param","code"}   vLLM before 0.10.1
 //	{"error":"message","error_type":"..."}                TGI
-//	{"detail":"message"} or {"detail":[{...}]}           FastAPI
+//	{"detail":"message"}                                 FastAPI
+//	{"detail":[{"loc":[...],"msg":...}]}                 FastAPI validation (a 422): a 400 naming the field
 //	anything else                                        the text itself
+//
+// A 500 whose body is not an error object (a plain-text or HTML page, a
+// traceback) is a 502 engine_error with that text: the engine failed, not
+// tokenbus.
 //
 // A string code is kept; a numeric one is the HTTP status again and becomes
 // null (it sets the status when status is 0, as for a mid-stream error
@@ -28,6 +34,7 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 	var msg, typ string
 	var param, code *string
 	var numCode int
+	isObject := false
 
 	var top struct {
 		Error     json.RawMessage `json:"error"`
@@ -37,6 +44,7 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 	}
 	body = bytes.TrimSpace(body)
 	if json.Unmarshal(body, &top) == nil {
+		isObject = true
 		var o *errorObject
 		switch {
 		case len(top.Error) > 0 && top.Error[0] == '{':
@@ -53,6 +61,11 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 			var s string
 			if json.Unmarshal(top.Detail, &s) == nil {
 				msg = s
+			} else if m, p, ok := validationDetail(top.Detail); ok {
+				msg, param = m, p
+				if status == http.StatusUnprocessableEntity {
+					status = http.StatusBadRequest // OpenAI's status for a bad field
+				}
 			} else {
 				msg = string(top.Detail)
 			}
@@ -70,6 +83,11 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 		}
 	} else if utf8.Valid(body) {
 		msg = string(body)
+	}
+	if status == http.StatusInternalServerError && !isObject {
+		msg = strings.TrimSpace("the engine answered 500 Internal Server Error: " + strings.TrimSpace(msg))
+		msg = strings.TrimSuffix(msg, ":")
+		status = http.StatusBadGateway
 	}
 
 	if status == 0 {
@@ -101,6 +119,72 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 		p = *param
 	}
 	return schemas.FromUpstream(status, typ, c, p, msg)
+}
+
+// validationDetail reads FastAPI's validation list,
+// [{"loc":["body","ignore_eos"],"msg":"Extra inputs are not permitted",...}],
+// as "ignore_eos: Extra inputs are not permitted" (several joined by "; ")
+// and the first field's path as param ("messages[0].content").
+func validationDetail(d json.RawMessage) (msg string, param *string, ok bool) {
+	var items []struct {
+		Loc []json.RawMessage `json:"loc"`
+		Msg string            `json:"msg"`
+	}
+	if json.Unmarshal(d, &items) != nil || len(items) == 0 {
+		return "", nil, false
+	}
+	var parts []string
+	for _, it := range items {
+		if it.Msg == "" {
+			return "", nil, false // not the validation shape
+		}
+		field := fieldPath(it.Loc)
+		if param == nil && field != "" {
+			param = &field
+		}
+		if field != "" {
+			parts = append(parts, field+": "+it.Msg)
+		} else {
+			parts = append(parts, it.Msg)
+		}
+	}
+	return strings.Join(parts, "; "), param, true
+}
+
+// fieldPath is a FastAPI loc as a field path: the leading "body" (or
+// "query"...) dropped, strings joined by '.', numbers as [i].
+func fieldPath(loc []json.RawMessage) string {
+	var b strings.Builder
+	for i, l := range loc {
+		var s string
+		if json.Unmarshal(l, &s) == nil {
+			if i == 0 && (s == "body" || s == "query" || s == "path" || s == "header") {
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteByte('.')
+			}
+			b.WriteString(s)
+			continue
+		}
+		var n int
+		if json.Unmarshal(l, &n) == nil {
+			fmt.Fprintf(&b, "[%d]", n)
+		}
+	}
+	return b.String()
+}
+
+// answerError is the error for a non-2xx answer of the engine to method
+// path: UpstreamError, and for an empty body (some servers give no reason)
+// a message naming the status and the endpoint, so that the cause can be
+// looked for.
+func answerError(status int, body []byte, method, path string) *schemas.Error {
+	se := UpstreamError(status, body)
+	if len(bytes.TrimSpace(body)) == 0 {
+		se.Body.Message = fmt.Sprintf("the engine answered %d %s with an empty body to %s %s", status, http.StatusText(status), method, path)
+	}
+	return se
 }
 
 type errorObject struct {

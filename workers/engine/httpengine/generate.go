@@ -93,9 +93,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	if err != nil {
 		return nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
-	if req.ID != "" {
-		hreq.Header.Set("X-Request-Id", req.ID)
-	}
+	setRequestID(hreq.Header, e.cfg.RequestID, req.ID)
 	if tp := traceparent(span, req); tp != "" {
 		hreq.Header.Set("Traceparent", tp)
 	}
@@ -120,8 +118,15 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		if err != nil && len(body) == 0 {
 			return nil, e.failure(ctx, rctx, err, false)
 		}
-		ue := scrubKey(UpstreamError(resp.StatusCode, body), e.cfg.APIKey)
+		ue := scrubKey(answerError(resp.StatusCode, body, http.MethodPost, path), e.cfg.APIKey)
 		ue.RetryAfter = retryAfter(resp.Header)
+		// An answer without a body gives the client nothing to go on: the
+		// log has it, with where it came from (never the key, which is in a
+		// header).
+		if len(bytes.TrimSpace(body)) == 0 {
+			e.log.Warn("engine error answer with an empty body", "status", resp.StatusCode,
+				"url", e.base+path, "request_id", req.ID)
+		}
 		return nil, ue
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
@@ -205,23 +210,41 @@ type sseState struct {
 	maxLine int
 	last    []byte // copy of the last chunk with a usage object
 	counted int    // data chunks without usage, the fallback completion count
-	key     string // the engine's API key, kept out of error messages
+	chunks  int    // data chunks, all of them
+	// finished: a chunk had a finish_reason. Only then is the stream's end
+	// (with [DONE] or without: some servers close after the last chunk) a
+	// clean one; before it, the stream was cut.
+	finished bool
+	fixed    []byte // a usage chunk given "choices":[]
+	key      string // the engine's API key, kept out of error messages
 }
 
-// run reads lines until [DONE] (errDone), a read error, a mid-stream error
-// object (*schemas.Error) or a sink error (*sinkError). Lines read before
-// any of these reach the sink first.
+// run reads lines until the stream's end, a read error, a mid-stream error
+// object (*schemas.Error) or a sink error (*sinkError). The end is errDone
+// after a finish_reason ([DONE] or the body's end), else a 502
+// engine_stream_truncated. Lines read before any of these reach the sink
+// first.
 func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 	for {
 		line, rerr := s.readLine(br)
 		if data, ok := dataOf(line, rerr); ok {
 			if bytes.Equal(data, done) {
-				return s.flush(sink, errDone)
+				return s.flush(sink, s.end("[DONE] came"))
 			}
 			if errorFirst(data) && isErrorChunk(data) {
 				return s.flush(sink, scrubKey(UpstreamError(0, data), s.key))
 			}
+			s.chunks++
+			if !s.finished && hasFinish(data) {
+				s.finished = true
+			}
 			if hasUsage(data) {
+				if quoted(data, []byte(`choices"`)) < 0 {
+					// A usage chunk without "choices" (some servers): OpenAI's
+					// has "choices":[], and clients read the key.
+					s.fixed = withEmptyChoices(s.fixed[:0], data)
+					data = s.fixed
+				}
 				s.last = append(s.last[:0], data...)
 			} else {
 				s.counted++
@@ -233,7 +256,10 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 		}
 		if rerr != nil {
 			if rerr == io.EOF {
-				rerr = io.ErrUnexpectedEOF // no [DONE]: a truncated stream must not look complete
+				if len(bytes.TrimSpace(line)) == 0 {
+					return s.flush(sink, s.end("the body ended"))
+				}
+				rerr = io.ErrUnexpectedEOF // a line cut short
 			}
 			return s.flush(sink, rerr)
 		}
@@ -243,6 +269,20 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			}
 		}
 	}
+}
+
+// end is how a stream that ends now (how says why) ends: cleanly after a
+// finish_reason, else truncated; a stream with no chunk at all says so (a
+// server that refused the request without an error, as some do with a
+// prompt over the context).
+func (s *sseState) end(how string) error {
+	switch {
+	case s.finished:
+		return errDone
+	case s.chunks == 0:
+		return schemas.ErrEngineTruncated.New(how + " with no chunk at all: the engine answered 200 with an empty stream")
+	}
+	return schemas.ErrEngineTruncated.New(fmt.Sprintf("%s after %d chunks, before any finish_reason", how, s.chunks))
 }
 
 // flush hands the batch to the sink, then returns then (or the sink's error).
@@ -344,6 +384,40 @@ func hasUsage(d []byte) bool {
 		if len(r) > 0 && r[0] == ':' {
 			r = bytes.TrimLeft(r[1:], " \t")
 			if len(r) > 0 && r[0] == '{' {
+				return true
+			}
+		}
+	}
+}
+
+// withEmptyChoices appends to dst the chunk d with "choices":[] as its
+// first member.
+func withEmptyChoices(dst, d []byte) []byte {
+	i := bytes.IndexByte(d, '{')
+	if i < 0 {
+		return append(dst, d...)
+	}
+	dst = append(dst, d[:i+1]...)
+	dst = append(dst, `"choices":[]`...)
+	if rest := bytes.TrimSpace(d[i+1:]); len(rest) > 0 && rest[0] != '}' {
+		dst = append(dst, ',')
+	}
+	return append(dst, d[i+1:]...)
+}
+
+// hasFinish is the cheap test for a choice with a finish_reason that is a
+// string (finish_reason, ':', '"'), not null.
+func hasFinish(d []byte) bool {
+	for {
+		i := quoted(d, []byte(`finish_reason"`))
+		if i < 0 {
+			return false
+		}
+		d = d[i+len(`finish_reason"`):]
+		r := bytes.TrimLeft(d, " \t")
+		if len(r) > 0 && r[0] == ':' {
+			r = bytes.TrimLeft(r[1:], " \t")
+			if len(r) > 0 && r[0] == '"' {
 				return true
 			}
 		}

@@ -143,8 +143,8 @@ func TestNeverHoldsBack(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("complete lines held back while a partial one was buffered")
 	}
-	go pw.Write([]byte(":3}\n\ndata: [DONE]\n\n"))
-	if lines := <-got; !slices.Equal(lines, []string{`{"c":3}`}) {
+	go pw.Write([]byte(":3,\"finish_reason\":\"stop\"}\n\ndata: [DONE]\n\n"))
+	if lines := <-got; !slices.Equal(lines, []string{`{"c":3,"finish_reason":"stop"}`}) {
 		t.Fatalf("second call %q", lines)
 	}
 	if err := <-done; err != errDone {
@@ -158,24 +158,37 @@ func (f sinkFunc) Chunks(b []byte) error { return f(b) }
 
 // SSE details: CRLF, no space after "data:", comments and other fields
 // skipped, lines longer than the read buffer put together, a line over the
-// limit refused.
+// limit refused; the end of a stream: clean after a finish_reason, with or
+// without [DONE], truncated (engine_stream_truncated) before any.
 func TestSSELines(t *testing.T) {
 	long := `{"x":"` + strings.Repeat("y", 200_000) + `"}`
+	const fin = `{"choices":[{"finish_reason":"stop"}]}`
 	for _, tc := range []struct {
 		name, in string
 		want     []string
 		err      string
 	}{
-		{"crlf", "data: {\"a\":1}\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"a":1}`}, ""},
-		{"no space", "data:{\"a\":1}\n\ndata:[DONE]\n\n", []string{`{"a":1}`}, ""},
-		{"others skipped", ": ping\nevent: x\nid: 3\nretry: 10\n\ndata: {\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"a":1}`}, ""},
-		{"long line", "data: " + long + "\n\ndata: [DONE]\n\n", []string{long}, ""},
+		{"crlf", "data: {\"a\":1}\r\n\r\ndata: " + fin + "\r\n\r\ndata: [DONE]\r\n\r\n", []string{`{"a":1}`, fin}, ""},
+		{"no space", "data:{\"a\":1}\n\ndata:" + fin + "\n\ndata:[DONE]\n\n", []string{`{"a":1}`, fin}, ""},
+		{"others skipped", ": ping\nevent: x\nid: 3\nretry: 10\n\ndata: {\"a\":1}\n\ndata: " + fin + "\n\ndata: [DONE]\n\n", []string{`{"a":1}`, fin}, ""},
+		{"long line", "data: " + long + "\n\ndata: " + fin + "\n\ndata: [DONE]\n\n", []string{long, fin}, ""},
 		{"too long", "data: " + long + strings.Repeat("z", 1<<20) + "\n\n", nil, "longer than"},
-		{"no [DONE]", "data: {\"a\":1}\n\n", []string{`{"a":1}`}, "unexpected EOF"},
+		{"finish, no [DONE]: clean", "data: {\"a\":1}\n\ndata: " + fin + "\n\n", []string{`{"a":1}`, fin}, ""},
+		{"finish, usage, no [DONE]: clean", "data: " + fin + "\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\n",
+			[]string{fin, `{"choices":[],"usage":{"completion_tokens":1}}`}, ""},
+		{"finish with spaces", "data: {\"choices\": [{\"finish_reason\" : \"length\"}]}\n\n", []string{`{"choices": [{"finish_reason" : "length"}]}`}, ""},
+		{"no finish, no [DONE]", "data: {\"a\":1}\n\n", []string{`{"a":1}`}, "The engine's stream ended before it finished: the body ended after 1 chunks, before any finish_reason"},
+		{"no finish, [DONE]", "data: {\"choices\":[{\"finish_reason\":null}]}\n\ndata: [DONE]\n\n", []string{`{"choices":[{"finish_reason":null}]}`},
+			"The engine's stream ended before it finished: [DONE] came after 1 chunks, before any finish_reason"},
+		{"empty", "", nil, "the engine answered 200 with an empty stream"},
+		{"empty with [DONE]", ": hi\n\ndata: [DONE]\n\n", nil, "the engine answered 200 with an empty stream"},
+		{"usage chunk without choices", "data: " + fin + "\n\ndata: {\"id\":\"x\",\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n",
+			[]string{fin, `{"choices":[],"id":"x","usage":{"completion_tokens":1}}`}, ""},
 		{"cut line", "data: {\"a\":1}\n\ndata: {\"b\"", []string{`{"a":1}`}, "unexpected EOF"},
+		{"cut line after finish", "data: " + fin + "\n\ndata: {\"b\"", []string{fin}, "unexpected EOF"},
 		{"finish_reason error is no error", "data: {\"choices\":[{\"finish_reason\":\"error\"}]}\n\ndata: [DONE]\n\n",
 			[]string{`{"choices":[{"finish_reason":"error"}]}`}, ""},
-		{"error null is no error", "data: {\"error\":null,\"a\":1}\n\ndata: [DONE]\n\n", []string{`{"error":null,"a":1}`}, ""},
+		{"error null is no error", "data: {\"error\":null,\"finish_reason\":\"stop\"}\n\ndata: [DONE]\n\n", []string{`{"error":null,"finish_reason":"stop"}`}, ""},
 		{"error object", "data: {\"a\":1}\n\ndata: {\"error\":{\"message\":\"m\",\"code\":429}}\n\n", []string{`{"a":1}`}, "429 rate_limit_error: m"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -219,12 +232,22 @@ func TestUpstreamErrorShapes(t *testing.T) {
 			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: "Input validation error: inputs too long", Type: "invalid_request_error"}}},
 		{"FastAPI detail", 404, `{"detail":"Not Found"}`,
 			schemas.Error{Status: 404, Body: schemas.ErrorBody{Message: "Not Found", Type: "invalid_request_error"}}},
-		{"FastAPI validation", 422, `{"detail":[{"loc":["body","model"],"msg":"field required"}]}`,
-			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: `[{"loc":["body","model"],"msg":"field required"}]`, Type: "invalid_request_error"}}},
+		{"FastAPI validation: a 400 naming the field", 422, `{"detail":[{"loc":["body","model"],"msg":"field required"}]}`,
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "model: field required", Type: "invalid_request_error", Param: str("model")}}},
+		{"FastAPI validation, transformers serve", 422, `{"detail":[{"type":"extra_forbidden","loc":["body","ignore_eos"],"msg":"Extra inputs are not permitted","input":true}]}`,
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "ignore_eos: Extra inputs are not permitted", Type: "invalid_request_error", Param: str("ignore_eos")}}},
+		{"FastAPI validation, nested and several", 422, `{"detail":[{"loc":["body","messages",0,"content"],"msg":"bad"},{"loc":["body","n"],"msg":"too big"}]}`,
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "messages[0].content: bad; n: too big", Type: "invalid_request_error", Param: str("messages[0].content")}}},
+		{"FastAPI detail list of another shape", 422, `{"detail":[1,2]}`,
+			schemas.Error{Status: 422, Body: schemas.ErrorBody{Message: `[1,2]`, Type: "invalid_request_error"}}},
+		{"plain-text 500: a 502 with the text", 500, "Traceback (most recent call last):\n  KeyError: 'x'\n",
+			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "the engine answered 500 Internal Server Error: Traceback (most recent call last):\n  KeyError: 'x'", Type: "server_error", Code: str("engine_error")}}},
 		{"plain text", 502, "Bad Gateway\n",
 			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "Bad Gateway", Type: "server_error", Code: str("engine_error")}}},
-		{"empty", 500, "",
-			schemas.Error{Status: 500, Body: schemas.ErrorBody{Message: "the engine answered 500 Internal Server Error", Type: "server_error"}}},
+		{"empty 500: a 502", 500, "",
+			schemas.Error{Status: 502, Body: schemas.ErrorBody{Message: "the engine answered 500 Internal Server Error", Type: "server_error", Code: str("engine_error")}}},
+		{"empty 400", 400, "",
+			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "the engine answered 400 Bad Request", Type: "invalid_request_error"}}},
 		{"mid-stream, vLLM's code", 0, `{"error": {"object": "error", "message": "too long", "type": "BadRequestError", "param": null, "code": 400}}`,
 			schemas.Error{Status: 400, Body: schemas.ErrorBody{Message: "too long", Type: "invalid_request_error"}}},
 		{"mid-stream, no code", 0, `{"error":{"message":"oops"}}`,

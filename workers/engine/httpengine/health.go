@@ -2,7 +2,6 @@ package httpengine
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -125,13 +124,7 @@ func (e *Engine) FetchModels(ctx context.Context) ([]Model, error) {
 	if status/100 != 2 {
 		return nil, e.Redact(UpstreamError(status, body))
 	}
-	var list struct {
-		Data []Model `json:"data"`
-	}
-	if err := json.Unmarshal(body, &list); err != nil {
-		return nil, fmt.Errorf("GET /v1/models: %v", err)
-	}
-	return list.Data, nil
+	return parseModels(body)
 }
 
 // refreshAll is the default RefreshModels: every id served (unless a

@@ -27,6 +27,10 @@ type Config struct {
 	// it comes from the command's --host and --port.
 	URL    string
 	APIKey string // sent as "Authorization: Bearer" on every request
+	// RequestID is how a request's id is sent in X-Request-Id: RequestIDRaw
+	// (the default here and for vllm), RequestIDUUID (the openai engine's
+	// default: strict servers refuse other ids) or RequestIDOff.
+	RequestID string
 
 	// Models are the model names to advertise; empty: ask GET /v1/models.
 	Models         []string
@@ -83,6 +87,9 @@ func (c *Config) defaults() {
 	def(&c.StopGrace, 30*time.Second)
 	def(&c.RestartBackoff, time.Second)
 	def(&c.MaxRestartBackoff, time.Minute)
+	if c.RequestID == "" {
+		c.RequestID = RequestIDRaw
+	}
 	if c.HealthPath == "" {
 		c.HealthPath = "/v1/models"
 	}
@@ -146,6 +153,9 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 	}
 	if cfg.URL == "" {
 		return nil, fmt.Errorf("%s engine: no URL (and no --port in the command)", name)
+	}
+	if err := checkRequestID(cfg.RequestID); err != nil {
+		return nil, fmt.Errorf("%s engine: %v", name, err)
 	}
 	u, err := url.Parse(cfg.URL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

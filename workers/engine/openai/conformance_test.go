@@ -5,6 +5,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
 	"github.com/tokenbus/tokenbus/workers/engine/sim/simserver"
 )
 
@@ -18,11 +19,40 @@ func TestConformance(t *testing.T) {
 			url := enginetest.SimServer(t, enginetest.SimConfig("llama"), simserver.Config{APIKeys: []string{"sk-1"}})
 			return newEngine(t, Config{URL: url + "/v1", APIKey: "sk-1"})
 		},
-		Faulty: func(t *testing.T, url string) engine.Engine { return newEngine(t, Config{URL: url}) },
+		// The fake vLLM keys what it saw by X-Request-Id: the ids go as they are.
+		Faulty: func(t *testing.T, url string) engine.Engine {
+			return newEngine(t, Config{URL: url, RequestID: httpengine.RequestIDRaw})
+		},
 		Lacks: map[enginetest.Feature]string{
 			enginetest.Adapters: "an OpenAI-compatible server has no standard API to load adapters",
 			enginetest.StreamUsage: "the server sends a stream's usage only when stream_options asks, and the engine " +
 				"never changes the body: without it a stream is counted by its chunks",
 		},
 	})
+}
+
+// The openai engine against each quirk fake: the sim-server with one quirk
+// of a real server. Each lacks what the main harness lacks, and the faults
+// (the fake vLLM's, run above); the strict one also lacks Extensions.
+func TestConformanceQuirks(t *testing.T) {
+	for _, q := range enginetest.Quirks {
+		t.Run(string(q), func(t *testing.T) {
+			lacks := map[enginetest.Feature]string{
+				enginetest.Adapters:    "an OpenAI-compatible server has no standard API to load adapters",
+				enginetest.StreamUsage: "a stream's usage comes only when stream_options asks",
+				enginetest.Faults:      "the faults run against the fake vLLM (TestConformance); this fake shows one quirk",
+			}
+			if q == enginetest.QuirkStrict {
+				lacks[enginetest.Extensions] = "the server refuses fields outside OpenAI's API with a 422"
+			}
+			enginetest.Run(t, enginetest.Harness{
+				Model: "llama",
+				New: func(t *testing.T) engine.Engine {
+					url := enginetest.QuirkServer(t, enginetest.SimConfig("llama"), simserver.Config{}, q)
+					return newEngine(t, Config{URL: url})
+				},
+				Lacks: lacks,
+			})
+		})
+	}
 }

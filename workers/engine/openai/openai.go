@@ -15,7 +15,14 @@ type Engine = httpengine.Engine
 var _ engine.Engine = (*Engine)(nil)
 
 // New starts the engine named "openai" on cfg. It does not wait for the
-// server (see Engine.WaitReady).
+// server (see Engine.WaitReady). Its request ids go as UUIDs unless
+// cfg.RequestID says otherwise (httpengine.RequestIDUUID). The body goes
+// to the server as the client sent it, "model" added if it named none: no
+// field of tokenbus's own (a strict server answers 422 to what it does not
+// know, vLLM's ignore_eos included), see docs/engines.md.
 func New(cfg Config) (*Engine, error) {
+	if cfg.RequestID == "" {
+		cfg.RequestID = httpengine.RequestIDUUID
+	}
 	return httpengine.New("openai", cfg, httpengine.Hooks{})
 }

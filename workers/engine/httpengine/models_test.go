@@ -1,0 +1,52 @@
+package httpengine
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync/atomic"
+	"testing"
+)
+
+// /v1/models as real servers write it, read over HTTP: missing created and
+// owned_by, extra fields and fields of other types, data null, entries
+// without an id, an id listed twice.
+func TestModelsVariants(t *testing.T) {
+	var body atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, body.Load().(string))
+	}))
+	t.Cleanup(srv.Close)
+	body.Store(`{"data":[]}`)
+	e := newEngine(t, fastConfig(srv.URL))
+	for _, tc := range []struct {
+		name, body string
+		want       []Model
+	}{
+		{"OpenAI's", `{"object":"list","data":[{"id":"m","object":"model","created":1,"owned_by":"me"}]}`, []Model{{ID: "m"}}},
+		{"minimal", `{"data":[{"id":"m"}]}`, []Model{{ID: "m"}}},
+		{"no created, no owned_by, extras", `{"data":[{"id":"m","object":"model","meta":{"n_ctx":4096,"n_vocab":32000}}],"models":[{"name":"m"}]}`, []Model{{ID: "m"}}},
+		{"other types", `{"object":"list","data":[{"id":"m","created":"2024-05-01T00:00:00Z","owned_by":null,"root":5,"parent":false}]}`, []Model{{ID: "m"}}},
+		{"vLLM adapter", `{"data":[{"id":"base","root":"/w/base","parent":null},{"id":"a","root":"/w/a","parent":"base","max_model_len":8192}]}`,
+			[]Model{{ID: "base", Root: "/w/base"}, {ID: "a", Root: "/w/a", Parent: "base"}}},
+		{"data null", `{"object":"list","data":null}`, []Model{}},
+		{"no data", `{"object":"list"}`, []Model{}},
+		{"entries without an id, a repeat", `{"data":[{"object":"model"},{"id":""},{"id":7},"x",{"id":"m"},{"id":"m"}]}`, []Model{{ID: "m"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body.Store(tc.body)
+			got, err := e.FetchModels(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	body.Store(`{"data":{"id":"m"}}`)
+	if _, err := e.FetchModels(t.Context()); err == nil {
+		t.Error("a data object that is not a list was read without error")
+	}
+}
