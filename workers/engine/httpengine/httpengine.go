@@ -32,12 +32,14 @@ type Config struct {
 	Models         []string
 	ModelsInterval time.Duration // how often /v1/models is read again; default 10s
 
-	HealthPath     string        // GET path polled for health; default "/v1/models" (vllm: "/health")
-	HealthInterval time.Duration // default 1s
+	// HealthPath is probed with GET when the server is idle; default
+	// "/v1/models" (vllm: "/health"). A 404 there fails WaitReady at once.
+	HealthPath string
+	// HealthInterval is how often health is judged: from the requests'
+	// outcomes, else a probe when idle (see healthLoop). Default 1s;
+	// negative: never probe (healthy while the child process runs).
+	HealthInterval time.Duration
 	HealthTimeout  time.Duration // per probe; default 5s
-	// UnhealthyAbort: when health has failed for this long, requests in
-	// flight end with a 503. Default 30s; negative: never.
-	UnhealthyAbort time.Duration
 
 	ConnectTimeout time.Duration // TCP connect; default 5s
 	// StallTimeout aborts a stream whose server sent nothing (not even the
@@ -75,7 +77,6 @@ func (c *Config) defaults() {
 	def(&c.ModelsInterval, 10*time.Second)
 	def(&c.HealthInterval, time.Second)
 	def(&c.HealthTimeout, 5*time.Second)
-	def(&c.UnhealthyAbort, 30*time.Second)
 	def(&c.ConnectTimeout, 5*time.Second)
 	def(&c.StallTimeout, 60*time.Second)
 	def(&c.ResponseTimeout, 30*time.Minute)
@@ -115,9 +116,13 @@ type Engine struct {
 	cfg    Config
 	base   string // URL without a trailing slash or /v1
 	log    *slog.Logger
-	client *http.Client
-	hooks  Hooks
+	client *http.Client // requests and control calls, their outcomes watched
+	// probeClient is the bare transport: a probe's answer says nothing of
+	// the requests'.
+	probeClient *http.Client
+	hooks       Hooks
 
+	outcomes outcomes
 	inflight atomic.Int64
 	health   atomic.Pointer[healthState]
 	models   atomic.Pointer[[]string]
@@ -158,11 +163,13 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		cfg:     cfg,
 		base:    base,
 		log:     cfg.Logger.With("engine", name),
-		client:  &http.Client{Transport: newTransport(&cfg)},
 		hooks:   hooks,
 		refresh: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
+	tr := newTransport(&cfg)
+	e.probeClient = &http.Client{Transport: tr}
+	e.client = &http.Client{Transport: &watchTransport{rt: tr, o: &e.outcomes}}
 	if e.hooks.RefreshModels == nil {
 		e.hooks.RefreshModels = e.refreshAll
 	}
@@ -229,8 +236,8 @@ func (e *Engine) RefreshSoon() {
 // Stats is the load the engine knows by itself: its own requests in flight.
 func (e *Engine) Stats() engine.Stats { return engine.Stats{Running: e.InFlight()} }
 
-// Health returns the last health probe's verdict (a *schemas.Error 503 when
-// bad), or after Close a 503 shutting_down. It does no I/O.
+// Health returns the last health verdict (a *schemas.Error 503 when bad),
+// or after Close a 503 shutting_down. It does no I/O.
 func (e *Engine) Health(context.Context) error {
 	if e.closed() {
 		return errClosed
@@ -238,7 +245,8 @@ func (e *Engine) Health(context.Context) error {
 	return e.health.Load().err
 }
 
-// WaitReady blocks until the server is healthy or ctx ends.
+// WaitReady blocks until the server is healthy or ctx ends. A health path
+// that answers 404 fails it at once: waiting would not change that.
 func (e *Engine) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -247,7 +255,11 @@ func (e *Engine) WaitReady(ctx context.Context) error {
 		// Ready: healthy and the model list known (a worker that advertised
 		// no models would get no requests); a server whose list stays empty
 		// is taken as ready after a few seconds all the same.
-		if err := e.health.Load().err; err == nil {
+		h := e.health.Load()
+		if h.missing {
+			return fmt.Errorf("%s engine not ready: %v", e.name, h.err)
+		}
+		if err := h.err; err == nil {
 			if healthySince.IsZero() {
 				healthySince = time.Now()
 			}
@@ -279,7 +291,7 @@ func (e *Engine) Close() error {
 		e.abortAll(errClosed)
 		close(e.stop)
 		e.loops.Wait()
-		e.client.CloseIdleConnections()
+		e.client.CloseIdleConnections() // the probes' too: one transport
 	})
 	return nil
 }
