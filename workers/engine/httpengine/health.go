@@ -13,14 +13,14 @@ import (
 )
 
 type healthState struct {
-	err     error     // nil: healthy
-	since   time.Time // when the current verdict began
-	missing bool      // the probe's path answered 404
+	err   error     // nil: healthy
+	since time.Time // when the current verdict began
 }
 
 // healthLoop judges health every HealthInterval, from outcomes first:
 //   - the child process down: unhealthy;
-//   - a response or stream bytes since the last look: healthy, no probe;
+//   - a response or stream bytes since the last look: healthy, no probe
+//     (once a probe has passed: the first verdict is the probe's);
 //   - probing off (HealthInterval < 0): healthy;
 //   - a request in flight or sent since the last look: no probe (it would
 //     queue behind generation, or interrupt it on a server that runs one
@@ -53,7 +53,10 @@ func (e *Engine) healthLoop() {
 func (e *Engine) judge() {
 	o := &e.outcomes
 	var err error
-	started, failed := o.started.Swap(false), o.failed.Swap(false)
+	started, failed, served := o.started.Swap(false), o.failed.Swap(false), o.served.Swap(false)
+	// Until a probe has passed once, readiness is the probe's to say: a
+	// server without the health path answers other requests too.
+	served = served && (e.probedOK.Load() || e.cfg.HealthInterval < 0)
 	down := ""
 	if e.proc != nil {
 		down = e.proc.down()
@@ -61,7 +64,7 @@ func (e *Engine) judge() {
 	switch {
 	case down != "":
 		err = schemas.ErrEngineUnhealthy.New(e.name, e.base, down)
-	case o.served.Swap(false):
+	case served:
 	case e.cfg.HealthInterval < 0:
 	case (started || e.InFlight() > 0) && !failed:
 		return
@@ -79,7 +82,6 @@ func (e *Engine) judge() {
 // setHealth stores a verdict and logs a change.
 func (e *Engine) setHealth(err error) {
 	prev := e.health.Load()
-	missing := errors.Is(err, errNoHealthPath)
 	if err == nil && e.proc != nil {
 		e.proc.markHealthy()
 	}
@@ -89,21 +91,17 @@ func (e *Engine) setHealth(err error) {
 		e.log.Info("engine healthy", "url", e.base)
 		e.RefreshSoon()
 	case err != nil && prev.err == nil:
-		e.health.Store(&healthState{err: err, since: time.Now(), missing: missing})
+		e.health.Store(&healthState{err: err, since: time.Now()})
 		e.log.Warn("engine unhealthy", "url", e.base, "err", err)
 	case err != nil:
 		// Keep the first time of the bad spell, with the latest reason.
-		e.health.Store(&healthState{err: err, since: prev.since, missing: missing})
-		if missing && !prev.missing {
-			e.log.Error("engine has no health path: set the engine's health path to one it serves (GET /v1/models), or turn probing off",
-				"url", e.base, "path", e.cfg.HealthPath)
-		}
+		e.health.Store(&healthState{err: err, since: prev.since})
 	}
 }
 
-// errNoHealthPath marks a probe answered 404: the server has no such path,
-// which waiting will not change (WaitReady fails at once).
-var errNoHealthPath = errors.New("the server has no such path")
+// ErrNoHealthPath is in WaitReady's error when the health path answered
+// 404: the server has no such path, which waiting will not change.
+var ErrNoHealthPath = errors.New("the server has no such path")
 
 // probe is one health check; its error is a 503 engine_unhealthy.
 func (e *Engine) probe() error {
@@ -125,18 +123,19 @@ func (e *Engine) probe() error {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusNotFound {
-		return &missingPath{bad("GET %s answered %s: %v", e.cfg.HealthPath, resp.Status, errNoHealthPath)}
+		if !e.noPath.Swap(true) {
+			e.log.Error("the engine has no health path: set the engine's health path to one it serves (e.g. /v1/models) or turn probing off",
+				"url", e.base, "path", e.cfg.HealthPath)
+		}
+		return bad("GET %s answered %s: %v", e.cfg.HealthPath, resp.Status, ErrNoHealthPath)
 	}
+	e.noPath.Store(false)
 	if resp.StatusCode/100 != 2 {
 		return bad("GET %s answered %s", e.cfg.HealthPath, resp.Status)
 	}
+	e.probedOK.Store(true)
 	return nil
 }
-
-// missingPath is a probe's 503 that also matches errNoHealthPath.
-type missingPath struct{ error }
-
-func (m *missingPath) Unwrap() []error { return []error{m.error, errNoHealthPath} }
 
 // modelsLoop refreshes the model list every ModelsInterval and on request.
 func (e *Engine) modelsLoop() {

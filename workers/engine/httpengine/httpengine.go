@@ -123,6 +123,8 @@ type Engine struct {
 	hooks       Hooks
 
 	outcomes outcomes
+	noPath   atomic.Bool // the last probe answered 404: see WaitReady
+	probedOK atomic.Bool // a probe has passed once
 	inflight atomic.Int64
 	health   atomic.Pointer[healthState]
 	models   atomic.Pointer[[]string]
@@ -255,11 +257,12 @@ func (e *Engine) WaitReady(ctx context.Context) error {
 		// Ready: healthy and the model list known (a worker that advertised
 		// no models would get no requests); a server whose list stays empty
 		// is taken as ready after a few seconds all the same.
-		h := e.health.Load()
-		if h.missing {
-			return fmt.Errorf("%s engine not ready: %v", e.name, h.err)
+		// A 404 on the health path fails at once, whatever the other
+		// requests' outcomes say: it is a configuration error.
+		if e.noPath.Load() {
+			return fmt.Errorf("%s engine not ready: GET %s at %s answered 404 Not Found: %w", e.name, e.cfg.HealthPath, e.base, ErrNoHealthPath)
 		}
-		if err := h.err; err == nil {
+		if err := e.health.Load().err; err == nil {
 			if healthySince.IsZero() {
 				healthySince = time.Now()
 			}
