@@ -29,8 +29,8 @@
 // generation.
 //
 // Health is judged in the background (Health never does I/O), from the
-// outcomes of real requests first: any answer, even a 4xx, or bytes of a
-// stream prove the server alive. GET HealthPath is probed only when no
+// outcomes of generation requests first: an answer below 500 (a 4xx too) or
+// bytes of a stream prove the server alive. GET HealthPath is probed only when no
 // request is in flight (a probe must neither queue behind generation nor
 // interrupt it on a server that runs one request at a time), and its
 // failure does not count while requests are being answered. Requests in

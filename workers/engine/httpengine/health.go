@@ -116,7 +116,7 @@ func (e *Engine) probe() error {
 	if err != nil {
 		return bad("%v", err)
 	}
-	resp, err := e.probeClient.Do(req)
+	resp, err := e.bareClient.Do(req)
 	if err != nil {
 		return bad("%v", err)
 	}

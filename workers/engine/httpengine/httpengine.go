@@ -116,11 +116,12 @@ type Engine struct {
 	cfg    Config
 	base   string // URL without a trailing slash or /v1
 	log    *slog.Logger
-	client *http.Client // requests and control calls, their outcomes watched
-	// probeClient is the bare transport: a probe's answer says nothing of
-	// the requests'.
-	probeClient *http.Client
-	hooks       Hooks
+	client *http.Client // generation requests, their outcomes watched
+	// bareClient (the same transport) makes probes and control calls: their
+	// answers say nothing of generation (vLLM serves /metrics with its
+	// engine dead).
+	bareClient *http.Client
+	hooks      Hooks
 
 	outcomes outcomes
 	noPath   atomic.Bool // the last probe answered 404: see WaitReady
@@ -170,7 +171,7 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		stop:    make(chan struct{}),
 	}
 	tr := newTransport(&cfg)
-	e.probeClient = &http.Client{Transport: tr}
+	e.bareClient = &http.Client{Transport: tr}
 	e.client = &http.Client{Transport: &watchTransport{rt: tr, o: &e.outcomes}}
 	if e.hooks.RefreshModels == nil {
 		e.hooks.RefreshModels = e.refreshAll
@@ -294,7 +295,7 @@ func (e *Engine) Close() error {
 		e.abortAll(errClosed)
 		close(e.stop)
 		e.loops.Wait()
-		e.client.CloseIdleConnections() // the probes' too: one transport
+		e.client.CloseIdleConnections() // bareClient's too: one transport
 	})
 	return nil
 }
@@ -385,7 +386,7 @@ func (e *Engine) Call(ctx context.Context, method, path string, body []byte) (st
 	if err != nil {
 		return 0, nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
-	resp, err := e.client.Do(req)
+	resp, err := e.bareClient.Do(req)
 	if err == nil {
 		defer resp.Body.Close()
 		answer, err = io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes))

@@ -6,18 +6,18 @@ import (
 	"sync/atomic"
 )
 
-// outcomes is what real traffic says about the server's health, read and
-// reset by the health loop each HealthInterval: a server that answers
-// requests or streams bytes is alive, however slow its health path is.
+// outcomes is what generation requests say about the server's health, read
+// and reset by the health loop each HealthInterval: a server that answers
+// them or streams bytes is alive, however slow its health path is.
 type outcomes struct {
 	started atomic.Bool // a request was sent
-	served  atomic.Bool // a response arrived, or bytes of one (any status: a 4xx is an answer)
+	served  atomic.Bool // a response below 500 arrived (a 4xx is an answer), or bytes of one
 	failed  atomic.Bool // a request got no response (refused, reset), not by its caller's doing
 }
 
-// watchTransport records the outcome of every request but the probes (which
-// use the bare transport): one atomic load per body read, a store only when
-// the flag was reset.
+// watchTransport records the outcome of generation requests (probes and
+// control calls use the bare transport): one atomic load per body read, a
+// store only when the flag was reset.
 type watchTransport struct {
 	rt http.RoundTripper
 	o  *outcomes
@@ -32,7 +32,9 @@ func (t *watchTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 		}
 		return resp, err
 	}
-	t.o.served.Store(true)
+	if resp.StatusCode < 500 {
+		t.o.served.Store(true)
+	}
 	resp.Body = &watchBody{ReadCloser: resp.Body, o: t.o}
 	return resp, nil
 }
