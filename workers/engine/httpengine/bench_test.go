@@ -71,7 +71,7 @@ func BenchmarkStreamHTTP(b *testing.B) {
 	}))
 	defer srv.Close()
 	e := newEngine(b, fastConfig(srv.URL))
-	req := chat(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	req := chat(`{"model":"base","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	var calls int
 	b.ReportAllocs()
 	for b.Loop() {
