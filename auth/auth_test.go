@@ -72,7 +72,8 @@ func (catalog) Known(m string) bool { _, ok := usageOf[m]; return ok }
 func (catalog) Models() []schemas.Model {
 	return nil
 }
-func (catalog) WorkersUp() int { return 1 }
+func (catalog) WorkersUp() int      { return 1 }
+func (catalog) WorkersServing() int { return 1 }
 
 // replica is one gateway with its own NATS connection, Redis client, key
 // cache and limiter, as separate gateway processes have.

@@ -16,6 +16,9 @@ type Catalog interface {
 	Models() []schemas.Model
 	// WorkersUp counts live workers, for /ready.
 	WorkersUp() int
+	// WorkersServing counts the live workers that can take a request now
+	// (healthy, not draining, serving a model), for /ready.
+	WorkersServing() int
 }
 
 // Registry is what the catalog reads of the model registry; registry.Cache
@@ -48,6 +51,16 @@ func (c *catalog) Known(model string) bool {
 }
 
 func (c *catalog) WorkersUp() int { return c.workers.Len() }
+
+func (c *catalog) WorkersServing() int {
+	n := 0
+	for _, w := range c.workers.Workers() { // /ready is polled every few seconds: a copy is fine
+		if w.Healthy && !w.Draining && len(w.Models) > 0 {
+			n++
+		}
+	}
+	return n
+}
 
 // Models lists what can be served now, as OpenAI model objects: every model a
 // live worker serves, with the registry's metadata where it has some, and the

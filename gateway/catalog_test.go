@@ -64,9 +64,41 @@ func TestCatalog(t *testing.T) {
 			if n := tt.cat.WorkersUp(); n != 2 {
 				t.Errorf("WorkersUp %d, want 2 (a draining worker is up)", n)
 			}
+			if n := tt.cat.WorkersServing(); n != 1 {
+				t.Errorf("WorkersServing %d, want 1 (a draining worker does not serve)", n)
+			}
 		})
 	}
 	if !slices.Equal(reg.served, []string{"a", "b"}) {
 		t.Fatalf("the registry was asked to list %v", reg.served)
+	}
+}
+
+// /ready counts a worker only when it can take a request: healthy (its
+// engine), not draining, serving a model.
+func TestCatalogWorkersServing(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name string
+		hb   schemas.Heartbeat
+		want int
+	}{
+		{"healthy", schemas.Heartbeat{Models: []string{"m"}, Healthy: true}, 1},
+		{"engine unhealthy", schemas.Heartbeat{Models: []string{"m"}}, 0},
+		{"draining", schemas.Heartbeat{Models: []string{"m"}, Healthy: true, Draining: true}, 0},
+		{"no model", schemas.Heartbeat{Healthy: true}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fl := fleet.New()
+			tc.hb.Worker, tc.hb.MaxConcurrency = "w", 4
+			fl.Observe(tc.hb, now)
+			cat := NewCatalog(fl, nil)
+			if cat.WorkersUp() != 1 {
+				t.Fatalf("WorkersUp %d", cat.WorkersUp())
+			}
+			if n := cat.WorkersServing(); n != tc.want {
+				t.Errorf("WorkersServing %d, want %d", n, tc.want)
+			}
+		})
 	}
 }

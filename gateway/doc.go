@@ -9,7 +9,7 @@
 //	GET  /v1/models, /v1/models/{id}                       id may contain '/'
 //	     /predictions/{model}/{version}/v1/...             the same three, TorchServe's form
 //	GET  /health                                           200 {"status":"ok"} while the process runs
-//	GET  /ready                                            200 when NATS is connected and a worker is up, else 503
+//	GET  /ready                                            200 when NATS is connected and a healthy worker serves a model, else 503
 //	GET  /metrics                                          Prometheus text
 //
 // Every error, including unknown routes (404), wrong methods (405), bodies over

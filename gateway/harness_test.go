@@ -46,9 +46,10 @@ func (h *harness) usageIs(n int) func() error {
 
 // fakeCatalog knows a fixed set of models.
 type fakeCatalog struct {
-	mu      sync.Mutex
-	models  []string
-	workers int
+	mu         sync.Mutex
+	models     []string
+	workers    int
+	notServing bool // the workers up are unhealthy, draining or serve nothing
 }
 
 func (c *fakeCatalog) Known(model string) bool {
@@ -76,6 +77,22 @@ func (c *fakeCatalog) WorkersUp() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.workers
+}
+
+// WorkersServing: every worker up serves, unless setServing(false).
+func (c *fakeCatalog) WorkersServing() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.notServing {
+		return 0
+	}
+	return c.workers
+}
+
+func (c *fakeCatalog) setServing(yes bool) {
+	c.mu.Lock()
+	c.notServing = !yes
+	c.mu.Unlock()
 }
 
 func (c *fakeCatalog) setWorkers(n int) {

@@ -412,6 +412,16 @@ func TestHealthReadyMetrics(t *testing.T) {
 		t.Fatalf("/ready error %s", body)
 	}
 	h.cat.setWorkers(1)
+	// Up but unable to serve (its engine unhealthy): not ready.
+	h.cat.setServing(false)
+	resp, body = h.get(t, "/ready")
+	if resp.StatusCode != 503 {
+		t.Fatalf("/ready with no worker serving %d %s", resp.StatusCode, body)
+	}
+	if e := openAIError(t, body); e["code"] != "no_healthy_worker" {
+		t.Fatalf("/ready error %s", body)
+	}
+	h.cat.setServing(true)
 
 	h.post(t, "/v1/chat/completions", "application/json", chatBody, nil)
 	h.post(t, "/v1/chat/completions", "application/json", unaryBody, nil)

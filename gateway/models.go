@@ -76,8 +76,10 @@ func (g *Gateway) health(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})
 }
 
-// ready answers 200 when requests can be served: NATS connected, a worker
-// up, not shutting down; else 503 in OpenAI's shape.
+// ready answers 200 when requests can be served: NATS connected, a live
+// worker healthy, not draining and serving a model, not shutting down; else
+// 503 in OpenAI's shape. A worker whose engine is unhealthy heartbeats on:
+// up is not enough.
 func (g *Gateway) ready(c *fiber.Ctx) error {
 	switch {
 	case g.draining.Load():
@@ -89,5 +91,9 @@ func (g *Gateway) ready(c *fiber.Ctx) error {
 	if n <= 0 {
 		return schemas.ErrNoWorkerUp.New()
 	}
-	return c.JSON(fiber.Map{"status": "ready", "workers": n, "version": g.cfg.Version})
+	serving := g.cat.WorkersServing()
+	if serving <= 0 {
+		return schemas.ErrNoWorkerServing.New(n)
+	}
+	return c.JSON(fiber.Map{"status": "ready", "workers": n, "serving": serving, "version": g.cfg.Version})
 }

@@ -185,6 +185,9 @@ var (
 	ErrNoWorkerUp = def(secHTTP, ErrorDef{Code: "no_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "No worker is up.",
 		When:    "GET /ready while no worker heartbeats."})
+	ErrNoWorkerServing = def(secHTTP, ErrorDef{Code: "no_healthy_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "No healthy worker serves a model (%d up).",
+		When:    "GET /ready while every live worker is unhealthy (its engine), draining or serving no model."})
 )
 
 // --- The bus: dispatchers, workers, reply streams ---

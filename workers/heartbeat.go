@@ -66,9 +66,11 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 	}
 }
 
-// healthEvery bounds how often a heartbeat asks the engine for its health (an
-// HTTP call for vLLM): beats come every 250ms, the engine is asked at most
-// once a second and the last answer is repeated in between.
+// healthEvery bounds how often a heartbeat asks the engine for its health:
+// beats come every 250ms, the engine is asked at most once a second and the
+// last answer is repeated in between. (The HTTP engines answer from a cached
+// verdict, judged from their requests' outcomes and idle probes: see
+// httpengine.)
 const healthEvery = time.Second
 
 func (w *Worker) health() bool {

@@ -25,12 +25,16 @@ type EngineConfig struct {
 	Models       []string      // openai: the models the server serves (nil: read from its /v1/models)
 	MaxLoras     int           // vllm: adapters kept loaded (0: VLLMCmd's --max-loras, else vLLM's own)
 	StartTimeout time.Duration // vllm, openai: how long to wait for the first good health check
-	Sim          sim.Config    // sim: latency and capacity (Model is set from Model)
+	// HealthPath is probed when the engine is idle ("": the engine's
+	// default); HealthInterval is how often health is judged, 0: never probe.
+	HealthPath     string
+	HealthInterval time.Duration
+	Sim            sim.Config // sim: latency and capacity (Model is set from Model)
 }
 
 // DefaultEngine is the sim serving llama-8b.
 func DefaultEngine() EngineConfig {
-	return EngineConfig{Kind: "sim", Model: "llama-8b", StartTimeout: 20 * time.Minute, Sim: sim.DefaultConfig()}
+	return EngineConfig{Kind: "sim", Model: "llama-8b", StartTimeout: 20 * time.Minute, HealthInterval: time.Second, Sim: sim.DefaultConfig()}
 }
 
 // Desc is a short description for start-up messages.
@@ -45,7 +49,10 @@ func (c EngineConfig) Desc() string {
 // answers its health check (ctx and StartTimeout bound the wait).
 func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.Engine, error) {
 	hc := httpengine.Config{URL: c.URL, APIKey: c.APIKey, RequestID: c.RequestID, Models: c.Models, Command: c.VLLMCmd,
-		StartTimeout: c.StartTimeout, Logger: log}
+		StartTimeout: c.StartTimeout, HealthPath: c.HealthPath, HealthInterval: c.HealthInterval, Logger: log}
+	if c.HealthInterval <= 0 {
+		hc.HealthInterval = -1 // httpengine's "off"; its 0 is the default
+	}
 	switch c.Kind {
 	case "sim":
 		cfg := c.Sim

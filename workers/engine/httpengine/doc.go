@@ -33,9 +33,14 @@
 // upstream request, which closes its connection, so the server aborts the
 // generation.
 //
-// Health is polled in the background (Health never does I/O). When it has
-// failed for UnhealthyAbort, requests in flight are ended with a 503, so a
-// hung server cannot hold them.
+// Health is judged in the background (Health never does I/O), from the
+// outcomes of generation requests first: an answer below 500 (a 4xx too) or
+// bytes of a stream prove the server alive. GET HealthPath is probed only when no
+// request is in flight (a probe must neither queue behind generation nor
+// interrupt it on a server that runs one request at a time), and its
+// failure does not count while requests are being answered. Requests in
+// flight are never ended for a bad verdict: a dead server fails them by
+// itself (connection refused or reset, StallTimeout).
 //
 // With Command set, the server is a child process (see process.go).
 //

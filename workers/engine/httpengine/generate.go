@@ -61,7 +61,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	defer e.inflight.Add(-1)
 
 	// The upstream request ends with ctx, with an abort of every request
-	// (Close, a long bad health spell), or with a timer below; it is not a
+	// (Close), or with a timer below; it is not a
 	// child of ctx so that a finished stream's connection can be given back
 	// after Generate returned and the caller cancelled ctx.
 	rctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))

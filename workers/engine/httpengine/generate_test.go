@@ -350,35 +350,6 @@ func TestHealthToggle(t *testing.T) {
 	healthy(t, e)
 }
 
-// A server that stays unhealthy with requests in flight (a hung engine)
-// gets them ended with a 503.
-func TestUnhealthyAbort(t *testing.T) {
-	f, srv := startFake(t)
-	cfg := fastConfig(srv.URL)
-	cfg.HealthPath = "/health"
-	cfg.UnhealthyAbort = 100 * time.Millisecond
-	e := newEngine(t, cfg)
-	healthy(t, e)
-	errc := make(chan error, 1)
-	req := chat(`{"model":"base","x_fake":{"mode":"slow"}}`)
-	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
-	arrived(t, f, req.ID)
-	f.SetHealthy(false)
-	select {
-	case err := <-errc:
-		asError(t, err, 503, schemas.CodeEngineUnhealthy)
-	case <-time.After(5 * time.Second):
-		t.Fatal("request not aborted")
-	}
-	<-f.Cancelled
-	// Requests after the abort are not affected by it.
-	f.SetHealthy(true)
-	healthy(t, e)
-	if _, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestModels(t *testing.T) {
 	f, srv := startFake(t)
 	f.Base = []string{"m1", "m2"}
@@ -430,31 +401,6 @@ func TestBadConfig(t *testing.T) {
 		if _, err := New("x", Config{URL: u}, Hooks{}); err == nil {
 			t.Errorf("URL %q accepted", u)
 		}
-	}
-}
-
-// A server that never was healthy has been unhealthy since the engine
-// started, not forever: requests get UnhealthyAbort from then.
-func TestUnhealthyAbortFromStart(t *testing.T) {
-	f, srv := startFake(t)
-	cfg := fastConfig(srv.URL)
-	cfg.HealthPath = "/nope"
-	cfg.UnhealthyAbort = 2 * time.Second
-	e := newEngine(t, cfg)
-	req := chat(`{"model":"base","stream":true,"x_fake":{"mode":"slow"}}`)
-	errc := make(chan error, 1)
-	go func() { _, err := e.Generate(t.Context(), req, &recSink{}); errc <- err }()
-	arrived(t, f, req.ID)
-	select {
-	case err := <-errc:
-		t.Fatalf("aborted at once: %v", err)
-	case <-time.After(300 * time.Millisecond):
-	}
-	select {
-	case err := <-errc:
-		asError(t, err, 503, schemas.CodeEngineUnhealthy)
-	case <-time.After(10 * time.Second):
-		t.Fatal("never aborted")
 	}
 }
 

@@ -47,7 +47,6 @@ func fastConfig(url string) Config {
 		HealthInterval: 10 * time.Millisecond,
 		ModelsInterval: 50 * time.Millisecond,
 		StallTimeout:   5 * time.Second,
-		UnhealthyAbort: -1,
 		Logger:         slog.New(slog.DiscardHandler),
 	}
 }

@@ -36,12 +36,14 @@ type Config struct {
 	Models         []string
 	ModelsInterval time.Duration // how often /v1/models is read again; default 10s
 
-	HealthPath     string        // GET path polled for health; default "/v1/models" (vllm: "/health")
-	HealthInterval time.Duration // default 1s
+	// HealthPath is probed with GET when the server is idle; default
+	// "/v1/models" (vllm: "/health"). A 404 there fails WaitReady at once.
+	HealthPath string
+	// HealthInterval is how often health is judged: from the requests'
+	// outcomes, else a probe when idle (see healthLoop). Default 1s;
+	// negative: never probe (healthy while the child process runs).
+	HealthInterval time.Duration
 	HealthTimeout  time.Duration // per probe; default 5s
-	// UnhealthyAbort: when health has failed for this long, requests in
-	// flight end with a 503. Default 30s; negative: never.
-	UnhealthyAbort time.Duration
 
 	ConnectTimeout time.Duration // TCP connect; default 5s
 	// StallTimeout aborts a stream whose server sent nothing (not even the
@@ -79,7 +81,6 @@ func (c *Config) defaults() {
 	def(&c.ModelsInterval, 10*time.Second)
 	def(&c.HealthInterval, time.Second)
 	def(&c.HealthTimeout, 5*time.Second)
-	def(&c.UnhealthyAbort, 30*time.Second)
 	def(&c.ConnectTimeout, 5*time.Second)
 	def(&c.StallTimeout, 60*time.Second)
 	def(&c.ResponseTimeout, 30*time.Minute)
@@ -122,9 +123,16 @@ type Engine struct {
 	cfg    Config
 	base   string // URL without a trailing slash or /v1
 	log    *slog.Logger
-	client *http.Client
-	hooks  Hooks
+	client *http.Client // generation requests, their outcomes watched
+	// bareClient (the same transport) makes probes and control calls: their
+	// answers say nothing of generation (vLLM serves /metrics with its
+	// engine dead).
+	bareClient *http.Client
+	hooks      Hooks
 
+	outcomes outcomes
+	noPath   atomic.Bool // the last probe answered 404: see WaitReady
+	probedOK atomic.Bool // a probe has passed once
 	inflight atomic.Int64
 	health   atomic.Pointer[healthState]
 	models   atomic.Pointer[[]string]
@@ -168,11 +176,13 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		cfg:     cfg,
 		base:    base,
 		log:     cfg.Logger.With("engine", name),
-		client:  &http.Client{Transport: newTransport(&cfg)},
 		hooks:   hooks,
 		refresh: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
+	tr := newTransport(&cfg)
+	e.bareClient = &http.Client{Transport: tr}
+	e.client = &http.Client{Transport: &watchTransport{rt: tr, o: &e.outcomes}}
 	if e.hooks.RefreshModels == nil {
 		e.hooks.RefreshModels = e.refreshAll
 	}
@@ -239,8 +249,8 @@ func (e *Engine) RefreshSoon() {
 // Stats is the load the engine knows by itself: its own requests in flight.
 func (e *Engine) Stats() engine.Stats { return engine.Stats{Running: e.InFlight()} }
 
-// Health returns the last health probe's verdict (a *schemas.Error 503 when
-// bad), or after Close a 503 shutting_down. It does no I/O.
+// Health returns the last health verdict (a *schemas.Error 503 when bad),
+// or after Close a 503 shutting_down. It does no I/O.
 func (e *Engine) Health(context.Context) error {
 	if e.closed() {
 		return errClosed
@@ -248,7 +258,8 @@ func (e *Engine) Health(context.Context) error {
 	return e.health.Load().err
 }
 
-// WaitReady blocks until the server is healthy or ctx ends.
+// WaitReady blocks until the server is healthy or ctx ends. A health path
+// that answers 404 fails it at once: waiting would not change that.
 func (e *Engine) WaitReady(ctx context.Context) error {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
@@ -257,6 +268,11 @@ func (e *Engine) WaitReady(ctx context.Context) error {
 		// Ready: healthy and the model list known (a worker that advertised
 		// no models would get no requests); a server whose list stays empty
 		// is taken as ready after a few seconds all the same.
+		// A 404 on the health path fails at once, whatever the other
+		// requests' outcomes say: it is a configuration error.
+		if e.noPath.Load() {
+			return fmt.Errorf("%s engine not ready: GET %s at %s answered 404 Not Found: %w", e.name, e.cfg.HealthPath, e.base, ErrNoHealthPath)
+		}
 		if err := e.health.Load().err; err == nil {
 			if healthySince.IsZero() {
 				healthySince = time.Now()
@@ -289,7 +305,7 @@ func (e *Engine) Close() error {
 		e.abortAll(errClosed)
 		close(e.stop)
 		e.loops.Wait()
-		e.client.CloseIdleConnections()
+		e.client.CloseIdleConnections() // bareClient's too: one transport
 	})
 	return nil
 }
@@ -380,7 +396,7 @@ func (e *Engine) Call(ctx context.Context, method, path string, body []byte) (st
 	if err != nil {
 		return 0, nil, schemas.ErrInternal.New("building the engine request: " + err.Error())
 	}
-	resp, err := e.client.Do(req)
+	resp, err := e.bareClient.Do(req)
 	if err == nil {
 		defer resp.Body.Close()
 		answer, err = io.ReadAll(io.LimitReader(resp.Body, e.cfg.MaxResponseBytes))

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -41,6 +42,9 @@ type Metrics struct {
 	At time.Time // when it was scraped; zero if never
 }
 
+// errNoMetrics: GET /metrics answered 404.
+var errNoMetrics = errors.New("GET /metrics answered 404")
+
 // freshMetrics is the last scrape if it is recent enough to trust.
 func (e *Engine) freshMetrics() *Metrics {
 	m := e.metrics.Load()
@@ -56,6 +60,13 @@ func (e *Engine) metricsLoop() {
 	var lastErr string
 	for {
 		err := e.scrape()
+		if errors.Is(err, errNoMetrics) {
+			// Asking again would change nothing, and on a server that runs
+			// one request at a time every ask would interrupt generation.
+			e.core.Logger().Error("the engine has no /metrics, so it is not vLLM: load is tokenbus's own requests in flight; no more scrapes (use --engine openai for another OpenAI-compatible server)",
+				"url", e.core.URL())
+			return
+		}
 		switch {
 		case err != nil && err.Error() != lastErr:
 			e.core.Logger().Warn("vLLM metrics not read", "err", err)
@@ -78,6 +89,9 @@ func (e *Engine) scrape() error {
 	status, body, err := e.core.Call(ctx, http.MethodGet, "/metrics", nil)
 	if err != nil {
 		return err
+	}
+	if status == http.StatusNotFound {
+		return errNoMetrics
 	}
 	if status != http.StatusOK {
 		return fmt.Errorf("GET /metrics answered %d", status)

@@ -3,6 +3,8 @@ package vllm
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -130,8 +132,15 @@ func (e *Engine) Stats() engine.Stats {
 // Health is the cached verdict of GET /health (no I/O).
 func (e *Engine) Health(ctx context.Context) error { return e.core.Health(ctx) }
 
-// WaitReady blocks until /health answers 200 or ctx ends.
-func (e *Engine) WaitReady(ctx context.Context) error { return e.core.WaitReady(ctx) }
+// WaitReady blocks until /health answers 200 or ctx ends. A server without
+// /health (404) is not vLLM: that fails at once, saying so.
+func (e *Engine) WaitReady(ctx context.Context) error {
+	err := e.core.WaitReady(ctx)
+	if errors.Is(err, httpengine.ErrNoHealthPath) && e.cfg.HealthPath == "/health" {
+		return fmt.Errorf("%w; every vLLM serves /health, so this server is not vLLM: use --engine openai for another OpenAI-compatible server", err)
+	}
+	return err
+}
 
 // Close ends requests in flight and adapter loads and unloads, and stops the child.
 func (e *Engine) Close() error {
