@@ -12,6 +12,13 @@ import (
 	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
 )
 
+// vLLM's messages that tokenbus recognises (same wording since vLLM 0.6, checked
+// against 0.33.0): a load of a name it has, and a failure of its engine core.
+const (
+	msgAlreadyLoaded = "has already been loaded"
+	msgEngineDead    = "EngineCore encountered an issue"
+)
+
 // loaded is the engine's view of the adapters vLLM has loaded: what
 // /v1/models listed (entries with a parent), plus the engine's own loads and
 // unloads since. Deciding what to load, when and what to evict is not the
@@ -24,7 +31,8 @@ type loaded struct {
 }
 
 // LoadAdapter is POST /v1/load_lora_adapter {"lora_name","lora_path"},
-// bounded by ctx (and Close). vLLM's "already loaded" (a 400) is a success.
+// bounded by ctx (and Close). vLLM's "already loaded" (a 400) is a success;
+// an adapter it refuses (its 500) is a 422.
 // A vLLM without the runtime LoRA API answers a 404 lora_api_disabled.
 func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	if name == "" {
@@ -36,8 +44,19 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	body, _ := json.Marshal(map[string]string{"lora_name": name, "lora_path": path})
 	e.adapters.begin()
 	err := e.loraCall(ctx, "/v1/load_lora_adapter", name, body)
-	if se, ok := err.(*schemas.Error); ok && se.Status == http.StatusBadRequest && strings.Contains(se.Body.Message, "already") {
-		err = nil
+	if se, ok := err.(*schemas.Error); ok {
+		switch {
+		case se.Status == http.StatusBadRequest && strings.Contains(se.Body.Message, msgAlreadyLoaded):
+			err = nil
+		case se.Status == http.StatusInternalServerError && !strings.Contains(se.Body.Message, msgEngineDead):
+			// vLLM answers 500 for any adapter its engine core refuses (a
+			// rank over --max-lora-rank, no tensors, unsupported modules):
+			// the adapter is at fault, and loading it again fails again.
+			// 422 tells the adapter manager so (adapter_load_failed, no
+			// retry). A dead engine core keeps its 500 (retry elsewhere).
+			se.Status = http.StatusUnprocessableEntity
+			se.Body.Type = schemas.TypeInvalidRequest
+		}
 	}
 	e.adapters.end(name, err == nil, true)
 	e.core.RefreshSoon()

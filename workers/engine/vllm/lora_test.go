@@ -192,6 +192,54 @@ func TestFailedLoads(t *testing.T) {
 	}
 }
 
+// TestLoadAnswers maps vLLM 0.33.0's answers to /v1/load_lora_adapter (as
+// internal/fakevllm gives them) to the engine's error, and to what a request
+// for the adapter gets from the adapter manager.
+func TestLoadAnswers(t *testing.T) {
+	cases := []struct {
+		name, adapter, path string
+		status              int // the engine's; 0: a success
+		reqStatus           int // a request's, from the manager
+		msg                 string
+	}{
+		{"refused: rank too large (vLLM's 500)", "big", "/l/bad-rank", 422, 500, "max_lora_rank"},
+		{"no weights at the path (vLLM's 404)", "gone", "/l/missing", 404, 500, "No adapter found"},
+		{"engine core dead (vLLM's 500)", "d", "/l/dead", 500, 503, "EngineCore encountered an issue"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, srv := startFake(t)
+			e := newEngine(t, fastConfig(srv.URL))
+			se := asError(t, e.LoadAdapter(t.Context(), tc.adapter, tc.path), tc.status)
+			if !strings.Contains(se.Body.Message, tc.msg) {
+				t.Errorf("engine: %v", se)
+			}
+			se = asError(t, generate(t.Context(), manager(e), e, tc.adapter+"-req", tc.path, "", &recSink{}), tc.reqStatus)
+			if se.Body.Code == nil || *se.Body.Code != schemas.CodeAdapterLoadFailed || !strings.Contains(se.Body.Message, tc.msg) {
+				t.Errorf("request: %v", se)
+			}
+			if got := e.Stats().Adapters; len(got) != 0 {
+				t.Errorf("adapters %v after failed loads", got)
+			}
+		})
+	}
+}
+
+// Only vLLM's "has already been loaded" is a success, not any 400 that
+// mentions "already" (the message names the adapter).
+func TestLoadAlreadyInName(t *testing.T) {
+	f, srv := startFake(t)
+	f.Base = []string{"base", "already-tuned"}
+	e := newEngine(t, fastConfig(srv.URL))
+	se := asError(t, e.LoadAdapter(t.Context(), "already-tuned", "/l/x"), 400)
+	if !strings.Contains(se.Body.Message, "conflicts with a served base model") {
+		t.Errorf("%v", se)
+	}
+	if got := e.Stats().Adapters; len(got) != 0 {
+		t.Errorf("adapters %v", got)
+	}
+}
+
 func TestNoRuntimeLoRAAPI(t *testing.T) {
 	f, srv := startFake(t)
 	f.NoLoRAAPI = true
