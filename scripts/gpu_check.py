@@ -376,6 +376,9 @@ def main():
     ap.add_argument("--levels", default="1:8,8:4,64:2", help="concurrency:rounds,... (each round: one batch to each side)")
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=420, help="stop starting new load rounds after this many seconds")
+    ap.add_argument("--no-hf-cache", action="store_true",
+                    help="start the engine without an HF cache directory: its GET /v1/models then answers 500, and "
+                         "tokenbus's openai engine (health = GET /v1/models) never becomes ready")
     ap.add_argument("--size", default="1024,2816,16,16,8", help="hidden,intermediate,layers,heads,kv_heads")
     a = ap.parse_args()
     t_start = time.time()
@@ -408,7 +411,14 @@ def main():
             serve = ["transformers", "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port),
                      "--device", "cuda:0", "--dtype", "bfloat16", "--log-level", "info", MODEL_NAME]
             report["engine_cmd"] = " ".join(serve)
-            procs.start("engine", serve, env=env, cwd=a.workdir)
+            eenv = dict(env)
+            if not a.no_hf_cache:
+                # transformers serve lists /v1/models from the HF cache and answers 500 when that directory is
+                # missing (a fresh host); an empty one makes it answer 200 with an empty list
+                eenv["HF_HUB_CACHE"] = os.path.join(a.workdir, "hf-hub")
+                os.makedirs(eenv["HF_HUB_CACHE"], exist_ok=True)
+                report["engine_cmd"] = "HF_HUB_CACHE=" + eenv["HF_HUB_CACHE"] + " " + report["engine_cmd"]
+            procs.start("engine", serve, env=eenv, cwd=a.workdir)
             t = time.time()
             wait_http(engine + "/health", 300, lambda: procs.alive("engine"))
             report["engine_ready_s"] = time.time() - t
