@@ -81,6 +81,38 @@ type streamEnd struct {
 	at     time.Time
 }
 
+// checkStreamEnds reads the ends of n streams of 300 tokens: none may hang,
+// none may fail, and a failed one must have ended with an OpenAI error event
+// within 3s of the fault (at, described by what).
+func checkStreamEnds(t *testing.T, ends <-chan streamEnd, n int, at time.Time, what string) {
+	t.Helper()
+	failed, slowest, codes := 0, time.Duration(0), map[string]int{}
+	for range n {
+		var e streamEnd
+		select {
+		case e = <-ends:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("a stream still runs 30s after %s", what)
+		}
+		if e.code == "" && e.tokens == 300 {
+			continue
+		}
+		failed++
+		codes[e.code]++
+		slowest = max(slowest, e.at.Sub(at))
+		if e.code == "" || strings.HasPrefix(e.code, "status") || strings.HasPrefix(e.code, "http") || e.code == "malformed event" {
+			t.Errorf("a stream ended with %d tokens and %q: not an OpenAI error event", e.tokens, e.code)
+		}
+	}
+	t.Logf("%d of %d streams failed (%v), the last %v after %s", failed, n, codes, slowest, what)
+	if slowest > 3*time.Second {
+		t.Errorf("a failed stream ended %v after %s, want ≤ 3s", slowest, what)
+	}
+	if failed > 0 {
+		t.Errorf("%d streams failed, want 0", failed)
+	}
+}
+
 // runStream posts a streaming chat request for n tokens, signals started
 // when its first chunk is in, and reports how it ended.
 func runStream(ctx context.Context, addr string, n int, started func()) streamEnd {
@@ -185,33 +217,7 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 			killed := time.Now()
 			nodes[kill].Shutdown()
 
-			failed, slowest := 0, time.Duration(0)
-			codes := map[string]int{}
-			for range n {
-				var e streamEnd
-				select {
-				case e = <-ends:
-				case <-time.After(30 * time.Second):
-					t.Fatal("a stream still runs 30s after the node stopped")
-				}
-				if e.code == "" && e.tokens == 300 {
-					continue
-				}
-				failed++
-				codes[e.code]++
-				took := e.at.Sub(killed)
-				slowest = max(slowest, took)
-				if e.code == "" || strings.HasPrefix(e.code, "status") || strings.HasPrefix(e.code, "http") || e.code == "malformed event" {
-					t.Errorf("a stream ended with %d tokens and %q: not an OpenAI error event", e.tokens, e.code)
-				}
-			}
-			t.Logf("%d of %d streams failed (%v), the last %v after the node stopped", failed, n, codes, slowest)
-			if slowest > 3*time.Second {
-				t.Errorf("a failed stream ended %v after the node stopped, want ≤ 3s", slowest)
-			}
-			if failed > 0 {
-				t.Errorf("%d streams failed, want 0", failed)
-			}
+			checkStreamEnds(t, ends, n, killed, "the node stopped")
 		})
 	}
 }
@@ -242,29 +248,5 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 	ns.WaitForShutdown()
 	natsOn(t, port, dir)
 	back := time.Now()
-	failed, slowest, codes := 0, time.Duration(0), map[string]int{}
-	for range n {
-		var e streamEnd
-		select {
-		case e = <-ends:
-		case <-time.After(30 * time.Second):
-			t.Fatal("a stream still runs 30s after NATS came back")
-		}
-		if e.code == "" && e.tokens == 300 {
-			continue
-		}
-		failed++
-		codes[e.code]++
-		slowest = max(slowest, e.at.Sub(back))
-		if e.code == "" || strings.HasPrefix(e.code, "status") || strings.HasPrefix(e.code, "http") || e.code == "malformed event" {
-			t.Errorf("a stream ended with %d tokens and %q: not an OpenAI error event", e.tokens, e.code)
-		}
-	}
-	t.Logf("%d of %d streams failed (%v), the last %v after NATS came back", failed, n, codes, slowest)
-	if slowest > 3*time.Second {
-		t.Errorf("a failed stream ended %v after NATS came back, want ≤ 3s", slowest)
-	}
-	if failed > 0 {
-		t.Errorf("%d streams failed, want 0", failed)
-	}
+	checkStreamEnds(t, ends, n, back, "NATS came back")
 }
