@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"slices"
 	"strconv"
 	"strings"
@@ -125,7 +126,7 @@ const retryBackoff = 250 * time.Millisecond
 
 // failover sends the stream again after err (why: the client's own reason,
 // or "" for an error frame) if it may; false: the stream fails with err.
-func (s *Stream) failover(err error, why string) bool {
+func (s *Stream) failover(ctx context.Context, err error, why string) bool {
 	e, _ := err.(*schemas.Error)
 	reason := why
 	if reason == "" {
@@ -166,7 +167,15 @@ func (s *Stream) failover(err error, why string) bool {
 		// a second failure in a row suggests something shared (NATS
 		// restarting, workers reconnecting): give it a moment, 250 ms
 		// then 500 ms, rather than spend the limit in a few milliseconds.
-		time.Sleep(min(retryBackoff<<(s.fo.attempts-1), 4*retryBackoff))
+		t := time.NewTimer(min(retryBackoff<<(s.fo.attempts-1), 4*retryBackoff))
+		select {
+		case <-t.C:
+		case <-ctx.Done(): // the reader gave up: so does the stream
+			t.Stop()
+			ev.Kind, ev.Why = FailoverFailed, "reader gone"
+			s.c.failoverEvent(ev)
+			return false
+		}
 	}
 	if !s.resend(body, resume) {
 		return false

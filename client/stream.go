@@ -182,7 +182,7 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 				continue
 			}
 			if err != nil {
-				if s.failover(err, "") {
+				if s.failover(ctx, err, "") {
 					continue
 				}
 				return out, err
@@ -195,7 +195,7 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 		if s.failed != nil {
 			err, why := s.failed, s.lost
 			s.mu.Unlock()
-			if s.failover(err, why) {
+			if s.failover(ctx, err, why) {
 				continue
 			}
 			s.mu.Lock()
