@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,7 +126,7 @@ func TestRawFramingProblem(t *testing.T) {
 // raw request (Authorization included) in its body and its log line, which
 // also said GET for a POST.
 func TestUnparsableRequestQuotesNothing(t *testing.T) {
-	var logBuf syncBuf
+	var logBuf testenv.Buffer
 	g := New(Config{}, nil, &fakeCatalog{}, nil, nil, slog.New(slog.NewJSONHandler(&logBuf, nil)))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -150,23 +149,6 @@ func TestUnparsableRequestQuotesNothing(t *testing.T) {
 	if err != nil || len(lines) != 1 || lines[0]["method"] != "-" || lines[0]["status"] != float64(400) {
 		t.Fatalf("log: %v %s", err, logBuf.String())
 	}
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // BenchmarkEdgeChecks: what every request now pays at the edge: the framing

@@ -1,7 +1,6 @@
 package program
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,27 +32,9 @@ const (
 	natsMarker  = "NATSMARKERpassword0123456789abcd"
 )
 
-// syncBuffer is a log sink for several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 type leakWorld struct {
 	gw         *Gateway
-	log        *syncBuffer
+	log        *testenv.Buffer
 	realKey    string   // a working API key
 	needles    []string // what must never be seen
 	sent       int
@@ -77,7 +57,7 @@ func startLeakWorld(t testing.TB) *leakWorld {
 	rd := testenv.StartRedis(t)
 	ctx := context.Background()
 
-	w := &leakWorld{log: &syncBuffer{}}
+	w := &leakWorld{log: &testenv.Buffer{}}
 	log := slog.New(slog.NewJSONHandler(w.log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	natsOpts := DefaultGateway().NATS
 	natsOpts.URL, natsOpts.User, natsOpts.Password = ns.ClientURL(), "tokenbus", natsMarker

@@ -1,7 +1,6 @@
 package httpengine
 
 import (
-	"bytes"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,26 +9,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
-
-// syncBuffer is a log destination safe for the engine's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Error answers of real servers over HTTP: FastAPI's 422 list is a 400
 // naming the field, a plain-text 500 a 502 with the text (the key
@@ -58,7 +40,7 @@ func TestErrorAnswers(t *testing.T) {
 		io.WriteString(w, answer.body)
 	}))
 	t.Cleanup(srv.Close)
-	var logs syncBuffer
+	var logs testenv.Buffer
 	cfg := fastConfig(srv.URL)
 	cfg.APIKey = key
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
