@@ -320,10 +320,54 @@ def summarize(recs, wall):
     }
 
 
-def load(engine, gateway, model, levels, max_tokens, deadline):
+TTFT_SERIES = ("tokenbus_gateway_time_to_first_token_seconds", "tokenbus_worker_time_to_first_token_seconds")
+
+
+def scrape(urls):
+    """Sum and count of the gateway's and the worker's TTFT histograms (all label sets), from their /metrics."""
+    out = {}
+    for url in urls:
+        try:
+            _, _, body = http_req("GET", url, None, timeout=10)
+        except OSError:
+            continue
+        for line in body.splitlines():
+            for name in TTFT_SERIES:
+                for part in ("_sum", "_count"):
+                    if line.startswith(name + part + " ") or line.startswith(name + part + "{"):
+                        k = name + part
+                        out[k] = out.get(k, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def split_ttft(before, after):
+    """Mean TTFT at the gateway and at the worker over the requests between two scrapes, in ms: the gateway's
+    clock runs from its reading of the request to the first chunk it writes, the worker's from its admission to
+    the engine's first chunk, so the difference is what the bus path (gateway, dispatcher, NATS, reply) adds."""
+    res = {}
+    for name, key in zip(TTFT_SERIES, ("gateway_ttft_mean_ms", "worker_ttft_mean_ms")):
+        n = after.get(name + "_count", 0) - before.get(name + "_count", 0)
+        s = after.get(name + "_sum", 0) - before.get(name + "_sum", 0)
+        res[key] = s / n * 1e3 if n else None
+        res[key.replace("_mean_ms", "_n")] = int(n)
+    if res["gateway_ttft_mean_ms"] is not None and res["worker_ttft_mean_ms"] is not None:
+        res["bus_added_mean_ms"] = res["gateway_ttft_mean_ms"] - res["worker_ttft_mean_ms"]
+    return res
+
+
+def load(engine, gateway, model, levels, max_tokens, deadline, metrics_urls=()):
     res = {}
     for conc, rounds in levels:
+        if time.time() > deadline:
+            log("time budget reached; skipping level", conc)
+            break
+        # one unmeasured batch per side first: the engine's first batches at a new size are slow (run 3's p99s), and
+        # whichever side ran first paid for it
+        for base in (engine, gateway):
+            batch(base, model, conc, max_tokens, seed=conc * 1000 - 1)
         acc = {"engine": ([], 0.0), "tokenbus": ([], 0.0)}
+        paired = []  # per round: tokenbus TTFT p50 minus engine TTFT p50, the same prompts back to back
+        before = scrape(metrics_urls)
         for rd in range(rounds):
             if time.time() > deadline:
                 log("time budget reached; stopping load at", conc, "round", rd)
@@ -331,14 +375,24 @@ def load(engine, gateway, model, levels, max_tokens, deadline):
             order = [("engine", engine), ("tokenbus", gateway)]
             if rd % 2:
                 order.reverse()  # interleave: neither side always goes first
+            p50 = {}
             for side, base in order:
                 recs, wall = batch(base, model, conc, max_tokens, seed=conc * 1000 + rd)
                 a, w = acc[side]
                 acc[side] = (a + recs, w + wall)
+                p50[side] = pct([r["ttft_ms"] for r in recs if r["ttft_ms"] is not None], 50)
+            if p50.get("engine") is not None and p50.get("tokenbus") is not None:
+                paired.append(p50["tokenbus"] - p50["engine"])
+        after = scrape(metrics_urls)
         res[str(conc)] = {side: summarize(a, w) for side, (a, w) in acc.items() if a}
+        res[str(conc)]["paired"] = {"rounds": len(paired), "ttft_p50_diff_ms": paired,
+                                    "median_diff_ms": pct(paired, 50)}
+        res[str(conc)]["split"] = split_ttft(before, after)
         for side, s in res[str(conc)].items():
-            log(f"c={conc} {side}: {s['clean']}/{s['requests']} clean, ttft p50 {fmt(s['ttft_p50_ms'])} p99 "
-                f"{fmt(s['ttft_p99_ms'])} ms, itl p50 {fmt(s['itl_p50_ms'])} ms, {fmt(s['tokens_per_s'])} tok/s, ends {s['ends']}")
+            if side in ("engine", "tokenbus"):
+                log(f"c={conc} {side}: {s['clean']}/{s['requests']} clean, ttft p50 {fmt(s['ttft_p50_ms'])} p99 "
+                    f"{fmt(s['ttft_p99_ms'])} ms, itl p50 {fmt(s['itl_p50_ms'])} ms, {fmt(s['tokens_per_s'])} tok/s, ends {s['ends']}")
+        log(f"c={conc} paired TTFT p50 diffs {[round(x, 2) for x in paired]} ms; split {res[str(conc)]['split']}")
     return res
 
 
@@ -352,13 +406,23 @@ def markdown(report):
           "|---:|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for conc, sides in report.get("load", {}).items():
         for side, s in sides.items():
+            if side not in ("engine", "tokenbus"):
+                continue
             L.append(f"| {conc} | {side} | {s['requests']} | {s['clean']} | {s['done_seen']} | {s['ends']} | {fmt(s['ttft_p50_ms'])} | "
                      f"{fmt(s['ttft_p99_ms'])} | {fmt(s['itl_p50_ms'], 2)} | {fmt(s['itl_p99_ms'], 2)} | {fmt(s['tokens_per_s'], 0)} |")
+    L += ["", "Where tokenbus's TTFT goes (means over the measured tokenbus batches; paired: median over rounds of the "
+          "tokenbus batch's TTFT p50 minus the engine batch's, same prompts back to back):", "",
+          "| conc | paired diff ms (median) | rounds | gateway TTFT mean ms | worker TTFT mean ms | bus adds ms |",
+          "|---:|---:|---:|---:|---:|---:|"]
+    for conc, sides in report.get("load", {}).items():
+        p, sp = sides.get("paired", {}), sides.get("split", {})
+        L.append(f"| {conc} | {fmt(p.get('median_diff_ms'), 2)} | {p.get('rounds')} | {fmt(sp.get('gateway_ttft_mean_ms'), 2)} | "
+                 f"{fmt(sp.get('worker_ttft_mean_ms'), 2)} | {fmt(sp.get('bus_added_mean_ms'), 3)} |")
     L += ["", "## Probes", "", "```", json.dumps(report.get("probes"), indent=1), "```", "",
           "## OpenAI SDK through tokenbus", "", "```", json.dumps(report.get("sdk"), indent=1), "```", ""]
     for conc, sides in report.get("load", {}).items():
         for side, s in sides.items():
-            if s["errors"]:
+            if side in ("engine", "tokenbus") and s["errors"]:
                 L.append(f"- c={conc} {side} errors: {s['errors']}")
     return "\n".join(L) + "\n"
 
@@ -428,13 +492,13 @@ def main():
         report["engine_warmup"] = {k: w[k] for k in ("status", "ttft_ms", "tokens", "done", "finish_reason", "end", "error")}
         log("engine warm-up", report["engine_warmup"])
 
-        hport, nport = free_port(), free_port()
+        hport, nport, mport = free_port(), free_port(), free_port()
         gateway = f"http://127.0.0.1:{hport}"
         # --model/--adapters "": the registry then holds the engine's model alone (no sim model or example adapter)
         dev = [a.tokenbus, "dev", "--sim-workers", "0", "--model", model, "--adapters", "", "--http", f"127.0.0.1:{hport}", "--admin", "",
                "--nats-listen", f"127.0.0.1:{nport}", "--log-level", "info"]
         worker = [a.tokenbus, "worker", "--engine", "openai", "--engine-url", engine, "--engine-models", model,
-                  "--nats-url", f"nats://127.0.0.1:{nport}", "--log-level", "info"]
+                  "--nats-url", f"nats://127.0.0.1:{nport}", "--metrics", f"127.0.0.1:{mport}", "--log-level", "info"]
         report["tokenbus_cmd"] = [" ".join(dev), " ".join(worker)]
         procs.start("tokenbus-dev", dev, env=env)
         wait_http(gateway + "/health", 60, lambda: procs.alive("tokenbus-dev"), ok=(200, 503))
@@ -460,7 +524,8 @@ def main():
         report["sdk"] = sdk_check(gateway, model)
         log("sdk", report["sdk"])
         levels = [tuple(int(x) for x in lv.split(":")) for lv in a.levels.split(",")]
-        report["load"] = load(engine, gateway, model, levels, a.max_tokens, t_start + a.budget_s)
+        report["load"] = load(engine, gateway, model, levels, a.max_tokens, t_start + a.budget_s,
+                              metrics_urls=(gateway + "/metrics", f"http://127.0.0.1:{mport}/metrics"))
     except Exception as e:  # record how far it got; the logs say why
         report["fatal"] = f"{type(e).__name__}: {e}"
         log("FATAL", report["fatal"])

@@ -27,9 +27,13 @@ const (
 	// harness's server must still generate all of max_tokens) and expects a
 	// field the server does not know to be a 400 naming it.
 	Extensions Feature = "extensions"
+	// Concurrency: the server runs requests at once. A server that runs one
+	// at a time is put behind a worker that sends it one at a time
+	// (--max-concurrency 1); the suite then never overlaps two requests.
+	Concurrency Feature = "concurrency"
 )
 
-var features = []Feature{Adapters, StreamUsage, Faults, Extensions}
+var features = []Feature{Adapters, StreamUsage, Faults, Extensions, Concurrency}
 
 // Harness is what the suite needs of an engine.
 type Harness struct {
@@ -68,7 +72,8 @@ var behaviours = []behaviour{
 	{"n choices", nil, testN, ""},
 	{"unknown fields are accepted", []Feature{Extensions}, testUnknownFields, ""},
 	{"unknown fields are a 400 naming them", nil, testStrictFields, Extensions},
-	{"concurrent requests", nil, testConcurrent, ""},
+	{"concurrent requests", []Feature{Concurrency}, testConcurrent, ""},
+	{"a long stream arrives whole", nil, testLongStream, ""},
 	{"bad request", nil, testBadRequest, ""},
 	{"unknown model", nil, testUnknownModel, ""},
 	{"cancel", nil, testCancel, ""},

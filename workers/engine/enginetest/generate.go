@@ -3,6 +3,8 @@ package enginetest
 import (
 	"strings"
 	"testing"
+
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // The requests of these behaviours ask for this many tokens, all of them
@@ -186,5 +188,25 @@ func testConcurrent(t *testing.T, h *Harness) {
 			t.Errorf("two streams with id %s", st.id)
 		}
 		ids[st.id] = true
+	}
+}
+
+// longStreamTokens outlasts many health and model-list periods of an engine
+// whose harness sets them short (the one-at-a-time quirk's does).
+const longStreamTokens = 400
+
+// A stream much longer than the others arrives whole, with its finish_reason:
+// nothing the engine does by itself while it runs (health probes, model list
+// refreshes) may cut it, and a stream the server cuts is an error.
+func testLongStream(t *testing.T, h *Harness) {
+	e := start(t, h)
+	s := newSink()
+	res, err := generate(t.Context(), e, request(t, schemas.KindChat, h.Model, `"stream":true,`+h.exactly(longStreamTokens)), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkStream(t, schemas.KindChat, h.Model, 1, s.Lines()) // whole: every choice ends with a finish_reason
+	if res == nil || res.Usage.CompletionTokens < longStreamTokens {
+		t.Fatalf("result %+v: want %d completion tokens", res, longStreamTokens)
 	}
 }

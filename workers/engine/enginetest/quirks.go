@@ -2,6 +2,7 @@ package enginetest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,10 +44,21 @@ const (
 	// QuirkUUIDOnly: an X-Request-Id that is not a UUID is answered 400
 	// with an empty body (a popular CPU server).
 	QuirkUUIDOnly Quirk = "UUID-only request ids"
+	// QuirkOneAtATime: the server runs one request at a time, and any
+	// request that arrives (GET /v1/models and /health included) ends the
+	// running stream with data: [DONE] and no finish_reason (a popular CPU
+	// server). Its harness lacks Concurrency; an engine in front of it must
+	// never probe or refresh while a request runs, and must take a stream
+	// cut so for an error, never a finished one.
+	QuirkOneAtATime Quirk = "one request at a time"
+	// QuirkNoHealth: no /health and no /metrics (404), as any
+	// OpenAI-compatible server that is not vLLM.
+	QuirkNoHealth Quirk = "no /health"
 )
 
 // Quirks are the quirk fakes, in order.
-var Quirks = []Quirk{QuirkNoDone, QuirkStrict, QuirkMinimalModels, QuirkUsageApart, QuirkSlowFirstByte, QuirkUUIDOnly}
+var Quirks = []Quirk{QuirkNoDone, QuirkStrict, QuirkMinimalModels, QuirkUsageApart, QuirkSlowFirstByte, QuirkUUIDOnly,
+	QuirkOneAtATime, QuirkNoHealth}
 
 // slowFirstByte is QuirkSlowFirstByte's pause.
 const slowFirstByte = 150 * time.Millisecond
@@ -61,7 +75,12 @@ func QuirkServer(t testing.TB, sc sim.Config, cfg simserver.Config, q Quirk) str
 		t.Fatal(err)
 	}
 	inner := simserver.New(cfg, eng, nil)
+	one := &oneAtATime{}
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if q == QuirkOneAtATime {
+			one.serve(w, r, inner)
+			return
+		}
 		serveQuirk(w, r, q, inner, sc.Model)
 	}))
 	t.Cleanup(func() {
@@ -114,6 +133,11 @@ func serveQuirk(w http.ResponseWriter, r *http.Request, q Quirk, inner http.Hand
 				return
 			}
 		}
+	case QuirkNoHealth:
+		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
 	case QuirkUUIDOnly:
 		if id := r.Header.Get("X-Request-Id"); id != "" && !uuidRE.MatchString(id) {
 			w.WriteHeader(http.StatusBadRequest)
@@ -124,6 +148,44 @@ func serveQuirk(w http.ResponseWriter, r *http.Request, q Quirk, inner http.Hand
 }
 
 var uuidRE = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// oneAtATime is QuirkOneAtATime's state: the running generation's cut.
+type oneAtATime struct {
+	mu  sync.Mutex
+	cut func() // ends the running generation; nil when none runs
+}
+
+// serve cuts the running generation, then serves r; a generation that is cut
+// in its turn stops at an event's end and sends data: [DONE].
+func (o *oneAtATime) serve(w http.ResponseWriter, r *http.Request, inner http.Handler) {
+	o.mu.Lock()
+	if o.cut != nil {
+		o.cut()
+		o.cut = nil
+	}
+	generation := r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") && strings.HasSuffix(r.URL.Path, "completions")
+	if !generation {
+		o.mu.Unlock()
+		inner.ServeHTTP(w, r)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Context())
+	var cut atomic.Bool
+	o.cut = func() { cut.Store(true); cancel() }
+	o.mu.Unlock()
+	defer cancel()
+	f := &eventFilter{ResponseWriter: w, edit: func(ev []byte) []byte {
+		if cut.Load() || bytes.HasPrefix(ev, []byte("data: [DONE]")) {
+			return nil
+		}
+		return ev
+	}}
+	inner.ServeHTTP(f, r.WithContext(ctx))
+	if cut.Load() || strings.HasPrefix(w.Header().Get("Content-Type"), "text/event-stream") {
+		// cut or not, the stream ends with [DONE]; a cut one has no finish_reason
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}
+}
 
 // openAIFields are the request fields of OpenAI's chat and completions
 // APIs: what QuirkStrict accepts.

@@ -33,7 +33,8 @@ func TestConformance(t *testing.T) {
 
 // The openai engine against each quirk fake: the sim-server with one quirk
 // of a real server. Each lacks what the main harness lacks, and the faults
-// (the fake vLLM's, run above); the strict one also lacks Extensions.
+// (the fake vLLM's, run above); the strict one also lacks Extensions, the
+// one-at-a-time one Concurrency.
 func TestConformanceQuirks(t *testing.T) {
 	for _, q := range enginetest.Quirks {
 		t.Run(string(q), func(t *testing.T) {
@@ -42,8 +43,15 @@ func TestConformanceQuirks(t *testing.T) {
 				enginetest.StreamUsage: "a stream's usage comes only when stream_options asks",
 				enginetest.Faults:      "the faults run against the fake vLLM (TestConformance); this fake shows one quirk",
 			}
-			if q == enginetest.QuirkStrict {
+			switch q {
+			case enginetest.QuirkStrict:
 				lacks[enginetest.Extensions] = "the server refuses fields outside OpenAI's API with a 422"
+			case enginetest.QuirkOneAtATime:
+				// newEngine probes health every 10ms and the model list every
+				// 50ms: hundreds of chances to cut a stream, were they sent
+				// while one runs.
+				lacks[enginetest.Concurrency] = "the server runs one request at a time and cuts the running " +
+					"stream for the next: a worker sends it one at a time (--max-concurrency 1)"
 			}
 			enginetest.Run(t, enginetest.Harness{
 				Model: "llama",
