@@ -16,6 +16,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -396,6 +397,29 @@ def load(engine, gateway, model, levels, max_tokens, deadline, metrics_urls=()):
     return res
 
 
+def conformance(binary, engine, model, lacks, timeout_s):
+    """The engine conformance suite (workers/engine/openai TestConformanceServer) against the engine: the openai
+    engine, as tokenbus's worker runs it, in front of this server. Returns each row's verdict and the output's tail."""
+    env = dict(os.environ, TOKENBUS_CONFORMANCE_URL=engine, TOKENBUS_CONFORMANCE_MODEL=model,
+               TOKENBUS_CONFORMANCE_LACKS=lacks)
+    cmd = [binary, "-test.run", "^TestConformanceServer$", "-test.v", "-test.count", "1",
+           "-test.timeout", f"{int(timeout_s)}s"]
+    t = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s + 30)
+        out, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"^(\s*)--- (PASS|FAIL|SKIP): TestConformanceServer/(\S+)", line)
+        if m:
+            rows[m.group(3)] = m.group(2)
+    return {"cmd": " ".join(cmd), "lacks": lacks, "rc": rc, "wall_s": time.time() - t, "rows": rows,
+            "passed": sum(v == "PASS" for v in rows.values()), "failed": sorted(k for k, v in rows.items() if v == "FAIL"),
+            "tail": out[-6000:]}
+
+
 def fmt(x, d=1):
     return "-" if x is None else f"{x:.{d}f}"
 
@@ -418,6 +442,10 @@ def markdown(report):
         p, sp = sides.get("paired", {}), sides.get("split", {})
         L.append(f"| {conc} | {fmt(p.get('median_diff_ms'), 2)} | {p.get('rounds')} | {fmt(sp.get('gateway_ttft_mean_ms'), 2)} | "
                  f"{fmt(sp.get('worker_ttft_mean_ms'), 2)} | {fmt(sp.get('bus_added_mean_ms'), 3)} |")
+    c = report.get("conformance")
+    if c:
+        L += ["", f"Conformance suite against the engine (`{c['cmd']}`, lacks `{c['lacks']}`): rc {c['rc']}, "
+              f"{c['passed']} rows passed, failed: {c['failed'] or 'none'}", "", "```", c["tail"][-3000:], "```"]
     L += ["", "## Probes", "", "```", json.dumps(report.get("probes"), indent=1), "```", "",
           "## OpenAI SDK through tokenbus", "", "```", json.dumps(report.get("sdk"), indent=1), "```", ""]
     for conc, sides in report.get("load", {}).items():
@@ -443,6 +471,9 @@ def main():
     ap.add_argument("--no-hf-cache", action="store_true",
                     help="start the engine without an HF cache directory: its GET /v1/models then answers 500, and "
                          "tokenbus's openai engine (health = GET /v1/models) never becomes ready")
+    ap.add_argument("--conformance", default="", help="the engine conformance suite's test binary: run against the engine after the load")
+    ap.add_argument("--conformance-lacks", default="extensions", help="features the engine lacks (enginetest names)")
+    ap.add_argument("--conformance-timeout-s", type=float, default=180)
     ap.add_argument("--size", default="1024,2816,16,16,8", help="hidden,intermediate,layers,heads,kv_heads")
     a = ap.parse_args()
     t_start = time.time()
@@ -526,6 +557,9 @@ def main():
         levels = [tuple(int(x) for x in lv.split(":")) for lv in a.levels.split(",")]
         report["load"] = load(engine, gateway, model, levels, a.max_tokens, t_start + a.budget_s,
                               metrics_urls=(gateway + "/metrics", f"http://127.0.0.1:{mport}/metrics"))
+        if a.conformance:
+            report["conformance"] = conformance(a.conformance, engine, model, a.conformance_lacks, a.conformance_timeout_s)
+            log("conformance", {k: report["conformance"][k] for k in ("rc", "passed", "failed", "wall_s")})
     except Exception as e:  # record how far it got; the logs say why
         report["fatal"] = f"{type(e).__name__}: {e}"
         log("FATAL", report["fatal"])

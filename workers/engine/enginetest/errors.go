@@ -1,6 +1,7 @@
 package enginetest
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -43,8 +44,11 @@ func testBadRequest(t *testing.T, h *Harness) {
 		})
 	}
 	t.Run("over the context length", func(t *testing.T) {
+		// Bounded: a server that does not check would generate for ever.
+		ctx, cancel := context.WithTimeout(t.Context(), waitLong)
+		defer cancel()
 		s := newSink()
-		_, err := generate(t.Context(), e, request(t, chat, m, `"stream":true,"max_tokens":100000000`), s)
+		_, err := generate(ctx, e, request(t, chat, m, `"stream":true,"max_tokens":100000000`), s)
 		asError(t, err, 400)
 		if n := s.Calls(); n != 0 {
 			t.Errorf("%d Sink.Chunks calls for a bad request", n)

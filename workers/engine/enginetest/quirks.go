@@ -6,9 +6,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,11 +56,14 @@ const (
 	// QuirkNoHealth: no /health and no /metrics (404), as any
 	// OpenAI-compatible server that is not vLLM.
 	QuirkNoHealth Quirk = "no /health"
+	// QuirkOwnModelName: answers name the model as the server calls it
+	// ("<model>@main"), not as the request did (transformers serve).
+	QuirkOwnModelName Quirk = "own model name"
 )
 
 // Quirks are the quirk fakes, in order.
 var Quirks = []Quirk{QuirkNoDone, QuirkStrict, QuirkMinimalModels, QuirkUsageApart, QuirkSlowFirstByte, QuirkUUIDOnly,
-	QuirkOneAtATime, QuirkNoHealth}
+	QuirkOneAtATime, QuirkNoHealth, QuirkOwnModelName}
 
 // slowFirstByte is QuirkSlowFirstByte's pause.
 const slowFirstByte = 150 * time.Millisecond
@@ -132,6 +137,24 @@ func serveQuirk(w http.ResponseWriter, r *http.Request, q Quirk, inner http.Hand
 			case <-r.Context().Done():
 				return
 			}
+		}
+	case QuirkOwnModelName:
+		if generation {
+			from, to := []byte(fmt.Sprintf(`"model":%q`, model)), []byte(fmt.Sprintf(`"model":%q`, model+"@main"))
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if bytes.Contains(body, []byte(`"stream":true`)) {
+				w = &eventFilter{ResponseWriter: w, edit: func(ev []byte) []byte { return bytes.Replace(ev, from, to, 1) }}
+				break
+			}
+			rec := httptest.NewRecorder()
+			inner.ServeHTTP(rec, r)
+			maps.Copy(w.Header(), rec.Header())
+			out := bytes.Replace(rec.Body.Bytes(), from, to, 1)
+			w.Header().Set("Content-Length", strconv.Itoa(len(out)))
+			w.WriteHeader(rec.Code)
+			_, _ = w.Write(out)
+			return
 		}
 	case QuirkNoHealth:
 		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {

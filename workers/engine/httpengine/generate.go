@@ -131,7 +131,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		timer.Stop()
-		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink)
+		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink, req.Model)
 		if err == nil {
 			// Read the body to its end, so the connection goes back to the
 			// pool, without making the caller wait for it; a server that
@@ -157,7 +157,8 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	if int64(len(body)) > e.cfg.MaxResponseBytes {
 		return nil, engineError("the engine's response is larger than %d bytes", e.cfg.MaxResponseBytes)
 	}
-	res := &engine.Result{Response: body}
+	mn := newModelName(req.Model)
+	res := &engine.Result{Response: mn.fix(body)}
 	if u := schemas.UsageOf(body); u != nil {
 		res.Usage = *u
 	}
@@ -165,7 +166,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 }
 
 // stream reads an SSE answer; see the package doc.
-func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink) (*engine.Result, error) {
+func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink, model string) (*engine.Result, error) {
 	stall := e.cfg.StallTimeout
 	idle := newIdleTimer(stall, func() { cancel(errStalled(stall)) })
 	defer idle.stop()
@@ -179,7 +180,7 @@ func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFun
 		}
 	}()
 
-	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes, key: e.cfg.APIKey}
+	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes, key: e.cfg.APIKey, model: newModelName(model)}
 	err := s.run(br, sink)
 	*bp = s.batch[:0]
 	var gone *sinkError
@@ -217,6 +218,7 @@ type sseState struct {
 	finished bool
 	fixed    []byte // a usage chunk given "choices":[]
 	key      string // the engine's API key, kept out of error messages
+	model    modelName
 }
 
 // run reads lines until the stream's end, a read error, a mid-stream error
@@ -235,6 +237,7 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 				return s.flush(sink, scrubKey(UpstreamError(0, data), s.key))
 			}
 			s.chunks++
+			data = s.model.fix(data)
 			if !s.finished && hasFinish(data) {
 				s.finished = true
 			}

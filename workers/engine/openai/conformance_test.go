@@ -1,6 +1,8 @@
 package openai
 
 import (
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/tokenbus/tokenbus/workers/engine"
@@ -63,4 +65,35 @@ func TestConformanceQuirks(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The openai engine against a server already running: the suite's rows for
+// a real engine. scripts/gpu-check runs this test's binary against
+// transformers serve on a GPU host. TOKENBUS_CONFORMANCE_URL is the server's
+// root, TOKENBUS_CONFORMANCE_MODEL the model it serves, and
+// TOKENBUS_CONFORMANCE_LACKS the features it lacks, comma-separated
+// (enginetest's names: "extensions" for a server that refuses fields outside
+// OpenAI's API, "concurrency" for one that runs a request at a time).
+func TestConformanceServer(t *testing.T) {
+	url, model := os.Getenv("TOKENBUS_CONFORMANCE_URL"), os.Getenv("TOKENBUS_CONFORMANCE_MODEL")
+	if url == "" || model == "" {
+		t.Skip("TOKENBUS_CONFORMANCE_URL and TOKENBUS_CONFORMANCE_MODEL name a running server to test against")
+	}
+	lacks := map[enginetest.Feature]string{
+		enginetest.Adapters:    "an OpenAI-compatible server has no standard API to load adapters",
+		enginetest.StreamUsage: "a stream's usage comes only when stream_options asks",
+		enginetest.Faults:      "the faults run against the fake vLLM (TestConformance)",
+	}
+	for f := range strings.SplitSeq(os.Getenv("TOKENBUS_CONFORMANCE_LACKS"), ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			lacks[enginetest.Feature(f)] = "TOKENBUS_CONFORMANCE_LACKS says the server lacks it"
+		}
+	}
+	enginetest.Run(t, enginetest.Harness{
+		Model: model,
+		New: func(t *testing.T) engine.Engine {
+			return newEngine(t, Config{URL: url, Models: []string{model}})
+		},
+		Lacks: lacks,
+	})
 }
