@@ -241,8 +241,26 @@ def probes(engine, gateway, model):
                 p[name] = {"status": st, "body": b[:600]}
             except OSError as e:
                 p[name] = {"error": repr(e)}
+        for kind, path, body in (("chat", "/v1/chat/completions", {"messages": msg}),
+                                  ("completion", "/v1/completions", {"prompt": "ka to ri"})):
+            p["raw_stream_" + kind] = raw_events(base + path, dict(body, model=model, max_tokens=8, stream=True))
         out[side] = p
     return out
+
+
+def raw_events(url, body, keep=4, timeout=60):
+    """The first and last few SSE data lines of a stream, as sent: what a chunk of this server looks like."""
+    u = urllib.parse.urlsplit(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        c.request("POST", u.path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        lines = [ln.decode("utf-8", "replace").rstrip("\r\n") for ln in r.read().splitlines() if ln.startswith(b"data:")]
+        return {"status": r.status, "events": len(lines), "first": lines[:keep], "last": lines[-keep:]}
+    except OSError as e:
+        return {"error": repr(e)}
+    finally:
+        c.close()
 
 
 def sdk_check(gateway, model):
@@ -397,7 +415,7 @@ def load(engine, gateway, model, levels, max_tokens, deadline, metrics_urls=()):
     return res
 
 
-def conformance(binary, engine, model, lacks, timeout_s):
+def conformance(binary, engine, model, lacks, timeout_s, log_path=""):
     """The engine conformance suite (workers/engine/openai TestConformanceServer) against the engine: the openai
     engine, as tokenbus's worker runs it, in front of this server. Returns each row's verdict and the output's tail."""
     env = dict(os.environ, TOKENBUS_CONFORMANCE_URL=engine, TOKENBUS_CONFORMANCE_MODEL=model,
@@ -410,6 +428,9 @@ def conformance(binary, engine, model, lacks, timeout_s):
         out, rc = p.stdout + p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out, rc = (e.stdout or b"").decode("utf-8", "replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
+    if log_path:
+        with open(log_path, "w") as f:
+            f.write(out)
     rows = {}
     for line in out.splitlines():
         m = re.match(r"^(\s*)--- (PASS|FAIL|SKIP): TestConformanceServer/(\S+)", line)
@@ -417,6 +438,8 @@ def conformance(binary, engine, model, lacks, timeout_s):
             rows[m.group(3)] = m.group(2)
     return {"cmd": " ".join(cmd), "lacks": lacks, "rc": rc, "wall_s": time.time() - t, "rows": rows,
             "passed": sum(v == "PASS" for v in rows.values()), "failed": sorted(k for k, v in rows.items() if v == "FAIL"),
+            "messages": [ln.strip() for ln in out.splitlines() if re.search(r"\.go:\d+: ", ln)
+                         and "the engine lacks" not in ln and "only for an engine" not in ln][:80],
             "tail": out[-6000:]}
 
 
@@ -445,7 +468,7 @@ def markdown(report):
     c = report.get("conformance")
     if c:
         L += ["", f"Conformance suite against the engine (`{c['cmd']}`, lacks `{c['lacks']}`): rc {c['rc']}, "
-              f"{c['passed']} rows passed, failed: {c['failed'] or 'none'}", "", "```", c["tail"][-3000:], "```"]
+              f"{c['passed']} rows passed, failed: {c['failed'] or 'none'}", "", "```", "\n".join(c["messages"]), "```"]
     L += ["", "## Probes", "", "```", json.dumps(report.get("probes"), indent=1), "```", "",
           "## OpenAI SDK through tokenbus", "", "```", json.dumps(report.get("sdk"), indent=1), "```", ""]
     for conc, sides in report.get("load", {}).items():
@@ -554,11 +577,12 @@ def main():
         log("probes done")
         report["sdk"] = sdk_check(gateway, model)
         log("sdk", report["sdk"])
-        levels = [tuple(int(x) for x in lv.split(":")) for lv in a.levels.split(",")]
+        levels = [tuple(int(x) for x in lv.split(":")) for lv in a.levels.split(",") if lv]
         report["load"] = load(engine, gateway, model, levels, a.max_tokens, t_start + a.budget_s,
                               metrics_urls=(gateway + "/metrics", f"http://127.0.0.1:{mport}/metrics"))
         if a.conformance:
-            report["conformance"] = conformance(a.conformance, engine, model, a.conformance_lacks, a.conformance_timeout_s)
+            report["conformance"] = conformance(a.conformance, engine, model, a.conformance_lacks, a.conformance_timeout_s,
+                                                log_path=os.path.join(a.out, "conformance.log"))
             log("conformance", {k: report["conformance"][k] for k in ("rc", "passed", "failed", "wall_s")})
     except Exception as e:  # record how far it got; the logs say why
         report["fatal"] = f"{type(e).__name__}: {e}"

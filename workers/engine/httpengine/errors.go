@@ -61,6 +61,12 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 			var s string
 			if json.Unmarshal(top.Detail, &s) == nil {
 				msg = s
+				if status == http.StatusUnprocessableEntity {
+					// FastAPI servers refuse a request they cannot take with a
+					// 422 and a sentence; OpenAI's status for that is 400.
+					status = http.StatusBadRequest
+					param = unexpectedField(s)
+				}
 			} else if m, p, ok := validationDetail(top.Detail); ok {
 				msg, param = m, p
 				if status == http.StatusUnprocessableEntity {
@@ -119,6 +125,21 @@ func UpstreamError(status int, body []byte) *schemas.Error {
 		p = *param
 	}
 	return schemas.FromUpstream(status, typ, c, p, msg)
+}
+
+// unexpectedField is the first field named by transformers serve's refusal
+// of fields it does not know, "Unexpected fields in the request:
+// {'ignore_eos', 'x'}"; nil for any other sentence.
+func unexpectedField(s string) *string {
+	_, set, ok := strings.Cut(s, "Unexpected fields in the request: {'")
+	if !ok {
+		return nil
+	}
+	f, _, ok := strings.Cut(set, "'")
+	if !ok || f == "" {
+		return nil
+	}
+	return &f
 }
 
 // validationDetail reads FastAPI's validation list,
