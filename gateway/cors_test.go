@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -196,5 +197,45 @@ func TestCORSCheck(t *testing.T) {
 		if err := (CORSConfig{Origins: tc.origins}).Check(); (err == nil) != tc.ok {
 			t.Errorf("Check(%q) = %v, want ok %v", tc.origins, err, tc.ok)
 		}
+	}
+}
+
+// BenchmarkCORS: what the middleware adds to a request (not per token: a
+// stream's head is built once), against the same app without it.
+func BenchmarkCORS(b *testing.B) {
+	for _, bc := range []struct {
+		name, origin, method string
+		cfg                  CORSConfig
+	}{
+		{"off", "https://app.example", fiber.MethodPost, CORSConfig{}},
+		{"any, no Origin", "", fiber.MethodPost, CORSConfig{Origins: []string{"*"}}},
+		{"any, Origin", "https://app.example", fiber.MethodPost, CORSConfig{Origins: []string{"*"}}},
+		{"listed, Origin", "https://app.example", fiber.MethodPost, CORSConfig{Origins: []string{"https://other.example", "https://app.example"}}},
+		{"preflight", "https://app.example", fiber.MethodOptions, CORSConfig{Origins: []string{"*"}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			app := fiber.New()
+			if x := newCORS(bc.cfg); x != nil {
+				app.Use(x.handle)
+			}
+			app.Post("/v1/chat/completions", func(c *fiber.Ctx) error { return c.SendString("ok") })
+			h := app.Handler()
+			var ctx fasthttp.RequestCtx
+			b.ReportAllocs()
+			for b.Loop() {
+				ctx.Request.Reset()
+				ctx.Response.Reset()
+				ctx.Request.Header.SetMethod(bc.method)
+				ctx.Request.SetRequestURI("/v1/chat/completions")
+				if bc.origin != "" {
+					ctx.Request.Header.Set("Origin", bc.origin)
+				}
+				if bc.method == fiber.MethodOptions {
+					ctx.Request.Header.Set("Access-Control-Request-Method", "POST")
+					ctx.Request.Header.Set("Access-Control-Request-Headers", "authorization, content-type")
+				}
+				h(&ctx)
+			}
+		})
 	}
 }
