@@ -32,7 +32,7 @@ type Config struct {
 	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
-	Version         string // the tokenbus version, for /version and /ready
+	Version         string        // the tokenbus version, for /version and /ready
 	// CORS lets browser pages of other origins call the API; its zero value
 	// is off.
 	CORS CORSConfig

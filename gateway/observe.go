@@ -25,7 +25,6 @@ const (
 
 const routePreflight = "preflight"
 
-
 const routeUnmatched = "unmatched"
 
 // observe runs first for every request: it settles the request id, turns a
