@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -163,6 +165,15 @@ func TestCORS(t *testing.T) {
 			}
 			if tc.req.Method == http.MethodOptions && authorized.Load() != 0 {
 				t.Error("a preflight reached the Authorize hook")
+			}
+			if w.status == 204 {
+				// Counted under its own route label, not as an unmatched path.
+				testenv.WaitFor(t, 2*time.Second, func() error {
+					if n := h.metric(t, "tokenbus_gateway_requests_total", map[string]string{"route": "preflight", "status": "204"}); n != 1 {
+						return fmt.Errorf("preflights counted: %v", n)
+					}
+					return nil
+				})
 			}
 		})
 	}

@@ -58,6 +58,9 @@ func checkHTTP(c program.HTTPConfig, haveRedis bool) error {
 		return fmt.Errorf(`--admin-token (or %s) is required for the admin API on %s; or turn it off with --admin ""`,
 			flagenv.EnvName("admin-token"), c.Admin)
 	}
+	if err := c.CORS.Check(); err != nil {
+		return fmt.Errorf("--cors-origins: %w", err)
+	}
 	return nil
 }
 

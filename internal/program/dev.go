@@ -57,6 +57,7 @@ type DevConfig struct {
 // as '-' (it is a path segment of the TorchServe routes), path
 // "sim://<name>". llama-8b gets llama-8b-lora.
 func ExampleAdapter(model string) string {
+	model = strings.TrimRight(model, "/")
 	if i := strings.LastIndexByte(model, '/'); i >= 0 {
 		model = model[i+1:]
 	}
