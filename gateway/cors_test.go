@@ -3,6 +3,7 @@ package gateway
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,5 +249,28 @@ func BenchmarkCORS(b *testing.B) {
 				h(&ctx)
 			}
 		})
+	}
+}
+
+// After a stream the connection is handed back to fasthttp for the next
+// request (httpstream): a stream on the reused connection carries the
+// header too.
+func TestCORSStreamOnReusedConnection(t *testing.T) {
+	h := newHarness(t, harnessOptions{cfg: Config{CORS: CORSConfig{Origins: []string{"https://app.example"}}}})
+	for i := range 2 {
+		var reused bool
+		req, _ := http.NewRequest(http.MethodPost, h.base+"/v1/chat/completions", strings.NewReader(chatBody))
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+		}))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Origin", "https://app.example")
+		resp, body := h.do(t, req)
+		if got := resp.Header.Get("Access-Control-Allow-Origin"); got != "https://app.example" || body != standardSSE(chatFrames) {
+			t.Fatalf("stream %d: Allow-Origin %q, body %q", i, got, body)
+		}
+		if i == 1 && !reused {
+			t.Fatal("the second stream did not reuse the connection: the test shows nothing")
+		}
 	}
 }
