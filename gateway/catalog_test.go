@@ -17,11 +17,12 @@ type listRegistry struct {
 }
 
 func (r *listRegistry) Known(m string) bool { return slices.Contains(r.known, m) }
-func (r *listRegistry) ModelList(served []string) []schemas.Model {
-	r.served = served
+func (r *listRegistry) ModelList(served []schemas.Model) []schemas.Model {
+	r.served = nil
 	out := []schemas.Model{}
 	for _, m := range served {
-		out = append(out, schemas.Model{ID: m, OwnedBy: "registry"})
+		r.served = append(r.served, m.ID)
+		out = append(out, schemas.Model{ID: m.ID, OwnedBy: "registry"})
 	}
 	return out
 }
@@ -69,7 +70,7 @@ func TestCatalog(t *testing.T) {
 			}
 		})
 	}
-	if !slices.Equal(reg.served, []string{"a", "b"}) {
+	if slices.Sort(reg.served); !slices.Equal(reg.served, []string{"a", "b"}) {
 		t.Fatalf("the registry was asked to list %v", reg.served)
 	}
 }
@@ -101,4 +102,58 @@ func TestCatalogWorkersServing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// /v1/models as vLLM lists it: base models first, then each base's
+// adapters; max_model_len from the workers (the smallest where they differ),
+// an adapter's its base's; parent from the heartbeat when the registry does
+// not know the adapter.
+func TestCatalogOrder(t *testing.T) {
+	fl := fleet.New()
+	now := time.Now()
+	for _, hb := range []schemas.Heartbeat{
+		{Worker: "w1", Models: []string{"zeta", "zeta-lora", "alpha-lora"}, Adapters: []string{"zeta-lora", "alpha-lora"},
+			MaxModelLen: map[string]int{"zeta": 4096}},
+		{Worker: "w2", Models: []string{"alpha", "alpha-b"}, Adapters: []string{"alpha-b"}, MaxModelLen: map[string]int{"alpha": 32768}},
+		{Worker: "w3", Models: []string{"alpha"}, MaxModelLen: map[string]int{"alpha": 16384}},
+		{Worker: "w4", Models: []string{"unhealthy"}, MaxModelLen: map[string]int{"alpha": 1}, Healthy: false},
+	} {
+		hb.MaxConcurrency, hb.Healthy = 4, hb.Worker != "w4"
+		fl.Observe(hb, now)
+	}
+	reg := &parentRegistry{adapters: map[string]string{"alpha-lora": "alpha", "alpha-a": "alpha", "orphan": "gone"}}
+	type entry struct {
+		id, parent string
+		maxLen     int
+	}
+	var got []entry
+	for _, m := range NewCatalog(fl, reg).Models() {
+		got = append(got, entry{m.ID, deref(m.Parent), m.MaxModelLen})
+	}
+	want := []entry{
+		{"alpha", "", 16384}, {"zeta", "", 4096},
+		{"alpha-a", "alpha", 16384}, {"alpha-b", "alpha", 16384}, {"alpha-lora", "alpha", 16384}, {"zeta-lora", "zeta", 4096},
+		{"orphan", "gone", 0},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("models\n%v, want\n%v", got, want)
+	}
+}
+
+// parentRegistry knows some adapters' bases (one of them not served: it is
+// listed all the same, after the others, as a registry may hold it).
+type parentRegistry struct{ adapters map[string]string }
+
+func (r *parentRegistry) Known(m string) bool { _, ok := r.adapters[m]; return ok }
+func (r *parentRegistry) ModelList(served []schemas.Model) []schemas.Model {
+	for i, m := range served {
+		if base, ok := r.adapters[m.ID]; ok {
+			served[i].Parent = &base
+		}
+	}
+	for _, name := range []string{"alpha-a", "orphan"} {
+		base := r.adapters[name]
+		served = append(served, schemas.Model{ID: name, Parent: &base})
+	}
+	return served
 }

@@ -8,6 +8,7 @@
 //	POST /v1/completions                                   kind completion
 //	GET  /v1/models, /v1/models/{id}                       id may contain '/'
 //	     /predictions/{model}/{version}/v1/...             the same three, TorchServe's form
+//	GET  /version                                          {"version":"<tokenbus version>"}, as vLLM's
 //	GET  /health                                           200 {"status":"ok"} while the process runs
 //	GET  /ready                                            200 when NATS is connected and a healthy worker serves a model, else 503
 //	GET  /metrics                                          Prometheus text
@@ -18,6 +19,24 @@
 // 429/503, Retry-After.
 //
 // # Decisions
+//
+// CORS (cors.go). Config.CORS, when it names an origin (or "*"), is one
+// middleware on the whole app, so every route (those added later too)
+// answers a preflight (OPTIONS with Origin and Access-Control-Request-Method)
+// with 204 before routing and authentication (a preflight carries no
+// credentials), and every other response to an allowed Origin (errors,
+// fasthttp's own 413, SSE streams, whose head httpstream builds from the
+// headers set before the handler ran) carries Access-Control-Allow-Origin and
+// exposes X-Request-Id, Retry-After and the x-ratelimit-* headers. A
+// disallowed origin gets no Access-Control-* header at all (the browser
+// blocks it). With credentials the allowed Origin is echoed, never "*", with
+// Vary: Origin.
+//
+// Model list (catalog.go). /v1/models is in vLLM's order: base models first,
+// then each base model's adapters, so a tool that takes the first model gets
+// a base model. A base model's max_model_len is the one the operator
+// registered, else the smallest its workers' engines report in heartbeats;
+// an adapter shows its base model's.
 //
 // Body pass-through. The gateway reads a body once, with schemas.ReadRequest,
 // the reader every process of tokenbus uses (the dispatcher for NATS-native

@@ -30,6 +30,9 @@ func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 		}
 		id := g.requestID(c.Get(fiber.HeaderXRequestID))
 		c.Set(fiber.HeaderXRequestID, id)
+		if g.cor != nil && c.Get(fiber.HeaderOrigin) != "" {
+			g.cor.setSimple(c, c.Get(fiber.HeaderOrigin)) // a page should read the 413, not a CORS failure
+		}
 		g.m.requests.WithLabelValues(routeUnmatched, "", strconv.Itoa(e.Status)).Inc()
 		// The method only when fasthttp parsed the headers (413 comes after
 		// them); after a parse error its header holds defaults (GET). Never

@@ -32,7 +32,10 @@ type Config struct {
 	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
-	Version         string
+	Version         string        // the tokenbus version, for /version and /ready
+	// CORS lets browser pages of other origins call the API; its zero value
+	// is off.
+	CORS CORSConfig
 	// Redactor cleans what error bodies and log lines quote of a request
 	// (model names, paths): nil redacts key-shaped strings only; give it the
 	// process's own secrets (admin token, NATS credentials).
@@ -93,6 +96,7 @@ type Gateway struct {
 	log *slog.Logger
 	app *fiber.App
 	m   *metrics
+	cor *cors // nil: CORS off
 
 	// base is the parent of every request's context; Shutdown cancels it
 	// (cause errShuttingDown) to cut whatever is still open at its deadline.
@@ -119,7 +123,7 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg)}
+	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg), cor: newCORS(cfg.CORS)}
 	g.base, g.cutBase = context.WithCancelCause(context.Background())
 	g.errTimeout = schemas.ErrRequestTimeout.New(cfg.RequestTimeout)
 	g.app = fiber.New(fiber.Config{
@@ -153,6 +157,9 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	app.Use(g.observe)
 	app.Use(recover.New()) // a handler's panic becomes a 500, not a dead process
 	app.Use(CheckFraming)  // smuggling shapes: 400, connection closed
+	if g.cor != nil {
+		app.Use(g.cor.handle) // every route, those added later included
+	}
 	for _, p := range []struct {
 		prefix     string
 		torchServe bool
@@ -162,6 +169,7 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 		app.Get(p.prefix+"/models", g.listModels)
 		app.Get(p.prefix+"/models/*", g.getModel)
 	}
+	app.Get("/version", g.version)
 	app.Get("/health", g.health)
 	app.Get("/ready", g.ready)
 	// A gathering error panics before anything is written, so the recover

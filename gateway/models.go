@@ -71,6 +71,16 @@ func fillModel(m *schemas.Model) {
 	}
 }
 
+// version answers GET /version as vLLM does: {"version":"<version>"},
+// here tokenbus's (the binary's, as `tokenbus version` prints it).
+func (g *Gateway) version(c *fiber.Ctx) error {
+	return c.JSON(versionBody{Version: g.cfg.Version})
+}
+
+type versionBody struct {
+	Version string `json:"version"`
+}
+
 // health answers while the process serves HTTP.
 func (g *Gateway) health(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})

@@ -20,7 +20,10 @@ const (
 	localModel     = "tb.model"     // string: the model the request named
 	localLabel     = "tb.label"     // string: the model as a metric label
 	localStreaming = "tb.streaming" // bool: the stream writer records duration and logs
+	localPreflight = "tb.preflight" // bool: a CORS preflight, answered by the cors middleware
 )
+
+const routePreflight = "preflight"
 
 const routeUnmatched = "unmatched"
 
@@ -44,8 +47,11 @@ func (g *Gateway) observe(c *fiber.Ctx) error {
 	}
 
 	route := c.Route().Path
-	if route == "/" { // only this middleware matched
+	if route == "/" { // only middleware matched
 		route = routeUnmatched
+		if pre, _ := c.Locals(localPreflight).(bool); pre {
+			route = routePreflight
+		}
 	}
 	label, _ := c.Locals(localLabel).(string)
 	status := c.Response().StatusCode()

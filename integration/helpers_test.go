@@ -110,7 +110,7 @@ func startDevIn(t *testing.T, p process, configure ...func(*program.DevConfig)) 
 func vllmEngine(url string) func(*program.DevConfig) {
 	return func(c *program.DevConfig) {
 		c.Engine.Kind, c.Engine.URL = "vllm", url
-		c.Adapters = nil // as the command: the sim's example adapter only with the sim
+		c.Adapters = nil // as the command: no example adapter but with the sim
 	}
 }
 

@@ -8,12 +8,15 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// ModelList is the /v1/models list: every model in served (what live workers
-// serve now), with the registry's metadata where it has some, and every
-// registered adapter whose base model is served, since a worker of the base
-// loads it on demand. Adapters have parent = their base and root = their
-// weights' path, as in vLLM. Sorted by id. c may be nil (no registry).
-func (c *Cache) ModelList(served []string) []schemas.Model {
+// ModelList completes the /v1/models list: every entry of served (what
+// live workers serve now, as their heartbeats tell it) with the registry's
+// metadata where it has some, and every registered adapter whose base model
+// is served, since a worker of the base loads it on demand. Adapters have
+// parent = their base and root = their weights' path, as in vLLM. A base
+// model's registered max_model_len wins over what workers report: the
+// operator's word, and what rate limits reserve against. Sorted by id (the
+// gateway orders the list as vLLM does). c may be nil (no registry).
+func (c *Cache) ModelList(served []schemas.Model) []schemas.Model {
 	now := time.Now().Unix()
 	byName := map[string]Model{}
 	if c != nil {
@@ -22,14 +25,16 @@ func (c *Cache) ModelList(served []string) []schemas.Model {
 		c.mu.RUnlock() // the map is replaced on refresh, never written to
 	}
 	isServed := make(map[string]bool, len(served))
-	for _, name := range served {
-		isServed[name] = true
+	for _, m := range served {
+		isServed[m.ID] = true
 	}
 	out := make([]schemas.Model, 0, len(served))
-	add := func(name string) {
-		m := schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name}
-		if r, ok := byName[name]; ok {
-			m.Created, m.MaxModelLen = r.Created, r.MaxModelLen
+	add := func(m schemas.Model) {
+		if r, ok := byName[m.ID]; ok {
+			m.Created = r.Created
+			if r.MaxModelLen > 0 {
+				m.MaxModelLen = r.MaxModelLen
+			}
 			if r.OwnedBy != "" {
 				m.OwnedBy = r.OwnedBy
 			}
@@ -40,12 +45,12 @@ func (c *Cache) ModelList(served []string) []schemas.Model {
 		}
 		out = append(out, m)
 	}
-	for _, name := range served {
-		add(name)
+	for _, m := range served {
+		add(m)
 	}
 	for name, r := range byName {
 		if r.IsAdapter() && isServed[r.Base] && !isServed[name] {
-			add(name)
+			add(schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name})
 		}
 	}
 	slices.SortFunc(out, func(a, b schemas.Model) int { return strings.Compare(a.ID, b.ID) })

@@ -49,20 +49,37 @@ func TestModelList(t *testing.T) {
 		{[]string{"llama-8b-lora", "llama-8b", "other"}, []string{"llama-8b", "llama-8b-lora<llama-8b", "other"}},
 		{[]string{"qwen"}, []string{"qwen", "qwen-lora<qwen"}},
 	} {
-		got := c.ModelList(tc.served)
+		got := c.ModelList(entries(tc.served...))
 		if g := ids(got); !slices.Equal(g, tc.want) {
 			t.Fatalf("served %v: %v, want %v", tc.served, g, tc.want)
 		}
 	}
-	list := c.ModelList([]string{"llama-8b"})
+	list := c.ModelList(entries("llama-8b"))
 	if b, a := list[0], list[1]; b.MaxModelLen != 8192 || b.OwnedBy != "meta" || b.Root != "llama-8b" || b.Object != "model" ||
 		a.Root != "sim://l" || a.Created == 0 {
 		t.Fatalf("%+v", list)
 	}
+	// What workers report: kept where the operator registered nothing,
+	// replaced where they did (the operator's word wins).
+	reported := entries("llama-8b", "qwen")
+	reported[0].MaxModelLen, reported[1].MaxModelLen = 131072, 32768
+	list = c.ModelList(reported)
+	if got := []int{list[0].MaxModelLen, list[2].MaxModelLen}; !slices.Equal(got, []int{8192, 32768}) || list[2].ID != "qwen" {
+		t.Fatalf("max_model_len %v of %v: want the registered 8192, the reported 32768", got, ids(list))
+	}
 	var none *registry.Cache
-	if got := ids(none.ModelList([]string{"x"})); !slices.Equal(got, []string{"x"}) {
+	if got := ids(none.ModelList(entries("x"))); !slices.Equal(got, []string{"x"}) {
 		t.Fatalf("nil cache: %v", got)
 	}
+}
+
+// entries are /v1/models entries as the gateway makes them from heartbeats.
+func entries(ids ...string) []schemas.Model {
+	var out []schemas.Model
+	for _, id := range ids {
+		out = append(out, schemas.Model{ID: id, Object: "model", Created: 1, OwnedBy: "tokenbus", Root: id})
+	}
+	return out
 }
 
 // tokenbus dev runs on miniredis: the scripts and transactions work there too.

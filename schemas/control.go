@@ -23,6 +23,12 @@ type Heartbeat struct {
 	// Adapters), so that every dispatcher sends the next requests for one to
 	// the worker already loading it rather than start a load elsewhere.
 	Loading []string `json:"loading,omitempty"`
+
+	// MaxModelLen is the context length (prompt + completion, in tokens) of
+	// each base model, as the engine reports it (vLLM's max_model_len, the
+	// sim's configured context); a model the engine says nothing of is left
+	// out. Gateways show it in /v1/models.
+	MaxModelLen map[string]int `json:"max_model_len,omitempty"`
 }
 
 // DoneNotice is published on DoneSubject when a worker finishes a request, so

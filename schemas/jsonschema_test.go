@@ -49,6 +49,8 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 		{"error", ErrQueueFull.New("m")},
 		{"error", ErrMissingParam.At("messages", "messages")},
 		{"heartbeat", Heartbeat{Worker: "w1", Models: []string{"m"}, MaxConcurrency: 8, Healthy: true, Engine: "sim", Version: "1", IntervalMS: 1000, Seq: 1}},
+		{"heartbeat", Heartbeat{Worker: "w1", Models: []string{"m", "a"}, Adapters: []string{"a"}, Loading: []string{"b"}, MaxModelLen: map[string]int{"m": 8192},
+			MaxConcurrency: 8, Healthy: true, Engine: "vllm", Version: "1", IntervalMS: 1000, Seq: 1}},
 		{"done_notice", DoneNotice{Worker: "w1", RequestID: "r1", Running: 0}},
 		{"adapter_request", AdapterRequest{Name: "a", Base: "b", Path: "/p"}},
 		{"ctl_reply", CtlReply{OK: false, Error: ErrInternal.New("x")}},
@@ -70,5 +72,11 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 	bad, _ := jsonschema.UnmarshalJSON(strings.NewReader(`{"status":200,"error":{"message":"x"}}`))
 	if sch.Validate(bad) == nil {
 		t.Error("error schema accepted a 200 without type/param/code")
+	}
+	sch, _ = c.Compile(ids["heartbeat"])
+	bad, _ = jsonschema.UnmarshalJSON(strings.NewReader(`{"worker":"w1","models":["m"],"max_concurrency":1,"running":0,"waiting":0,` +
+		`"kv_cache_usage":0,"healthy":true,"engine":"sim","version":"1","interval_ms":250,"seq":1,"max_model_len":{"m":"8192"}}`))
+	if sch.Validate(bad) == nil {
+		t.Error("heartbeat schema accepted a max_model_len that is not an integer")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 func (w *Worker) beatSoon() {
@@ -47,7 +48,12 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 func (w *Worker) Heartbeat() schemas.Heartbeat {
 	st := w.eng.Stats()
 	healthy := w.health()
+	var lens map[string]int
+	if cl, ok := w.eng.(engine.ContextLengths); ok {
+		lens = cl.MaxModelLens()
+	}
 	return schemas.Heartbeat{
+		MaxModelLen:    lens,
 		Worker:         w.cfg.ID,
 		Models:         w.eng.Models(),
 		Adapters:       st.Adapters,

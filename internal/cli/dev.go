@@ -16,7 +16,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var popts processOptions
 	registerHTTP(fs, &cfg.HTTP)
 	fs.StringSliceVar(&cfg.Adapters, "adapters", cfg.Adapters,
-		`LoRA adapters to register on the served model, as name=path pairs (the default only with --engine sim; "" for none)`)
+		`LoRA adapters to register on the served model, as name=path pairs; none given: with --engine sim, <model>-lora=sim://<model>-lora (<model>'s last path element); "" for none`)
 	fs.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "use this Redis instead of the embedded store")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "JetStream storage directory (default: a temporary directory)")
@@ -29,8 +29,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	if !fs.Changed("adapters") && cfg.Engine.Kind != "sim" {
-		cfg.Adapters = nil // the sim's example adapter means nothing to a real engine
+	if fs.Changed("adapters") {
+		cfg.ExampleAdapter = false // "" means none
 	}
 	log, _, stop, err := popts.start(ctx, stderr, "dev")
 	if err != nil {

@@ -31,6 +31,10 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.IntVar(&l.UsageBuffer, "usage-buffer", l.UsageBuffer, "usage records a gateway holds in memory while JetStream cannot take them (past it they are dropped and counted)")
 	fs.IntVar(&c.MigrationLimit, "migration-limit", c.MigrationLimit, "how many times a request whose worker dies, refuses or goes silent is sent to another worker: retried before its first token, migrated (continued) after it; 0 turns it off")
 	fs.IntVar(&c.MigrationMaxSeqLen, "migration-max-seq-len", c.MigrationMaxSeqLen, "chunks of a stream kept so that it can be continued on another worker; a longer stream whose worker fails ends with stream_lost")
+	fs.StringSliceVar(&c.CORS.Origins, "cors-origins", c.CORS.Origins, `origins (scheme://host[:port]) whose browser pages may call the OpenAI API, comma-separated; * any; "" turns CORS off`)
+	fs.StringSliceVar(&c.CORS.Methods, "cors-methods", c.CORS.Methods, "HTTP methods a CORS preflight allows, comma-separated; * any")
+	fs.StringSliceVar(&c.CORS.Headers, "cors-headers", c.CORS.Headers, "request headers a CORS preflight allows, comma-separated; * any (Authorization included)")
+	fs.BoolVar(&c.CORS.Credentials, "cors-credentials", c.CORS.Credentials, "let browsers send credentials (cookies, HTTP auth) cross-origin: the allowed Origin is then echoed, never *")
 }
 
 // registerLimits defines the flags of rate-limit admission on Redis (a
@@ -53,6 +57,9 @@ func checkHTTP(c program.HTTPConfig, haveRedis bool) error {
 	case c.Admin != "" && c.AdminToken == "":
 		return fmt.Errorf(`--admin-token (or %s) is required for the admin API on %s; or turn it off with --admin ""`,
 			flagenv.EnvName("admin-token"), c.Admin)
+	}
+	if err := c.CORS.Check(); err != nil {
+		return fmt.Errorf("--cors-origins: %w", err)
 	}
 	return nil
 }

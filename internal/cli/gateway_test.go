@@ -18,6 +18,7 @@ func TestGatewayFlagChecks(t *testing.T) {
 		{[]string{"gateway"}, "--admin-token (or TOKENBUS_ADMIN_TOKEN) is required"},
 		{[]string{"gateway", "--redis-url", "", "--admin", ""}, "--auth needs Redis"},
 		{[]string{"gateway", "--redis-url", "", "--auth=false", "--admin-token", "x"}, "the admin API needs Redis"},
+		{[]string{"gateway", "--admin-token", "x", "--cors-origins", "https://app.example,app.example"}, `--cors-origins: CORS origin "app.example": want scheme://host[:port]`},
 	} {
 		err := Run(context.Background(), tc.args, io.Discard, io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -21,6 +21,10 @@ type Server struct {
 	LoadDelay time.Duration // how long a LoRA load takes
 	NoLoRAAPI bool          // as without VLLM_ALLOW_RUNTIME_LORA_UPDATING: 404 {"detail":"Not Found"}
 	AnyModel  bool          // serve whatever model a request names, as llama.cpp's server does
+	// MaxModelLen is the max_model_len /v1/models gives the base models
+	// (adapters get null, as from vLLM); 0 sends null for them too, as a
+	// server that does not know it. New sets 8192.
+	MaxModelLen int
 	// Default scripts the requests whose body has no x_fake.
 	Default Script
 
@@ -49,7 +53,7 @@ type Request struct {
 
 // New makes a healthy fake with no adapters.
 func New() *Server {
-	s := &Server{Base: []string{"base"}, Cancelled: make(chan string, 100), loaded: map[string]string{},
+	s := &Server{Base: []string{"base"}, MaxModelLen: 8192, Cancelled: make(chan string, 100), loaded: map[string]string{},
 		byID: map[string]int{}, sent: map[string][]string{}}
 	s.healthy.Store(true)
 	s.metrics.Store(DefaultMetrics)
@@ -177,14 +181,19 @@ func writeJSON(w http.ResponseWriter, status int, body string) {
 
 func (s *Server) serveModels(w http.ResponseWriter) {
 	type entry struct {
-		ID     string  `json:"id"`
-		Object string  `json:"object"`
-		Root   string  `json:"root"`
-		Parent *string `json:"parent"`
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen *int    `json:"max_model_len"`
 	}
 	var data []entry
+	var maxLen *int
+	if s.MaxModelLen > 0 {
+		maxLen = &s.MaxModelLen
+	}
 	for _, b := range s.Base {
-		data = append(data, entry{ID: b, Object: "model", Root: "/models/" + b})
+		data = append(data, entry{ID: b, Object: "model", Root: "/models/" + b, MaxModelLen: maxLen})
 	}
 	parent := s.Base[0]
 	s.mu.Lock()

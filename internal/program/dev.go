@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/nats-io/nats-server/v2/server"
@@ -40,11 +43,32 @@ type DevConfig struct {
 	DataDir    string // JetStream storage ("" : a temporary directory, removed at the end)
 	Version    string
 	Log        *slog.Logger // gets every line, each with its component (dev, gateway, dispatcher, worker, engine): give it none of its own
+
+	// ExampleAdapter: with the sim engine and no Adapters, register
+	// ExampleAdapter(model) on the served model, so that a LoRA adapter can
+	// be tried at once.
+	ExampleAdapter bool
 }
 
-// SimExampleAdapter is the adapter dev registers by default with the sim
-// engine, so that a LoRA adapter can be tried at once.
-const SimExampleAdapter = "llama-8b-lora=sim://llama-8b-lora"
+// ExampleAdapter is the adapter dev registers on model with the sim engine
+// (DevConfig.ExampleAdapter), as name=path: named after the model, so that
+// `--model X` does not get another model's adapter: "<X>-lora", X's last
+// path element with characters other than letters, digits, '.', '_' and '-'
+// as '-' (it is a path segment of the TorchServe routes), path
+// "sim://<name>". llama-8b gets llama-8b-lora.
+func ExampleAdapter(model string) string {
+	model = strings.TrimRight(model, "/")
+	if i := strings.LastIndexByte(model, '/'); i >= 0 {
+		model = model[i+1:]
+	}
+	name := strings.Map(func(r rune) rune {
+		if r < utf8.RuneSelf && (r == '.' || r == '_' || r == '-' || unicode.IsLetter(r) || unicode.IsDigit(r)) {
+			return r
+		}
+		return '-'
+	}, model) + "-lora"
+	return name + "=sim://" + name
+}
 
 // DefaultDev is `tokenbus dev` with no flags.
 func DefaultDev() DevConfig {
@@ -59,8 +83,9 @@ func DefaultDev() DevConfig {
 		Worker:     workers.Config{MaxConcurrency: 256, DrainTimeout: time.Second},
 		Engine:     DefaultEngine(),
 		SimWorkers: 2,
-		Adapters:   []string{SimExampleAdapter},
 		NATSListen: "127.0.0.1:4222",
+
+		ExampleAdapter: true,
 	}
 }
 
@@ -145,7 +170,11 @@ func (d *Dev) start(ctx context.Context) error {
 		return err
 	}
 	if len(d.served) > 0 {
-		if d.adapters, err = registerAdapters(ctx, d.store, d.served[0], cfg.Adapters, d.nc, log); err != nil {
+		specs := cfg.Adapters
+		if len(specs) == 0 && cfg.ExampleAdapter && cfg.Engine.Kind == "sim" {
+			specs = []string{ExampleAdapter(d.served[0])}
+		}
+		if d.adapters, err = registerAdapters(ctx, d.store, d.served[0], specs, d.nc, log); err != nil {
 			return err
 		}
 	}

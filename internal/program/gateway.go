@@ -49,6 +49,9 @@ type HTTPConfig struct {
 	// MigrationMaxSeqLen: chunks a stream keeps to be continued elsewhere;
 	// a longer stream that loses its worker fails with stream_lost.
 	MigrationMaxSeqLen int
+	// CORS: which browser pages of other origins may call the OpenAI API
+	// (vLLM's defaults: any origin, method and header, no credentials).
+	CORS gateway.CORSConfig
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -115,6 +118,7 @@ func DefaultHTTP() HTTPConfig {
 
 		MigrationLimit:     3,
 		MigrationMaxSeqLen: 4096,
+		CORS:               gateway.CORSConfig{Origins: []string{"*"}, Methods: []string{"*"}, Headers: []string{"*"}},
 	}
 }
 
@@ -148,7 +152,7 @@ func (c HTTPConfig) check(haveStore bool) error {
 	if _, err := gateway.ParseTrustedProxies(c.TrustedProxies); err != nil {
 		return fmt.Errorf("trusted proxies: %w", err)
 	}
-	return nil
+	return c.CORS.Check()
 }
 
 // Gateway is a running gateway program: the OpenAI-compatible HTTP API, its
@@ -266,6 +270,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		RequestTimeout:  cfg.HTTP.RequestTimeout,
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
+		CORS:            cfg.HTTP.CORS,
 	}
 	trusted, _ := gateway.ParseTrustedProxies(cfg.HTTP.TrustedProxies) // checked above
 	throttle := gateway.ThrottleConfig{Failures: cfg.HTTP.AuthFailures}

@@ -66,6 +66,15 @@ type Engine interface {
 	Close() error
 }
 
+// ContextLengths is implemented by engines that know their base models'
+// context lengths (prompt + completion, in tokens): vLLM's max_model_len
+// from its /v1/models, the sim's configured one. Workers advertise them in
+// heartbeats for /v1/models. A model the engine does not know is left out;
+// the map is the engine's to keep: callers must not change it.
+type ContextLengths interface {
+	MaxModelLens() map[string]int
+}
+
 // Stats is an engine's load, as heartbeats advertise it.
 type Stats struct {
 	Running      int      // sequences being decoded

@@ -171,6 +171,9 @@ type Model struct {
 	ID     string `json:"id"`
 	Parent string `json:"parent"` // the base model of a LoRA adapter (vLLM); "" for a base model
 	Root   string `json:"root"`   // vLLM: the model's path, for an adapter the adapter's
+	// MaxModelLen is the context length vLLM (and servers copying it)
+	// reports; 0 when the server does not.
+	MaxModelLen int `json:"max_model_len"`
 }
 
 // FetchModels reads GET /v1/models.
@@ -200,5 +203,6 @@ func (e *Engine) refreshAll(ctx context.Context, _ *Engine) error {
 		ids = append(ids, m.ID)
 	}
 	e.SetModels(ids)
+	e.SetMaxModelLens(ms)
 	return nil
 }

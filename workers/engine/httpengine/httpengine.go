@@ -136,7 +136,8 @@ type Engine struct {
 	inflight atomic.Int64
 	health   atomic.Pointer[healthState]
 	models   atomic.Pointer[[]string]
-	refresh  chan struct{} // asks the models loop for an early refresh
+	lens     atomic.Pointer[map[string]int] // max_model_len by base model, from /v1/models
+	refresh  chan struct{}                  // asks the models loop for an early refresh
 
 	abortMu sync.Mutex
 	abort   context.Context // cancelled (with a cause) to end every request in flight
@@ -236,6 +237,30 @@ func (e *Engine) Models() []string { return slices.Clone(*e.models.Load()) }
 func (e *Engine) SetModels(m []string) {
 	m = slices.Clone(m)
 	e.models.Store(&m)
+}
+
+// MaxModelLens is the context length of each base model that the server's
+// /v1/models reported (vLLM's max_model_len); nil when none did.
+func (e *Engine) MaxModelLens() map[string]int {
+	if p := e.lens.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// SetMaxModelLens keeps the max_model_len of the base models (no parent) of
+// a /v1/models answer (for a RefreshModels hook).
+func (e *Engine) SetMaxModelLens(ms []Model) {
+	var lens map[string]int
+	for _, m := range ms {
+		if m.Parent == "" && m.MaxModelLen > 0 {
+			if lens == nil {
+				lens = map[string]int{}
+			}
+			lens[m.ID] = m.MaxModelLen
+		}
+	}
+	e.lens.Store(&lens)
 }
 
 // RefreshSoon asks the models loop for a refresh now; it does not wait.

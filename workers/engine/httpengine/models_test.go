@@ -28,8 +28,10 @@ func TestModelsVariants(t *testing.T) {
 		{"minimal", `{"data":[{"id":"m"}]}`, []Model{{ID: "m"}}},
 		{"no created, no owned_by, extras", `{"data":[{"id":"m","object":"model","meta":{"n_ctx":4096,"n_vocab":32000}}],"models":[{"name":"m"}]}`, []Model{{ID: "m"}}},
 		{"other types", `{"object":"list","data":[{"id":"m","created":"2024-05-01T00:00:00Z","owned_by":null,"root":5,"parent":false}]}`, []Model{{ID: "m"}}},
-		{"vLLM adapter", `{"data":[{"id":"base","root":"/w/base","parent":null},{"id":"a","root":"/w/a","parent":"base","max_model_len":8192}]}`,
-			[]Model{{ID: "base", Root: "/w/base"}, {ID: "a", Root: "/w/a", Parent: "base"}}},
+		{"vLLM adapter", `{"data":[{"id":"base","root":"/w/base","parent":null,"max_model_len":8192},{"id":"a","root":"/w/a","parent":"base","max_model_len":null}]}`,
+			[]Model{{ID: "base", Root: "/w/base", MaxModelLen: 8192}, {ID: "a", Root: "/w/a", Parent: "base"}}},
+		{"max_model_len not a positive integer", `{"data":[{"id":"a","max_model_len":"4096"},{"id":"b","max_model_len":4096.5},{"id":"c","max_model_len":-1},{"id":"d","max_model_len":0}]}`,
+			[]Model{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}}},
 		{"data null", `{"object":"list","data":null}`, []Model{}},
 		{"no data", `{"object":"list"}`, []Model{}},
 		{"entries without an id, a repeat", `{"data":[{"object":"model"},{"id":""},{"id":7},"x",{"id":"m"},{"id":"m"}]}`, []Model{{ID: "m"}}},
@@ -48,5 +50,15 @@ func TestModelsVariants(t *testing.T) {
 	body.Store(`{"data":{"id":"m"}}`)
 	if _, err := e.FetchModels(t.Context()); err == nil {
 		t.Error("a data object that is not a list was read without error")
+	}
+
+	// The refresh keeps the base models' max_model_len for heartbeats
+	// (adapters have their base's; a model without one is left out).
+	body.Store(`{"data":[{"id":"base","max_model_len":8192},{"id":"other"},{"id":"a","parent":"base","max_model_len":4096}]}`)
+	if err := e.refreshAll(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.MaxModelLens(); len(got) != 1 || got["base"] != 8192 {
+		t.Errorf("MaxModelLens %v, want map[base:8192]", got)
 	}
 }

@@ -12,7 +12,10 @@ type Config = httpengine.Config
 // Engine is an OpenAI-compatible server as an engine.Engine.
 type Engine = httpengine.Engine
 
-var _ engine.Engine = (*Engine)(nil)
+var (
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.ContextLengths = (*Engine)(nil) // from the server's /v1/models, where it has max_model_len
+)
 
 // New starts the engine named "openai" on cfg. It does not wait for the
 // server (see Engine.WaitReady). Its request ids go as UUIDs unless

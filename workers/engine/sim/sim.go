@@ -70,10 +70,12 @@ type Metrics struct {
 	Steps              uint64            // engine steps run
 }
 
-// Engine is the sim engine. It implements engine.Engine and engine.Adapters.
+// Engine is the sim engine. It implements engine.Engine, engine.Adapters and
+// engine.ContextLengths.
 type Engine struct {
 	cfg   Config
 	names map[string]bool // base model names
+	lens  map[string]int  // MaxModelLen by base model name, made once
 
 	mu       sync.Mutex
 	incoming []*seq // submitted, not yet taken by the scheduler
@@ -110,8 +112,9 @@ type adapter struct {
 }
 
 var (
-	_ engine.Engine   = (*Engine)(nil)
-	_ engine.Adapters = (*Engine)(nil)
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.Adapters       = (*Engine)(nil)
+	_ engine.ContextLengths = (*Engine)(nil)
 )
 
 // New checks cfg, fills its zero sizes with defaults and starts the scheduler.
@@ -162,6 +165,10 @@ func New(cfg Config) (*Engine, error) {
 			e.names[n] = true
 		}
 	}
+	e.lens = make(map[string]int, len(e.names))
+	for n := range e.names {
+		e.lens[n] = cfg.MaxModelLen
+	}
 	e.nextID.Store(uint64(time.Now().UnixNano()))
 	codec() // load the vocabulary now rather than in the first request
 	go e.run()
@@ -183,6 +190,10 @@ func (e *Engine) Models() []string {
 	}
 	return append(out, e.adapterNames()...)
 }
+
+// MaxModelLens is the configured context length of the base model under
+// each of its names.
+func (e *Engine) MaxModelLens() map[string]int { return e.lens }
 
 // Adapters maps the loaded adapters to the paths they were loaded from.
 func (e *Engine) Adapters() map[string]string {

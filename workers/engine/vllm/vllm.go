@@ -50,8 +50,9 @@ type Engine struct {
 }
 
 var (
-	_ engine.Engine   = (*Engine)(nil)
-	_ engine.Adapters = (*Engine)(nil)
+	_ engine.Engine         = (*Engine)(nil)
+	_ engine.Adapters       = (*Engine)(nil)
+	_ engine.ContextLengths = (*Engine)(nil)
 )
 
 // New starts the engine named "vllm" on cfg (and the child process if
@@ -102,6 +103,9 @@ func (e *Engine) Restarts() int { return e.core.Restarts() }
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
 	return e.core.Generate(ctx, req, sink)
 }
+
+// MaxModelLens is vLLM's max_model_len of each base model.
+func (e *Engine) MaxModelLens() map[string]int { return e.core.MaxModelLens() }
 
 // Models lists the base models and the loaded adapters.
 func (e *Engine) Models() []string {
@@ -181,6 +185,7 @@ func (e *Engine) refreshModels(ctx context.Context, core *httpengine.Engine) err
 		base = e.cfg.Models
 	}
 	core.SetModels(base)
+	core.SetMaxModelLens(ms)
 	e.adapters.sync(adapters, v)
 	return nil
 }
