@@ -141,7 +141,7 @@ var (
 		When:    "Prompt plus max_tokens over the model's context length (the sim; vLLM answers this itself)."})
 	ErrUnknownKind = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Unknown request kind %q.",
-		When:    "A request whose kind is neither chat nor completion reached a reader."})
+		When:    "A request of a kind tokenbus does not know (Tb-Kind: chat, completion, embedding, tokenize, detokenize) reached a reader."})
 )
 
 // --- The HTTP API (gateway, admin API) ---
@@ -308,6 +308,10 @@ var (
 	ErrAdapterSlotsFull = def(secEngine, ErrorDef{Code: "adapter_slots_full", Status: http.StatusConflict, Type: TypeInvalidRequest,
 		Message: "All %d LoRA adapter slots are in use.",
 		When:    "The sim engine's slots are full (the worker's manager evicts before it loads)."})
+	ErrEngineNoEndpoint = def(secEngine, ErrorDef{Code: "unsupported_endpoint", Status: http.StatusNotFound, Type: TypeInvalidRequest,
+		Message: "The %s engine behind this model does not serve %s.",
+		When: "The engine answered 404 with no error of its own to /v1/embeddings, /tokenize or /detokenize: an OpenAI-compatible " +
+			"server without that endpoint (vLLM has /tokenize; many others do not). A generative vLLM model answers embeddings with its own 400."})
 	ErrUpstream = def(secEngine, ErrorDef{Status: 0, Type: "the engine's",
 		Message: "The engine's message.",
 		When: "Any other error an engine answered (a 4xx for a field it refuses, its own 5xx) keeps the engine's status, " +
