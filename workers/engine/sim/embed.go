@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"hash/fnv"
 	"math"
 	"strconv"
 	"strings"
@@ -175,26 +174,26 @@ func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
 
 // EmbedText is the sim's embedding of text: a dims-long unit vector,
 // deterministic, in which texts that share words and word pieces are close
-// (cosine) and unrelated texts nearly orthogonal. It hashes features into
-// the vector (the "hashing trick"), each with a sign from its hash: every
+// (cosine) and unrelated texts nearly orthogonal. Its features are every
 // word (lower-cased letters and digits), weighted 2, and every character
 // trigram of each word padded with spaces (" cat", "cat ", ...), weighted 1,
-// so that "cats" and "cat" are close too. Text with no word gets one
-// feature from the whole text, so the vector is never zero.
+// so that "cats" and "cat" are close too; text with no word has one feature,
+// the whole text. Each feature adds its own pseudo-random direction (values
+// in [-1, 1) drawn from a seed that is the feature's hash): a random
+// projection of the bag of features, dense, so that a vector's first values
+// alone (dimensions) keep the similarities, and EmbedText(t, n) is a prefix
+// of EmbedText(t, m) for n < m before normalisation.
 func EmbedText(text string, dims int) []float32 {
 	if dims <= 0 {
 		dims = DefaultEmbeddingDims
 	}
 	acc := make([]float64, dims)
 	add := func(feature string, w float64) {
-		h := fnv.New64a()
-		h.Write([]byte(feature))
-		x := h.Sum64()
-		i := int(x % uint64(dims))
-		if x>>63 == 1 {
-			w = -w
+		state := hashString(feature)
+		for i := range acc {
+			state += 0x9e3779b97f4a7c15                           // SplitMix64: a Weyl sequence, mixed
+			acc[i] += w * (float64(mix64(state)>>11)/(1<<52) - 1) // [-1, 1)
 		}
-		acc[i] += w
 	}
 	words := strings.FieldsFunc(strings.ToLower(text), func(r rune) bool {
 		return !unicode.IsLetter(r) && !unicode.IsDigit(r)

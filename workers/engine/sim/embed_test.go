@@ -131,6 +131,12 @@ func TestEmbeddingFormats(t *testing.T) {
 			t.Fatalf("float and base64 differ at %d: %v, %v", i, f[i], b[i])
 		}
 	}
+	// Shortened vectors keep the similarities.
+	rs, _ := embedOf(t, e, `{"model":"sim","input":["The cat sat on the mat.","A cat was sitting on a mat","Quarterly revenue grew by 4 percent"],"dimensions":32}`)
+	s := vectors(t, rs)
+	if similar, unrelated := cosine(s[0], s[1]), cosine(s[0], s[2]); len(s[0]) != 32 || similar <= unrelated+0.2 {
+		t.Errorf("dimensions 32: cosine similar %v, unrelated %v", similar, unrelated)
+	}
 	rd, _ := embedOf(t, e, `{"model":"sim","input":"hello there","dimensions":64}`)
 	d := vectors(t, rd)[0]
 	if len(d) != 64 || math.Abs(norm(d)-1) > 1e-5 {
