@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"net/http/httptest"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 func cosine(a, b []float64) float64 {
@@ -225,4 +227,40 @@ func TestEmbeddingsInFrontOfVLLM(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Limits and usage count embeddings: one request per input against RPM, and
+// the inputs' prompt tokens (no completion tokens) in the key's usage.
+func TestEmbeddingsLimitsAndUsage(t *testing.T) {
+	d, rd := limitsDev(t)
+	keyID, secret := newKey(t, d, `{"name":"emb","tenant":"acme","rpm":4}`)
+	auth := []string{"Authorization", "Bearer " + secret}
+	awayFromMinuteEnd(t, rd)
+	r := post(t, d.URL, "/v1/embeddings", `{"model":"llama-8b","input":["one two","three four five"]}`, auth...)
+	var out struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	if r.Status != 200 || json.Unmarshal([]byte(r.Body), &out) != nil || out.Usage.PromptTokens == 0 ||
+		r.Header.Get("x-ratelimit-limit-requests") != "4" {
+		t.Fatalf("%d %s", r.Status, r.Body)
+	}
+	// Two inputs counted, two left: three inputs are refused, two pass.
+	if r := post(t, d.URL, "/v1/embeddings", `{"model":"llama-8b","input":["a","b","c"]}`, auth...); r.Status != 429 {
+		t.Fatalf("three inputs over the rest of RPM 4: %d %s", r.Status, r.Body)
+	}
+	if r := post(t, d.URL, "/tokenize", `{"model":"llama-8b","prompt":"a"}`, auth...); r.Status != 200 {
+		t.Fatalf("tokenize within RPM: %d %s", r.Status, r.Body)
+	}
+	if r := post(t, d.URL, "/tokenize", `{"model":"llama-8b","prompt":"a"}`, "Authorization", "Bearer tb-unknownunknownunknownunknownunknownunknown1"); r.Status != 401 {
+		t.Fatalf("tokenize with an unknown key: %d %s", r.Status, r.Body)
+	}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		requests, prompt, completion := usageOf(t, d, keyID)
+		if requests != 2 || prompt != int64(out.Usage.PromptTokens) || completion != 0 {
+			return fmt.Errorf("usage: %d requests, %d prompt, %d completion tokens; want 2, %d, 0", requests, prompt, completion, out.Usage.PromptTokens)
+		}
+		return nil
+	})
 }
