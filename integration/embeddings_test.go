@@ -13,10 +13,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 
+	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 func cosine(a, b []float64) float64 {
@@ -263,4 +266,56 @@ func TestEmbeddingsLimitsAndUsage(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A NATS-native client (what the Batch API will use) sends the new kinds
+// through the standalone request subjects and the dispatcher: no chunk, a
+// done frame with the whole answer; a bad body is the dispatcher's 400.
+func TestEmbeddingsNATSClient(t *testing.T) {
+	d := startDev(t)
+	nc, err := nats.Connect(d.NATSURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cl, err := client.New(nc, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run := func(kind schemas.Kind, body string) (schemas.Frame, error) {
+		st, err := cl.Start(&client.Request{ID: "nats-" + string(kind), Kind: kind, Model: "llama-8b", Body: []byte(body)})
+		if err != nil {
+			return schemas.Frame{}, err
+		}
+		defer st.Close()
+		for {
+			f, err := st.Next(ctx)
+			if err != nil || f.Type == schemas.FrameDone {
+				return f, err
+			}
+			if f.Type == schemas.FrameChunk {
+				t.Errorf("%s: a chunk frame %s", kind, f.Payload)
+			}
+		}
+	}
+	f, err := run(schemas.KindEmbedding, `{"model":"llama-8b","input":["a","b"],"encoding_format":"base64"}`)
+	var emb struct {
+		Data []struct {
+			Embedding string `json:"embedding"`
+		} `json:"data"`
+	}
+	if err != nil || json.Unmarshal(f.Payload, &emb) != nil || len(emb.Data) != 2 || emb.Data[0].Embedding == "" {
+		t.Fatalf("embedding: %v %s", err, f.Payload)
+	}
+	if f, err = run(schemas.KindDetokenize, `{"model":"llama-8b","tokens":[9906]}`); err != nil || string(f.Payload) != `{"prompt":"Hello"}` {
+		t.Fatalf("detokenize: %v %s", err, f.Payload)
+	}
+	_, err = run(schemas.KindEmbedding, `{"model":"llama-8b","input":[]}`)
+	var se *schemas.Error
+	if !errors.As(err, &se) || se.Status != 400 || se.Body.Code == nil || *se.Body.Code != "empty_array" {
+		t.Fatalf("empty input: %v", err)
+	}
 }
