@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -318,4 +321,38 @@ func TestEmbeddingsNATSClient(t *testing.T) {
 	if !errors.As(err, &se) || se.Status != 400 || se.Body.Code == nil || *se.Body.Code != "empty_array" {
 		t.Fatalf("empty input: %v", err)
 	}
+}
+
+// A client that hangs up on an embeddings request frees the engine: the
+// unary path cancels on disconnect as a stream:false chat does.
+func TestEmbeddingsHangUpFreesEngine(t *testing.T) {
+	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.PrefillBase = time.Hour })
+	hb := watchHeartbeats(t, d.NATSURL)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, "POST", d.URL+"/v1/embeddings", strings.NewReader(`{"model":"llama-8b","input":"x"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := httpClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if hb.running() != 1 {
+			return fmt.Errorf("running %d, want 1", hb.running())
+		}
+		return nil
+	})
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("an answer came, though the sim takes an hour")
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := hb.running(); n != 0 {
+			return fmt.Errorf("the engine still runs %d requests", n)
+		}
+		return nil
+	})
 }
