@@ -79,8 +79,8 @@ type Request struct {
 	Tokens []int
 }
 
-// EncodingBase64 is the embeddings encoding_format for little-endian
-// float32 bytes in base64; the default is EncodingFloat.
+// The values of an embeddings request's encoding_format: a list of floats
+// (the default), or base64 of the float32 values' little-endian bytes.
 const (
 	EncodingFloat  = "float"
 	EncodingBase64 = "base64"
@@ -405,7 +405,7 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		return nil, ErrInvalidValue.At("messages", "messages", "give either prompt or messages, not both")
 	case kind == KindTokenize && !absent(fMessages) && len(req.Messages) == 0:
 		return nil, emptyArray("messages")
-	case kind == KindDetokenize && (absent(fTokens)):
+	case kind == KindDetokenize && absent(fTokens):
 		return nil, ErrMissingParam.At("tokens", "tokens")
 	case r.later != nil:
 		return nil, r.later
