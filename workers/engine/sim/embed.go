@@ -187,13 +187,24 @@ func EmbedText(text string, dims int) []float32 {
 	if dims <= 0 {
 		dims = DefaultEmbeddingDims
 	}
-	acc := make([]float64, dims)
-	add := func(feature string, w float64) {
-		state := hashString(feature)
-		for i := range acc {
-			state += 0x9e3779b97f4a7c15                           // SplitMix64: a Weyl sequence, mixed
-			acc[i] += w * (float64(mix64(state)>>11)/(1<<52) - 1) // [-1, 1)
+	// Weights summed per feature first (a feature's direction costs dims
+	// steps, and text repeats words and trigrams), in the order features
+	// first appear: float sums in a map's random order would differ in the
+	// last bits from one call to the next.
+	type feature struct {
+		hash   uint64
+		weight float64
+	}
+	var feats []feature
+	index := make(map[uint64]int, 64)
+	add := func(name string, w float64) {
+		h := hashString(name)
+		if i, ok := index[h]; ok {
+			feats[i].weight += w
+			return
 		}
+		index[h] = len(feats)
+		feats = append(feats, feature{h, w})
 	}
 	words := strings.FieldsFunc(strings.ToLower(text), func(r rune) bool {
 		return !unicode.IsLetter(r) && !unicode.IsDigit(r)
@@ -207,6 +218,14 @@ func EmbedText(text string, dims int) []float32 {
 	}
 	if len(words) == 0 {
 		add("s:"+text, 1)
+	}
+	acc := make([]float64, dims)
+	for _, f := range feats {
+		state, w := f.hash, f.weight
+		for i := range acc {
+			state += 0x9e3779b97f4a7c15                           // SplitMix64: a Weyl sequence, mixed
+			acc[i] += w * (float64(mix64(state)>>11)/(1<<52) - 1) // [-1, 1)
+		}
 	}
 	out := make([]float32, dims)
 	for i, x := range acc {
