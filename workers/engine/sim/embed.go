@@ -136,7 +136,7 @@ func (e *Engine) embed(ctx context.Context, id, model string, v *schemas.Request
 		Model   string      `json:"model"`
 		Data    []embedding `json:"data"`
 		Usage   embedUsage  `json:"usage"`
-	}{ID: "embd-" + embedID(id, e), Object: "list", Created: time.Now().Unix(), Model: model, Data: data,
+	}{ID: "embd-" + e.responseID(id), Object: "list", Created: time.Now().Unix(), Model: model, Data: data,
 		Usage: embedUsage{PromptTokens: total, TotalTokens: total}})
 	if merr != nil {
 		return nil, schemas.ErrInternal.New("encoding the embeddings: " + merr.Error())
@@ -150,7 +150,9 @@ type embedUsage struct {
 	TotalTokens  int `json:"total_tokens"`
 }
 
-func embedID(id string, e *Engine) string {
+// responseID is the request's id, or a fresh one for a request without
+// (a direct call).
+func (e *Engine) responseID(id string) string {
 	if id != "" {
 		return id
 	}
