@@ -718,3 +718,35 @@ func BenchmarkParseStream(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/chunk")
 }
+
+// --endpoint embeddings: one input per request, in base64 as the SDKs ask,
+// never streamed; the answer is checked and its prompt tokens counted.
+func TestRunEmbeddings(t *testing.T) {
+	srv := newFakeServer(t, fakeOpts{})
+	srv.fake.Pooling = true
+	stdout, err, m := runBench(t, context.Background(), "--url", srv.URL(), "--endpoint", "embeddings", "--num-prompts", "12",
+		"--concurrency", "3", "--input-len", "20", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := results(t, m)[0]
+	if r["completed"] != 12.0 || r["failed"] != 0.0 || r["output_tokens"] != 0.0 || r["input_tokens"].(float64) <= 0 || r["stream"] != false {
+		t.Errorf("completed %v failed %v output %v input %v stream %v", r["completed"], r["failed"], r["output_tokens"], r["input_tokens"], r["stream"])
+	}
+	if !strings.Contains(stdout, "Successful requests:") {
+		t.Errorf("report:\n%s", stdout)
+	}
+	got := srv.fake.Received()
+	var body map[string]any
+	if len(got) != 12 || got[0].Path != "/v1/embeddings" || json.Unmarshal(got[0].Body, &body) != nil ||
+		body["encoding_format"] != "base64" || body["input"] == "" || body["model"] != "llama-8b" || len(body) != 3 {
+		t.Fatalf("the server got %d requests, first %s %s", len(got), got[0].Path, got[0].Body)
+	}
+
+	// A server that cannot embed: every request fails, by status.
+	gen := newFakeServer(t, fakeOpts{})
+	_, err, m = runBench(t, context.Background(), "--url", gen.URL(), "--endpoint", "embeddings", "--num-prompts", "3", "--quiet")
+	if r := results(t, m)[0]; err == nil && r["failed"] != 3.0 {
+		t.Errorf("against a generative model: failed %v, err %v", r["failed"], err)
+	}
+}

@@ -64,6 +64,7 @@ type caller struct {
 	url       string // full endpoint URL
 	apiKey    string
 	chat      bool
+	embed     bool // /embeddings: the answer is a list of embeddings
 	stream    bool
 	usage     bool // stream_options.include_usage was sent
 	timeout   time.Duration
@@ -305,6 +306,10 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.fail("protocol_content_type", "Content-Type "+strconv.Quote(resp.Header.Get("Content-Type")))
 		return
 	}
+	if c.embed {
+		readEmbeddings(b, rec)
+		return
+	}
 	var ch schemas.Chunk
 	if err := schemas.ReadChunk(b, &ch); err != nil {
 		rec.fail("protocol_bad_json", "bad response body: "+strconv.Quote(clip(b)))
@@ -330,6 +335,36 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, true
 	} else {
 		rec.Tokens = len(strings.Fields(schemas.String(ch.Choices[0].Content)))
+	}
+}
+
+// readEmbeddings checks an embeddings answer to one input (object "list",
+// one item of object "embedding" at index 0 with a non-empty embedding, a
+// list of floats or a base64 string, and usage) and records its prompt
+// tokens; it generates none.
+func readEmbeddings(b []byte, rec *record) {
+	var r struct {
+		Object string `json:"object"`
+		Data   []struct {
+			Index     int             `json:"index"`
+			Object    string          `json:"object"`
+			Embedding json.RawMessage `json:"embedding"`
+		} `json:"data"`
+		Usage *schemas.Usage `json:"usage"`
+	}
+	switch {
+	case json.Unmarshal(b, &r) != nil:
+		rec.fail("protocol_bad_json", "bad response body: "+strconv.Quote(clip(b)))
+	case r.Object != "list":
+		rec.fail("protocol_object", "object "+strconv.Quote(r.Object)+", want \"list\"")
+	case len(r.Data) != 1 || r.Data[0].Index != 0 || r.Data[0].Object != "embedding":
+		rec.fail("protocol_data", "want one embedding at index 0: "+strconv.Quote(clip(b)))
+	case len(r.Data[0].Embedding) < 3 || string(r.Data[0].Embedding) == "[]" || string(r.Data[0].Embedding) == `""`:
+		rec.fail("protocol_data", "empty embedding")
+	case r.Usage == nil:
+		rec.fail("protocol_missing_usage", "no usage")
+	default:
+		rec.PromptTokens, rec.FromUsage = r.Usage.PromptTokens, true
 	}
 }
 

@@ -1,6 +1,10 @@
 // Package bench is `tokenbus bench`: a load generator for any OpenAI-compatible
 // endpoint (/v1/chat/completions or /v1/completions), in the spirit of
-// `vllm bench serve`.
+// `vllm bench serve`; --endpoint embeddings loads /v1/embeddings instead
+// (one input of --input-len per request, encoding_format base64 as the
+// official SDKs send it, never streamed: an answer must be a list with one
+// embedding and usage; TTFT is then the whole request, input tokens are
+// usage.prompt_tokens and output tokens 0).
 //
 // It sends --num-prompts requests with at most --concurrency in flight and,
 // with --request-rate, Poisson arrivals; it reads every SSE stream itself

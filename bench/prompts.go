@@ -177,6 +177,13 @@ type requestBody struct {
 	StreamOptions *streamOptions  `json:"stream_options,omitempty"`
 }
 
+// embeddingBody is an embeddings request.
+type embeddingBody struct {
+	Model          string `json:"model"`
+	Input          string `json:"input"`
+	EncodingFormat string `json:"encoding_format"`
+}
+
 type streamOptions struct {
 	IncludeUsage bool `json:"include_usage"`
 }
@@ -188,6 +195,11 @@ type chatMessage struct {
 
 // buildBody marshals one request body ahead of the run.
 func buildBody(p promptSpec, model, endpoint string, stream, usage, ignoreEOS bool) []byte {
+	if endpoint == "embeddings" {
+		// What the official SDKs send by default: base64.
+		b, _ := json.Marshal(embeddingBody{Model: model, Input: p.prompt, EncodingFormat: "base64"})
+		return b
+	}
 	rb := requestBody{Model: model, MaxTokens: p.outputLen, Stream: stream}
 	if p.outputLen > 0 {
 		rb.IgnoreEOS = ignoreEOS

@@ -46,7 +46,7 @@ func newFlags(cfg *config) *pflag.FlagSet {
 	fs := flagenv.NewFlagSet("bench")
 	fs.StringVar(&cfg.url, "url", "http://127.0.0.1:8080/v1", "base URL of the target (the system under test), including /v1")
 	fs.StringVar(&cfg.model, "model", "llama-8b", "model name sent in requests")
-	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat (/chat/completions) or completions (/completions)")
+	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat (/chat/completions), completions (/completions) or embeddings (/embeddings: one input per request, base64 as the SDKs ask, never streamed)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 64, "maximum requests in flight")
 	fs.Float64Var(&cfg.requestRate, "request-rate", 0, "requests/s with Poisson arrivals; 0 or inf = all at once (bounded by --concurrency)")
 	fs.IntVar(&cfg.numPrompts, "num-prompts", 256, "requests to send per endpoint (with --dataset, 0 = every line once)")
@@ -74,8 +74,8 @@ func newFlags(cfg *config) *pflag.FlagSet {
 
 func (cfg *config) validate() error {
 	switch {
-	case cfg.endpoint != "chat" && cfg.endpoint != "completions":
-		return fmt.Errorf("--endpoint must be chat or completions, not %q", cfg.endpoint)
+	case cfg.endpoint != "chat" && cfg.endpoint != "completions" && cfg.endpoint != "embeddings":
+		return fmt.Errorf("--endpoint must be chat, completions or embeddings, not %q", cfg.endpoint)
 	case cfg.concurrency < 1:
 		return errors.New("--concurrency must be at least 1")
 	case cfg.requestRate < 0 || math.IsNaN(cfg.requestRate):
@@ -93,6 +93,9 @@ func (cfg *config) validate() error {
 	}
 	if cfg.compareMdl == "" {
 		cfg.compareMdl = cfg.model
+	}
+	if cfg.endpoint == "embeddings" {
+		cfg.stream = false // an embeddings answer is one JSON object
 	}
 	return nil
 }
@@ -270,8 +273,11 @@ func makePrompts(cfg *config) ([]promptSpec, error) {
 
 func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSpec, prog *progress) *endpoint {
 	path := "/chat/completions"
-	if cfg.endpoint == "completions" {
+	switch cfg.endpoint {
+	case "completions":
 		path = "/completions"
+	case "embeddings":
+		path = "/embeddings"
 	}
 	maxChunks := cfg.outputLen + 1
 	if maxChunks > 4096 {
@@ -285,6 +291,7 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 			url:       strings.TrimRight(base, "/") + path,
 			apiKey:    cfg.apiKey,
 			chat:      cfg.endpoint == "chat",
+			embed:     cfg.endpoint == "embeddings",
 			stream:    cfg.stream,
 			usage:     cfg.stream && cfg.usage,
 			timeout:   cfg.timeout,

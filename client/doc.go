@@ -2,6 +2,13 @@
 // uses it, and so can any Go program that wants to skip HTTP: publish an
 // OpenAI request body, read the reply stream frame by frame.
 //
+// Every request kind goes the same way (Request.Kind): chat and completion
+// stream chunks (with stream: true) and end with a done frame; embedding,
+// tokenize and detokenize (schemas.KindEmbedding...) send no chunk, and their
+// done frame's payload is the whole response body, as for a stream:false
+// chat. Such a request whose worker fails is sent again whole (there is
+// nothing to continue).
+//
 // One Client holds one wildcard subscription on its inbox prefix and routes
 // replies to streams through a map: a subscription per stream would cost
 // about 512 KB and several microseconds per token.

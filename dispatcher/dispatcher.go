@@ -303,7 +303,7 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 	case !schemas.ValidRequestID(r.id):
 		return nil, schemas.ErrBadHeader.New(schemas.HdrRequestID)
 	case !schemas.Kind(h.Get(schemas.HdrKind)).Valid():
-		return nil, schemas.ErrBadHeader.New(schemas.HdrKind + " (chat or completion)")
+		return nil, schemas.ErrBadHeader.New(schemas.HdrKind + " (chat, completion, embedding, tokenize or detokenize)")
 	case r.model == "":
 		return nil, schemas.ErrBadHeader.At("model", schemas.HdrModel)
 	}

@@ -41,7 +41,10 @@ type exchange struct {
 	writeFailed bool // the stream writer could not write: the client is gone
 }
 
-// completions handles POST .../chat/completions and .../completions.
+// completions handles POST .../chat/completions and .../completions, and
+// the requests that answer one JSON object without generating (embeddings,
+// tokenize, detokenize), which take its stream:false path: the same
+// routing, limits, usage, deadline and cancel on disconnect.
 func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()

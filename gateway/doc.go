@@ -6,8 +6,10 @@
 //
 //	POST /v1/chat/completions                              kind chat
 //	POST /v1/completions                                   kind completion
+//	POST /v1/embeddings                                    kind embedding (one JSON answer, never a stream)
 //	GET  /v1/models, /v1/models/{id}                       id may contain '/'
-//	     /predictions/{model}/{version}/v1/...             the same three, TorchServe's form
+//	     /predictions/{model}/{version}/v1/...             the same four, TorchServe's form
+//	POST /tokenize, /detokenize                            kinds tokenize, detokenize: vLLM's, at the root as vLLM serves them
 //	GET  /version                                          {"version":"<tokenbus version>"}, as vLLM's
 //	GET  /health                                           200 {"status":"ok"} while the process runs
 //	GET  /ready                                            200 when NATS is connected and a healthy worker serves a model, else 503

@@ -166,10 +166,14 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	}{{"/v1", false}, {"/predictions/:model/:version/v1", true}} {
 		app.Post(p.prefix+"/chat/completions", g.completions(schemas.KindChat, p.torchServe))
 		app.Post(p.prefix+"/completions", g.completions(schemas.KindCompletion, p.torchServe))
+		app.Post(p.prefix+"/embeddings", g.completions(schemas.KindEmbedding, p.torchServe))
 		app.Get(p.prefix+"/models", g.listModels)
 		app.Get(p.prefix+"/models/*", g.getModel)
 	}
 	app.Get("/version", g.version)
+	// vLLM serves these at the root only, not under /v1.
+	app.Post("/tokenize", g.completions(schemas.KindTokenize, false))
+	app.Post("/detokenize", g.completions(schemas.KindDetokenize, false))
 	app.Get("/health", g.health)
 	app.Get("/ready", g.ready)
 	// A gathering error panics before anything is written, so the recover

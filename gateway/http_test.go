@@ -99,7 +99,7 @@ func TestRequestErrors(t *testing.T) {
 		{"text/plain", "POST", "/v1/chat/completions", "text/plain", unaryBody, 415, nil, "unsupported_media_type"},
 		{"no content type", "POST", "/v1/chat/completions", "", unaryBody, 415, nil, "unsupported_media_type"},
 		{"body over limit", "POST", "/v1/chat/completions", "application/json", big, 413, nil, "request_too_large"},
-		{"unknown route", "POST", "/v1/embeddings", "application/json", unaryBody, 404, nil, "unknown_url"},
+		{"unknown route", "POST", "/v1/audio/speech", "application/json", unaryBody, 404, nil, "unknown_url"},
 		{"unknown route GET", "GET", "/nope", "", "", 404, nil, "unknown_url"},
 		{"wrong method", "GET", "/v1/chat/completions", "", "", 405, nil, "method_not_allowed"},
 		{"wrong method on models", "DELETE", "/v1/models", "", "", 405, nil, "method_not_allowed"},

@@ -12,10 +12,12 @@ import (
 func TestOfficialSDKs(t *testing.T) {
 	d := startDev(t)
 	tests := []struct {
-		name, env, script string
+		name, env, script, ok string
 	}{
-		{"python", "TOKENBUS_TEST_PYTHON", "clients/python_sdk.py"},
-		{"node", "TOKENBUS_TEST_NODE", "clients/node_sdk.mjs"},
+		{"python", "TOKENBUS_TEST_PYTHON", "clients/python_sdk.py", "python sdk ok"},
+		{"node", "TOKENBUS_TEST_NODE", "clients/node_sdk.mjs", "node sdk ok"},
+		// LangChain's OpenAIEmbeddings (langchain-openai, in the same venv)
+		{"langchain", "TOKENBUS_TEST_PYTHON", "clients/langchain_embeddings.py", "langchain ok"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -27,7 +29,7 @@ func TestOfficialSDKs(t *testing.T) {
 				t.Skipf("%s not set: run scripts/test to install the official %s SDK", tt.env, tt.name)
 			}
 			out, err := exec.Command(bin, tt.script, d.URL).CombinedOutput()
-			if err != nil || !strings.Contains(string(out), "sdk ok") {
+			if err != nil || !strings.Contains(string(out), tt.ok) {
 				t.Fatalf("%s SDK: %v\n%s", tt.name, err, out)
 			}
 		})

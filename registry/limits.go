@@ -106,17 +106,25 @@ const PromptBytesPerToken = 4
 // reserves its body's bytes / PromptBytesPerToken for the prompts plus
 // prompts × n (choices) × its max_tokens (or max_completion_tokens) for the
 // completions, maxTokens when it sets neither. maxTokens also caps it: a
-// request cannot generate more than its model's context.
+// request cannot generate more than its model's context. A request that
+// generates nothing (embeddings: one request per input; tokenize,
+// detokenize) reserves its prompt estimate only.
 func AdmissionOf(req *schemas.Request, maxTokens int) Admission {
 	prompts := 1
-	if req.Kind == schemas.KindCompletion {
+	switch req.Kind {
+	case schemas.KindCompletion:
 		prompts = max(req.Prompt.Len(), 1)
+	case schemas.KindEmbedding:
+		prompts = max(req.Input.Len(), 1)
+	}
+	promptEst := (len(req.Body) + PromptBytesPerToken - 1) / PromptBytesPerToken
+	if !req.Kind.Generates() {
+		return Admission{Requests: prompts, Tokens: promptEst}
 	}
 	gen := req.MaxTokens
 	if gen <= 0 || maxTokens > 0 && gen > maxTokens {
 		gen = maxTokens
 	}
-	promptEst := (len(req.Body) + PromptBytesPerToken - 1) / PromptBytesPerToken
 	return Admission{Requests: prompts, Tokens: promptEst + prompts*max(req.N, 1)*max(gen, 0)}
 }
 

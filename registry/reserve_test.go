@@ -118,6 +118,12 @@ func TestAdmissionOf(t *testing.T) {
 		{"prompt array", schemas.KindCompletion, `{"model":"m","prompt":["a","b","c","d"],"max_tokens":10,"n":2}`, 300, 4, 80},
 		{"token ids", schemas.KindCompletion, `{"model":"m","prompt":[1,2,3],"max_tokens":10}`, 300, 1, 10},
 		{"token id lists", schemas.KindCompletion, `{"model":"m","prompt":[[1],[2]],"max_tokens":10}`, 300, 2, 20},
+		// Nothing is generated: the prompt estimate only, one request per input.
+		{"embedding", schemas.KindEmbedding, `{"model":"m","input":"hello"}`, 300, 1, 0},
+		{"embedding inputs", schemas.KindEmbedding, `{"model":"m","input":["a","b","c"],"max_tokens":99}`, 300, 3, 0},
+		{"embedding token id lists", schemas.KindEmbedding, `{"model":"m","input":[[1],[2]]}`, 300, 2, 0},
+		{"tokenize", schemas.KindTokenize, `{"model":"m","prompt":"hello"}`, 300, 1, 0},
+		{"detokenize", schemas.KindDetokenize, `{"model":"m","tokens":[1,2]}`, 300, 1, 0},
 	} {
 		req, perr := schemas.ReadRequest(tc.kind, []byte(tc.body), "")
 		if perr != nil {

@@ -107,19 +107,19 @@ var (
 		When:    "A field tokenbus reads has the wrong JSON type; param names it (messages[0].content, stream_options.include_usage...)."})
 	ErrMissingParam = def(secRequest, ErrorDef{Code: "missing_required_parameter", Status: s400, Type: TypeInvalidRequest,
 		Message: "Missing required parameter: '%s'.",
-		When:    "messages (chat), prompt (completions) or a message's role is missing or null."})
+		When:    "messages (chat), prompt (completions), input (embeddings), tokens (detokenize), prompt or messages (tokenize) or a message's role is missing or null."})
 	ErrNoModel = def(secRequest, ErrorDef{Code: "missing_required_parameter", Status: s400, Type: TypeInvalidRequest, Param: "model",
 		Message: "You must provide a model parameter.",
 		When:    "The body names no model (and the route gives none), or an empty one."})
 	ErrEmptyArray = def(secRequest, ErrorDef{Code: "empty_array", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': empty array. Expected an array with minimum length 1, but got an empty array instead.",
-		When:    "messages or prompt is []."})
+		When:    "messages, prompt or input is [], or one of input's lists of token ids is."})
 	ErrBelowMin = def(secRequest, ErrorDef{Code: "integer_below_min_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': integer below minimum value. Expected a value >= %d, but got %d instead.",
-		When:    "n, max_tokens or max_completion_tokens below 1, min_tokens below 0."})
+		When:    "n, max_tokens, max_completion_tokens or dimensions below 1, min_tokens below 0."})
 	ErrAboveMax = def(secRequest, ErrorDef{Code: "integer_above_max_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': integer above maximum value. Expected a value <= %d, but got %d instead.",
-		When:    "A value over an engine's limit (the sim's largest n)."})
+		When:    "A value over an engine's limit (the sim's largest n, dimensions over the sim's embedding size)."})
 	ErrIntRange = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': integer out of range.",
 		When:    "An integer field does not fit in 64 bits."})
@@ -129,7 +129,8 @@ var (
 			"so tokenbus takes neither. Keys match exactly, as in OpenAI's and vLLM's parsers: \"Max_Tokens\" is another, unknown key."})
 	ErrInvalidValue = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': %s.",
-		When:    "A value no engine accepts: an empty stop string or role, min_tokens over max_tokens, an empty prompt, a token id outside the vocabulary."})
+		When: "A value no engine accepts: an empty stop string or role, min_tokens over max_tokens, an empty prompt or embeddings input, " +
+			"a token id outside the vocabulary, an encoding_format other than float and base64, tokenize with both prompt and messages."})
 	ErrStreamOptions = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest, Param: "stream_options",
 		Message: "Stream options can only be defined when `stream=True`.",
 		When:    "stream_options without stream: true (vLLM's rule)."})
@@ -141,7 +142,7 @@ var (
 		When:    "Prompt plus max_tokens over the model's context length (the sim; vLLM answers this itself)."})
 	ErrUnknownKind = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Unknown request kind %q.",
-		When:    "A request whose kind is neither chat nor completion reached a reader."})
+		When:    "A request of a kind tokenbus does not know (Tb-Kind: chat, completion, embedding, tokenize, detokenize) reached a reader."})
 )
 
 // --- The HTTP API (gateway, admin API) ---
@@ -308,6 +309,10 @@ var (
 	ErrAdapterSlotsFull = def(secEngine, ErrorDef{Code: "adapter_slots_full", Status: http.StatusConflict, Type: TypeInvalidRequest,
 		Message: "All %d LoRA adapter slots are in use.",
 		When:    "The sim engine's slots are full (the worker's manager evicts before it loads)."})
+	ErrEngineNoEndpoint = def(secEngine, ErrorDef{Code: "unsupported_endpoint", Status: http.StatusNotFound, Type: TypeInvalidRequest,
+		Message: "The %s engine behind this model does not serve %s.",
+		When: "The engine answered 404 with no error of its own to /v1/embeddings, /tokenize or /detokenize: an OpenAI-compatible " +
+			"server without that endpoint (vLLM has /tokenize; many others do not). A generative vLLM model answers embeddings with its own 400."})
 	ErrUpstream = def(secEngine, ErrorDef{Status: 0, Type: "the engine's",
 		Message: "The engine's message.",
 		When: "Any other error an engine answered (a 4xx for a field it refuses, its own 5xx) keeps the engine's status, " +

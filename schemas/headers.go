@@ -10,7 +10,7 @@ import (
 // is the client's OpenAI JSON, byte for byte. NATS header names are case-sensitive.
 const (
 	HdrRequestID = "Tb-Request-Id" // required; see ValidRequestID
-	HdrKind      = "Tb-Kind"       // "chat" or "completion"; required
+	HdrKind      = "Tb-Kind"       // a Kind: "chat", "completion", "embedding", "tokenize" or "detokenize"; required
 	HdrModel     = "Tb-Model"      // the model; must agree with the subject's (model_mismatch)
 	HdrDeadline  = "Tb-Deadline"   // unix milliseconds; work past it is dropped
 	HdrPriority  = "Tb-Priority"   // integer, lower is served first (vLLM's convention); default 0
@@ -76,16 +76,30 @@ func DispatcherOnly(name string, tenant bool) bool {
 var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBase, HdrAdapterPath,
 	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken}
 
-// Kind is the OpenAI endpoint a request is for.
+// Kind is the OpenAI (or vLLM) endpoint a request is for.
 type Kind string
 
 const (
-	KindChat       Kind = "chat"
-	KindCompletion Kind = "completion"
+	KindChat       Kind = "chat"       // POST /v1/chat/completions
+	KindCompletion Kind = "completion" // POST /v1/completions
+	KindEmbedding  Kind = "embedding"  // POST /v1/embeddings
+	KindTokenize   Kind = "tokenize"   // POST /tokenize (vLLM's)
+	KindDetokenize Kind = "detokenize" // POST /detokenize (vLLM's)
 )
 
 // Valid reports whether k is a known kind.
-func (k Kind) Valid() bool { return k == KindChat || k == KindCompletion }
+func (k Kind) Valid() bool {
+	switch k {
+	case KindChat, KindCompletion, KindEmbedding, KindTokenize, KindDetokenize:
+		return true
+	}
+	return false
+}
+
+// Generates reports whether requests of kind k generate tokens (chat and
+// completion): only they stream, take max_tokens and n, and can be
+// continued on another worker. The other kinds answer with one JSON object.
+func (k Kind) Generates() bool { return k == KindChat || k == KindCompletion }
 
 // MaxRequestIDLen caps request ids accepted from clients.
 const MaxRequestIDLen = 128

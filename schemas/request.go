@@ -7,10 +7,13 @@ import (
 	"fmt"
 )
 
-// Request is what tokenbus reads of an OpenAI chat or completion request: a
-// typed view of every field some part of tokenbus acts on, next to the body
+// Request is what tokenbus reads of a request of any Kind (an OpenAI chat,
+// completion or embeddings request, vLLM's tokenize or detokenize): a typed
+// view of every field some part of tokenbus acts on, next to the body
 // itself, which travels on byte for byte (fields tokenbus does not read reach
-// the engine untouched).
+// the engine untouched). Each kind reads its own fields: "prompt" is not
+// read in a chat request, nor "stream" in an embeddings request (it passes
+// through as an unknown field).
 //
 // ReadRequest is the only reader of request bodies: the gateway reads a body
 // once to route, authorise and account it, and the worker, the sim engine,
@@ -56,7 +59,32 @@ type Request struct {
 	// message is an assistant message to continue, not closed and followed
 	// by no generation prompt. A migrated stream's continuation sets it.
 	ContinueFinalMessage bool
+
+	// Embeddings (KindEmbedding): Input has the shapes of a completion
+	// prompt (a string, strings, token ids, lists of token ids), none empty;
+	// EncodingFormat is "float" (the default) or "base64"; Dimensions is
+	// "dimensions", 0 when not set.
+	Input          Prompt
+	EncodingFormat string
+	Dimensions     int
+
+	// Tokenize (KindTokenize, vLLM's /tokenize): Prompt (a string) or
+	// Messages, not both; AddGenerationPrompt (messages only, default true)
+	// and ContinueFinalMessage as in chat; ReturnTokenStrs asks for
+	// token_strs.
+	AddGenerationPrompt bool
+	ReturnTokenStrs     bool
+
+	// Tokens (KindDetokenize): the token ids to turn into text.
+	Tokens []int
 }
+
+// The values of an embeddings request's encoding_format: a list of floats
+// (the default), or base64 of the float32 values' little-endian bytes.
+const (
+	EncodingFloat  = "float"
+	EncodingBase64 = "base64"
+)
 
 // Message is one chat message: its role, and its content as it came (a
 // string, null, or an array of content parts), read by Text.
@@ -103,6 +131,13 @@ const (
 	fMessages
 	fPrompt
 	fContinueFinalMessage
+	fInput
+	fEncodingFormat
+	fDimensions
+	fAddGenerationPrompt
+	fReturnTokenStrs
+	fTokens
+	nFields // the number of fields; seen's bits and nulls' entries
 )
 
 var fieldNames = [...]string{
@@ -110,11 +145,42 @@ var fieldNames = [...]string{
 	fMaxCompletionTokens: "max_completion_tokens", fMinTokens: "min_tokens", fN: "n", fSeed: "seed",
 	fStop: "stop", fIgnoreEOS: "ignore_eos", fIncludeStopStr: "include_stop_str_in_output",
 	fPriority: "priority", fUser: "user", fMessages: "messages", fPrompt: "prompt",
-	fContinueFinalMessage: "continue_final_message",
+	fContinueFinalMessage: "continue_final_message", fInput: "input", fEncodingFormat: "encoding_format",
+	fDimensions: "dimensions", fAddGenerationPrompt: "add_generation_prompt", fReturnTokenStrs: "return_token_strs",
+	fTokens: "tokens",
+}
+
+// Bit sets of the fields each kind reads (bit f for field f).
+const (
+	generateFields = 1<<fModel | 1<<fStream | 1<<fStreamOptions | 1<<fMaxTokens | 1<<fMinTokens | 1<<fN |
+		1<<fSeed | 1<<fStop | 1<<fIgnoreEOS | 1<<fIncludeStopStr | 1<<fPriority | 1<<fUser
+	chatFields       = generateFields | 1<<fMessages | 1<<fMaxCompletionTokens | 1<<fContinueFinalMessage
+	completionFields = generateFields | 1<<fPrompt
+	embeddingFields  = 1<<fModel | 1<<fInput | 1<<fEncodingFormat | 1<<fDimensions | 1<<fUser | 1<<fPriority
+	tokenizeFields   = 1<<fModel | 1<<fPrompt | 1<<fMessages | 1<<fAddGenerationPrompt | 1<<fContinueFinalMessage |
+		1<<fReturnTokenStrs
+	detokenizeFields = 1<<fModel | 1<<fTokens
+)
+
+// fields is the set of fields requests of kind k read.
+func (k Kind) fields() uint32 {
+	switch k {
+	case KindChat:
+		return chatFields
+	case KindCompletion:
+		return completionFields
+	case KindEmbedding:
+		return embeddingFields
+	case KindTokenize:
+		return tokenizeFields
+	case KindDetokenize:
+		return detokenizeFields
+	}
+	return 0
 }
 
 // lookupField returns the field a raw key names for kind, or false: keys
-// match exactly, escapes decoded, and a field of the other kind (messages in
+// match exactly, escapes decoded, and a field of another kind (messages in
 // a completion) is not one.
 func lookupField(kind Kind, raw []byte) (field, bool) {
 	key := raw
@@ -156,16 +222,22 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 		f = fPrompt
 	case "continue_final_message":
 		f = fContinueFinalMessage
+	case "input":
+		f = fInput
+	case "encoding_format":
+		f = fEncodingFormat
+	case "dimensions":
+		f = fDimensions
+	case "add_generation_prompt":
+		f = fAddGenerationPrompt
+	case "return_token_strs":
+		f = fReturnTokenStrs
+	case "tokens":
+		f = fTokens
 	default:
 		return 0, false
 	}
-	switch f {
-	case fMessages, fMaxCompletionTokens, fContinueFinalMessage:
-		return f, kind == KindChat
-	case fPrompt:
-		return f, kind == KindCompletion
-	}
-	return f, true
+	return f, kind.fields()&(1<<f) != 0
 }
 
 // ReadRequestFor reads body as ReadRequest does, for a request bound to
@@ -206,9 +278,11 @@ func (r *Request) BoundBody() []byte {
 // ReadRequest reads body, a request of kind, into its view, or says with a
 // 400 what is wrong with it: malformed JSON, not an object, a repeated key,
 // a field of the wrong type, a missing required field (model unless
-// defaultModel is set, messages or prompt), a value out of range (n,
-// max_tokens, min_tokens below their minimum, an empty messages or prompt
-// array, an empty stop string) or stream_options without stream. Limits of
+// defaultModel is set; messages, prompt, input, tokens, or for tokenize
+// prompt or messages), a value out of range (n, max_tokens, min_tokens,
+// dimensions below their minimum, an empty messages, prompt or input array,
+// an empty stop string or input, an encoding_format other than float and
+// base64) or stream_options without stream. Limits of
 // one engine (context length, vocabulary, the largest n) are the engine's to
 // check. A body with several faults gets the first type or duplicate error,
 // else the first missing or out-of-range one; a malformed body is always
@@ -228,7 +302,7 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		}
 		return nil, malformed(body)
 	}
-	req := &Request{Kind: kind, Body: body, N: 1}
+	req := &Request{Kind: kind, Body: body, N: 1, EncodingFormat: EncodingFloat, AddGenerationPrompt: true}
 	var seen uint32
 	var maxTokens, maxCompletion int
 	var hasMin bool
@@ -273,9 +347,24 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		case fMessages:
 			return r.messages(&req.Messages)
 		case fPrompt:
-			return r.prompt(&req.Prompt)
+			if kind == KindTokenize { // vLLM's TokenizeCompletionRequest: a string
+				return r.textPrompt(&req.Prompt)
+			}
+			return r.prompt(f, &req.Prompt)
 		case fContinueFinalMessage:
 			return r.boolean(f, name, 1, &req.ContinueFinalMessage)
+		case fInput:
+			return r.prompt(f, &req.Input)
+		case fEncodingFormat:
+			return r.str(f, &req.EncodingFormat)
+		case fDimensions:
+			return r.integer(f, &req.Dimensions, nil)
+		case fAddGenerationPrompt:
+			return r.boolean(f, name, 1, &req.AddGenerationPrompt)
+		case fReturnTokenStrs:
+			return r.boolean(f, name, 1, &req.ReturnTokenStrs)
+		case fTokens:
+			return r.tokens(&req.Tokens)
 		}
 		return r.s.skip(1)
 	})
@@ -306,6 +395,18 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		return nil, ErrMissingParam.At("prompt", "prompt")
 	case kind == KindCompletion && req.Prompt.n == 0:
 		return nil, emptyArray("prompt")
+	case kind == KindEmbedding && absent(fInput):
+		return nil, ErrMissingParam.At("input", "input")
+	case kind == KindEmbedding && req.Input.n == 0:
+		return nil, emptyArray("input")
+	case kind == KindTokenize && absent(fPrompt) && absent(fMessages):
+		return nil, ErrMissingParam.At("prompt", "prompt' or 'messages")
+	case kind == KindTokenize && !absent(fPrompt) && !absent(fMessages):
+		return nil, ErrInvalidValue.At("messages", "messages", "give either prompt or messages, not both")
+	case kind == KindTokenize && !absent(fMessages) && len(req.Messages) == 0:
+		return nil, emptyArray("messages")
+	case kind == KindDetokenize && absent(fTokens):
+		return nil, ErrMissingParam.At("tokens", "tokens")
 	case r.later != nil:
 		return nil, r.later
 	case req.StreamOptions && !req.Stream:
@@ -316,6 +417,15 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		return nil, belowMin("max_tokens", maxTokens, 1)
 	case !absent(fMaxCompletionTokens) && maxCompletion < 1:
 		return nil, belowMin("max_completion_tokens", maxCompletion, 1)
+	case !absent(fDimensions) && req.Dimensions < 1:
+		return nil, belowMin("dimensions", req.Dimensions, 1)
+	case kind == KindEmbedding && req.EncodingFormat != EncodingFloat && req.EncodingFormat != EncodingBase64:
+		// absent or null leaves the default, float
+		return nil, ErrInvalidValue.At("encoding_format", "encoding_format",
+			fmt.Sprintf("expected 'float' or 'base64', but got '%s'", req.EncodingFormat))
+	case kind == KindTokenize && req.ContinueFinalMessage && req.AddGenerationPrompt && !absent(fMessages):
+		return nil, ErrInvalidValue.At("continue_final_message", "continue_final_message",
+			"cannot set both continue_final_message and add_generation_prompt to true")
 	}
 	if !req.Stream {
 		req.IncludeUsage = false
@@ -368,7 +478,7 @@ type reader struct {
 	s     scanner
 	err   *Error
 	later *Error
-	nulls [fContinueFinalMessage + 1]bool // the field was null
+	nulls [nFields]bool // the field was null
 }
 
 // notTop stands for "not a top-level field" where a helper takes a field.
@@ -665,23 +775,29 @@ func (r *reader) content(i int, m *Message) bool {
 	return ok
 }
 
-// prompt reads a completion prompt and checks its shape; token ids must be
-// integers (which ones exist is the engine's to say).
-func (r *reader) prompt(p *Prompt) bool {
+// prompt reads a completion prompt or an embeddings input (field f) and
+// checks its shape; token ids must be integers (which ones exist is the
+// engine's to say). An input may hold no empty string or empty list of
+// token ids (OpenAI refuses them; a prompt's are the engine's to judge).
+func (r *reader) prompt(f field, p *Prompt) bool {
 	const want = "a string, an array of strings, an array of token ids or an array of arrays of token ids"
-	if r.null(fPrompt) {
+	param := fieldNames[f]
+	if r.null(f) {
 		return true
 	}
 	start := r.s.i
 	switch r.s.peek() {
 	case '"':
 		start = r.s.i
-		_, ok := r.s.rawString()
+		raw, ok := r.s.rawString()
 		*p = Prompt{shape: promptString, n: 1, raw: r.s.b[start:r.s.i]}
+		if ok && f == fInput && len(raw) == 0 {
+			r.failLater(ErrInvalidValue.At(param, param, "it cannot be an empty string"))
+		}
 		return ok
 	case '[':
 	default:
-		return r.mismatch("prompt", want, 1)
+		return r.mismatch(param, want, 1)
 	}
 	start = r.s.i
 	shape, n, bad := promptNone, 0, false
@@ -691,16 +807,25 @@ func (r *reader) prompt(p *Prompt) bool {
 		switch r.s.peek() {
 		case '"':
 			s = promptStrings
-			_, ok = r.s.rawString()
+			var raw []byte
+			raw, ok = r.s.rawString()
+			if ok && f == fInput && len(raw) == 0 {
+				r.failLater(ErrInvalidValue.At(indexed(param, n, ""), indexed(param, n, ""), "it cannot be an empty string"))
+			}
 		case '[':
 			s = promptTokenLists
+			ids := 0
 			ok = r.s.array(func() bool {
+				ids++
 				if !r.tokenID() {
 					bad = true
 					return r.s.skip(3)
 				}
 				return true
 			})
+			if ok && f == fInput && ids == 0 {
+				r.failLater(emptyArray(indexed(param, n, "")))
+			}
 		default:
 			s = promptTokens
 			if !r.tokenID() {
@@ -722,10 +847,63 @@ func (r *reader) prompt(p *Prompt) bool {
 		return false
 	}
 	if bad {
-		r.fail(ErrInvalidType.At("prompt", "prompt", want, "an array with other values"))
+		r.fail(ErrInvalidType.At(param, param, want, "an array with other values"))
 		return true
 	}
 	*p = Prompt{shape: shape, n: n, raw: r.s.b[start:r.s.i]}
+	return true
+}
+
+// textPrompt reads a prompt that must be a string (vLLM's /tokenize).
+func (r *reader) textPrompt(p *Prompt) bool {
+	if r.null(fPrompt) {
+		return true
+	}
+	if r.s.peek() != '"' {
+		return r.mismatch("prompt", "a string", 1)
+	}
+	start := r.s.i
+	_, ok := r.s.rawString()
+	*p = Prompt{shape: promptString, n: 1, raw: r.s.b[start:r.s.i]}
+	return ok
+}
+
+// tokens reads an array of token ids (detokenize).
+func (r *reader) tokens(dst *[]int) bool {
+	const want = "an array of token ids"
+	if r.null(fTokens) {
+		return true
+	}
+	if r.s.peek() != '[' {
+		return r.mismatch("tokens", want, 1)
+	}
+	out := []int{}
+	bad := false
+	ok := r.s.array(func() bool {
+		c := r.s.peek()
+		if c != '-' && (c < '0' || c > '9') {
+			bad = true
+			return r.s.skip(2)
+		}
+		text, ok := r.s.number()
+		if !ok {
+			return false
+		}
+		n, isInt := parseInt(text)
+		if !isInt {
+			bad = true
+		}
+		out = append(out, n)
+		return true
+	})
+	if !ok {
+		return false
+	}
+	if bad {
+		r.fail(ErrInvalidType.At("tokens", "tokens", want, "an array with other values"))
+		return true
+	}
+	*dst = out
 	return true
 }
 

@@ -48,5 +48,16 @@ for (const url of [base + "/v1", base + "/predictions/llama-8b/1.0/v1"]) {
     check(torchserve ? e instanceof OpenAI.BadRequestError && e.code === "model_mismatch" : e instanceof OpenAI.NotFoundError,
       "unknown model: " + e);
   }
+
+  // embeddings.create asks for base64 unless told otherwise, and decodes it.
+  const texts = ["The cat sat on the mat.", "A cat sitting on the mat", "Interest rates rose again in March"];
+  const emb = await c.embeddings.create({ model: "llama-8b", input: texts });
+  const flt = await c.embeddings.create({ model: "llama-8b", input: texts, encoding_format: "float" });
+  check(emb.data.length === 3 && emb.usage.prompt_tokens > 0, "embeddings: " + JSON.stringify(emb.usage));
+  const dot = (a, b) => a.reduce((s, x, i) => s + x * b[i], 0);
+  const v = emb.data.map((d) => d.embedding);
+  check(Array.isArray(v[0]) && v[0].length === 384, "base64 embedding not decoded: " + typeof v[0]);
+  check(v.every((x, i) => x.every((y, j) => Math.abs(y - flt.data[i].embedding[j]) < 1e-6)), "base64 and float differ");
+  check(dot(v[0], v[1]) > dot(v[0], v[2]) + 0.2, `similar ${dot(v[0], v[1])}, unrelated ${dot(v[0], v[2])}`);
 }
 console.log("node sdk ok");

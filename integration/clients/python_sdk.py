@@ -56,7 +56,31 @@ def main(base):
             check(False, "bad n accepted")
         except openai.BadRequestError as e:
             check(e.status_code == 400, f"bad n: {e}")
+        embeddings(c)
     print("python sdk ok")
+
+
+def embeddings(c):
+    """embeddings.create asks for base64 unless told otherwise, and decodes it."""
+    texts = ["The cat sat on the mat.", "A cat sitting on the mat", "Interest rates rose again in March"]
+    r = c.embeddings.create(model="llama-8b", input=texts)  # encoding_format base64, decoded by the SDK
+    f = c.embeddings.create(model="llama-8b", input=texts, encoding_format="float")
+    check(len(r.data) == 3 and [d.index for d in r.data] == [0, 1, 2], f"embeddings: {r}")
+    check(r.usage.prompt_tokens > 0 and r.usage.total_tokens == r.usage.prompt_tokens, f"usage: {r.usage}")
+    for a, b in zip(r.data, f.data):
+        check(isinstance(a.embedding, list) and len(a.embedding) == 384, f"base64 embedding: {type(a.embedding)}")
+        check(all(abs(x - y) < 1e-6 for x, y in zip(a.embedding, b.embedding)), "base64 and float differ")
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))
+    v = [d.embedding for d in r.data]
+    check(abs(dot(v[0], v[0]) - 1) < 1e-4, f"norm² {dot(v[0], v[0])}")
+    check(dot(v[0], v[1]) > dot(v[0], v[2]) + 0.2, f"similar {dot(v[0], v[1])}, unrelated {dot(v[0], v[2])}")
+    short = c.embeddings.create(model="llama-8b", input="hello", dimensions=16)
+    check(len(short.data[0].embedding) == 16, f"dimensions: {len(short.data[0].embedding)}")
+    try:
+        c.embeddings.create(model="llama-8b", input="x", encoding_format="int8")
+        check(False, "bad encoding_format accepted")
+    except openai.BadRequestError as e:
+        check(e.code == "invalid_value" and e.param == "encoding_format", f"bad encoding_format: {e}")
 
 
 if __name__ == "__main__":

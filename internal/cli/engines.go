@@ -37,4 +37,5 @@ func registerSimFlags(fs *pflag.FlagSet, c *sim.Config) {
 	fs.IntVar(&c.MaxModelLen, "sim-max-model-len", c.MaxModelLen, "sim: context length")
 	fs.IntVar(&c.MaxLoras, "sim-max-loras", c.MaxLoras, "sim: LoRA adapter slots")
 	fs.DurationVar(&c.AdapterLoadTime, "sim-lora-load-time", c.AdapterLoadTime, "sim: time to load a LoRA adapter")
+	fs.IntVar(&c.EmbeddingDims, "sim-embedding-dims", c.EmbeddingDims, "sim: size of the embeddings it serves on /v1/embeddings (dimensions may ask for fewer)")
 }

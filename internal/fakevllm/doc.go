@@ -3,7 +3,10 @@
 // (workers/engine/enginetest), the bench tool, a worker in the integration
 // tests. It serves chat and completions (SSE or JSON) as vLLM writes them,
 // /v1/models with LoRA adapters, /metrics, /health, the runtime LoRA
-// endpoints, and the failures a client must survive. It is an http.Handler:
+// endpoints, /v1/embeddings (for an embedding model, Server.Pooling; else
+// vLLM's 400 for a generative model), /tokenize and /detokenize (a token per
+// byte; Server.NoTokenize answers 404 as servers without them do), and the
+// failures a client must survive. It is an http.Handler:
 // serve it with httptest.NewServer.
 //
 // A body is read with schemas.ReadRequest, as every part of tokenbus reads

@@ -16,11 +16,13 @@ import (
 // Server is the fake. Set its fields before serving; the rest goes through
 // methods, safe for concurrent use.
 type Server struct {
-	Base      []string      // base model names; default ["base"]
-	APIKey    string        // if set, required as a Bearer token on /v1
-	LoadDelay time.Duration // how long a LoRA load takes
-	NoLoRAAPI bool          // as without VLLM_ALLOW_RUNTIME_LORA_UPDATING: 404 {"detail":"Not Found"}
-	AnyModel  bool          // serve whatever model a request names, as llama.cpp's server does
+	Base       []string      // base model names; default ["base"]
+	APIKey     string        // if set, required as a Bearer token on /v1
+	LoadDelay  time.Duration // how long a LoRA load takes
+	NoLoRAAPI  bool          // as without VLLM_ALLOW_RUNTIME_LORA_UPDATING: 404 {"detail":"Not Found"}
+	AnyModel   bool          // serve whatever model a request names, as llama.cpp's server does
+	Pooling    bool          // an embedding model: /v1/embeddings answers (else vLLM's 400 for a generative model)
+	NoTokenize bool          // no /tokenize and /detokenize: 404 {"detail":"Not Found"}, as OpenAI-compatible servers without them
 	// MaxModelLen is the max_model_len /v1/models gives the base models
 	// (adapters get null, as from vLLM); 0 sends null for them too, as a
 	// server that does not know it. New sets 8192.
@@ -37,7 +39,7 @@ type Server struct {
 	mu       sync.Mutex
 	loaded   map[string]string   // adapter → path
 	log      []string            // "load a", "unload b", in order
-	received []Request           // completion requests, in arrival order
+	received []Request           // completion, embeddings, tokenize and detokenize requests, in arrival order
 	byID     map[string]int      // request id → its last index in received
 	sent     map[string][]string // request id → chunk JSON sent
 	models   int                 // GET /v1/models answered
@@ -162,6 +164,16 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.serveModels(w)
 	case "/v1/chat/completions", "/v1/completions":
 		s.complete(w, r)
+	case "/v1/embeddings":
+		s.embeddings(w, r)
+	case "/tokenize", "/detokenize":
+		if s.NoTokenize {
+			writeJSON(w, 404, `{"detail":"Not Found"}`)
+		} else if r.URL.Path == "/tokenize" {
+			s.tokenize(w, r)
+		} else {
+			s.detokenize(w, r)
+		}
 	case "/v1/load_lora_adapter", "/v1/unload_lora_adapter":
 		s.lora(w, r, r.URL.Path == "/v1/load_lora_adapter")
 	case "/pid":

@@ -24,14 +24,7 @@ type Script struct {
 // complete is POST /v1/chat/completions and /v1/completions.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
-	id := r.Header.Get("X-Request-Id")
-	s.mu.Lock()
-	if id == "" {
-		id = fmt.Sprintf("fake-%d", len(s.received)+1)
-	}
-	s.byID[id] = len(s.received)
-	s.received = append(s.received, Request{ID: id, Path: r.URL.Path, Header: r.Header.Clone(), Body: body})
-	s.mu.Unlock()
+	id := s.record(r, body)
 
 	kind := schemas.KindCompletion
 	if r.URL.Path == "/v1/chat/completions" {

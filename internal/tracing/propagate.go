@@ -104,10 +104,16 @@ func (t Tracer) StartFromHeader(ctx context.Context, h nats.Header, name string,
 	return t.Start(Extract(ctx, h), name, kind)
 }
 
-// Operation is the gen_ai.operation.name of a request kind.
+// Operation is the gen_ai.operation.name of a request kind (the GenAI
+// conventions' names; tokenize and detokenize have none there and keep theirs).
 func Operation(k schemas.Kind) string {
-	if k == schemas.KindCompletion {
+	switch k {
+	case schemas.KindCompletion:
 		return "text_completion"
+	case schemas.KindEmbedding:
+		return "embeddings"
+	case schemas.KindTokenize, schemas.KindDetokenize:
+		return string(k)
 	}
 	return "chat"
 }

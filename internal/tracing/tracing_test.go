@@ -143,8 +143,11 @@ func TestFailAndAnnotate(t *testing.T) {
 		t.Fatalf("annotating a no-op span: %q", got)
 	}
 	Fail(noopSpan, errors.New("x")) // no panic
-	if Operation(schemas.KindChat) != "chat" || Operation(schemas.KindCompletion) != "text_completion" {
-		t.Fatal("operation names")
+	for k, want := range map[schemas.Kind]string{schemas.KindChat: "chat", schemas.KindCompletion: "text_completion",
+		schemas.KindEmbedding: "embeddings", schemas.KindTokenize: "tokenize", schemas.KindDetokenize: "detokenize"} {
+		if got := Operation(k); got != want {
+			t.Errorf("Operation(%s) = %q, want %q", k, got, want)
+		}
 	}
 }
 

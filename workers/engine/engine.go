@@ -10,7 +10,7 @@ import (
 // Request is one OpenAI request as the worker hands it to an engine.
 type Request struct {
 	ID    string       // tokenbus request id
-	Kind  schemas.Kind // chat or completion
+	Kind  schemas.Kind // chat, completion, embedding, tokenize or detokenize
 	Model string       // the model the client named (a base model or an adapter)
 	Body  []byte       // the client's JSON, byte for byte; unknown fields must survive
 	// View is Body as schemas.ReadRequest read it: the worker reads each

@@ -84,6 +84,7 @@ var behaviours = []behaviour{
 	{"upstream errors", []Feature{Faults}, testUpstreamErrors, ""},
 	{"stream failures", []Feature{Faults}, testStreamFailures, ""},
 	{"cancel reaches the server", []Feature{Faults}, testCancelUpstream, ""},
+	{"embeddings, tokenize, detokenize", nil, testEmbeddings, ""},
 }
 
 // Run runs every behaviour of the table against h's engine, each as a subtest.

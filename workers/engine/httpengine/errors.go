@@ -281,3 +281,22 @@ func scrubKey(se *schemas.Error, key string) *schemas.Error {
 // Redact is se without the engine's API key (see scrubKey), for errors made
 // from what the engine answered to Call.
 func (e *Engine) Redact(se *schemas.Error) *schemas.Error { return scrubKey(se, e.cfg.APIKey) }
+
+// noRoute reports whether a 404's body is a server's "no such route" (an
+// empty body, FastAPI's {"detail":"Not Found"}, a plain "Not Found" or
+// "404 page not found"), not an error about the request (vLLM's "The model
+// `x` does not exist.").
+func noRoute(body []byte) bool {
+	body = bytes.TrimSpace(body)
+	if len(body) == 0 {
+		return true
+	}
+	var d struct {
+		Detail *string `json:"detail"`
+	}
+	if json.Unmarshal(body, &d) == nil && d.Detail != nil {
+		return strings.EqualFold(*d.Detail, "Not Found")
+	}
+	s := strings.ToLower(string(body))
+	return s == "not found" || s == "404 page not found" || s == "404 not found"
+}

@@ -47,6 +47,12 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		path = "/v1/chat/completions"
 	case schemas.KindCompletion:
 		path = "/v1/completions"
+	case schemas.KindEmbedding:
+		path = "/v1/embeddings"
+	case schemas.KindTokenize:
+		path = "/tokenize" // vLLM's, at the root
+	case schemas.KindDetokenize:
+		path = "/detokenize"
 	default:
 		return nil, schemas.ErrUnknownKind.New(req.Kind)
 	}
@@ -118,7 +124,15 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		if err != nil && len(body) == 0 {
 			return nil, e.failure(ctx, rctx, err, false)
 		}
-		ue := scrubKey(answerError(resp.StatusCode, body, http.MethodPost, path), e.cfg.APIKey)
+		var ue *schemas.Error
+		if resp.StatusCode == http.StatusNotFound && !req.Kind.Generates() && noRoute(body) {
+			// A server without the endpoint (an OpenAI-compatible server
+			// that has no /tokenize, or serves no embeddings) answers the
+			// route's 404, which would read as "model not found".
+			ue = schemas.ErrEngineNoEndpoint.New(e.name, path)
+		} else {
+			ue = scrubKey(answerError(resp.StatusCode, body, http.MethodPost, path), e.cfg.APIKey)
+		}
 		ue.RetryAfter = retryAfter(resp.Header)
 		// An answer without a body gives the client nothing to go on: the
 		// log has it, with where it came from (never the key, which is in a

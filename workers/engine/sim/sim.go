@@ -35,6 +35,8 @@ type Config struct {
 
 	MaxLoras        int           // LoRA adapter slots (default 4)
 	AdapterLoadTime time.Duration // time LoadAdapter takes (default 50ms)
+
+	EmbeddingDims int // size of the embeddings it serves (default DefaultEmbeddingDims)
 }
 
 // DefaultConfig is a small model on one GPU: about 15-20 ms to the first
@@ -56,6 +58,7 @@ func DefaultConfig() Config {
 		DecodePerSeq:        20 * time.Microsecond,
 		MaxLoras:            4,
 		AdapterLoadTime:     50 * time.Millisecond,
+		EmbeddingDims:       DefaultEmbeddingDims,
 	}
 }
 
@@ -130,7 +133,7 @@ func New(cfg Config) (*Engine, error) {
 		{&cfg.MaxModelLen, d.MaxModelLen}, {&cfg.MaxNumSeqs, d.MaxNumSeqs},
 		{&cfg.MaxNumBatchedTokens, d.MaxNumBatchedTokens}, {&cfg.BlockSize, d.BlockSize},
 		{&cfg.NumBlocks, d.NumBlocks}, {&cfg.MaxN, d.MaxN}, {&cfg.MinEOS, d.MinEOS},
-		{&cfg.MaxEOS, max(d.MaxEOS, cfg.MinEOS)}, {&cfg.MaxLoras, d.MaxLoras},
+		{&cfg.MaxEOS, max(d.MaxEOS, cfg.MinEOS)}, {&cfg.MaxLoras, d.MaxLoras}, {&cfg.EmbeddingDims, d.EmbeddingDims},
 	} {
 		if *f.v == 0 {
 			*f.v = f.def
@@ -311,6 +314,15 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
 		defer cancel()
+	}
+	if !req.Kind.Generates() && req.Kind.Valid() {
+		e.mu.Lock()
+		closed := e.closed
+		e.mu.Unlock()
+		if closed {
+			return nil, e.errClosed()
+		}
+		return e.answer(ctx, req)
 	}
 	r, err := e.newRequest(ctx, req, sink)
 	if err != nil {

@@ -12,6 +12,7 @@
 //	GET  /health                                 200 empty; 503 after Close or when the engine is shut
 //	GET  /version                                {"version": ...}
 //	POST /tokenize, /detokenize                  the sim's own tokenizer (cl100k_base, ChatML)
+//	POST /v1/embeddings                          the sim's embeddings (sim.EmbedText), OpenAI's shape
 //
 // Anything else is FastAPI's 404 {"detail":"Not Found"} (or 405). With API
 // keys set, paths under /v1 need "Authorization: Bearer <key>" (else 401

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/sim"
 )
 
@@ -237,4 +238,34 @@ func (s *Server) serveDetokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Prompt string `json:"prompt"`
 	}{text})
+}
+
+// serveEmbeddings is POST /v1/embeddings: the sim's embeddings (sim.EmbedText),
+// in OpenAI's shape with vLLM's id and created.
+func (s *Server) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
+	if !s.jsonContent(w, r) {
+		return
+	}
+	bp, ok := s.readBody(w, r)
+	if !ok {
+		return
+	}
+	defer s.putBody(bp)
+	view, rerr := schemas.ReadRequest(schemas.KindEmbedding, *bp, s.model)
+	if rerr != nil {
+		s.writeError(w, fromError(rerr))
+		return
+	}
+	if !s.knownModel(w, view.Model) {
+		return
+	}
+	req := engine.Request{ID: r.Header.Get("X-Request-Id"), Kind: schemas.KindEmbedding, Model: view.Model, Body: *bp, View: view}
+	res, err := s.eng.Generate(r.Context(), &req, noStream{})
+	if err != nil {
+		if r.Context().Err() == nil {
+			s.writeError(w, fromError(err))
+		}
+		return
+	}
+	writeRaw(w, http.StatusOK, "application/json", res.Response)
 }

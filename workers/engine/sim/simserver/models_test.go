@@ -164,3 +164,41 @@ func TestTokenize(t *testing.T) {
 		}
 	}
 }
+
+func TestEmbeddings(t *testing.T) {
+	ts := start(t, Config{}, fastSim())
+	resp := do(t, http.MethodPost, ts.url+"/v1/embeddings", `{"model":"base","input":["a cat","a cat"],"dimensions":8}`)
+	r := decode[struct {
+		Object string `json:"object"`
+		Model  string `json:"model"`
+		Data   []struct {
+			Index     int       `json:"index"`
+			Embedding []float32 `json:"embedding"`
+		} `json:"data"`
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}](t, readAll(t, resp))
+	if resp.StatusCode != 200 || r.Object != "list" || r.Model != "base" || len(r.Data) != 2 || len(r.Data[1].Embedding) != 8 ||
+		r.Data[1].Index != 1 || r.Usage.PromptTokens != 4 {
+		t.Fatalf("%d %+v", resp.StatusCode, r)
+	}
+	for i := range r.Data[0].Embedding {
+		if r.Data[0].Embedding[i] != r.Data[1].Embedding[i] {
+			t.Fatal("the same input gave two embeddings")
+		}
+	}
+	for _, tc := range []struct {
+		body   string
+		status int
+	}{
+		{`{"model":"nope","input":"a"}`, 404},
+		{`{"model":"base","input":[]}`, 400},
+		{`{"model":"base","input":"a","encoding_format":"int8"}`, 400},
+	} {
+		resp := do(t, http.MethodPost, ts.url+"/v1/embeddings", tc.body)
+		if b := readAll(t, resp); resp.StatusCode != tc.status || !strings.Contains(string(b), `"error"`) {
+			t.Errorf("%s: %d %s", tc.body, resp.StatusCode, b)
+		}
+	}
+}

@@ -178,6 +178,10 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if s.method(w, r, http.MethodPost) {
 			s.serveGenerate(w, r, false)
 		}
+	case "/v1/embeddings":
+		if s.method(w, r, http.MethodPost) {
+			s.serveEmbeddings(w, r)
+		}
 	case "/v1/models":
 		if s.method(w, r, http.MethodGet) {
 			s.serveModels(w)
