@@ -31,6 +31,20 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.IntVar(&l.UsageBuffer, "usage-buffer", l.UsageBuffer, "usage records a gateway holds in memory while JetStream cannot take them (past it they are dropped and counted)")
 	fs.IntVar(&c.MigrationLimit, "migration-limit", c.MigrationLimit, "how many times a request whose worker dies, refuses or goes silent is sent to another worker: retried before its first token, migrated (continued) after it; 0 turns it off")
 	fs.IntVar(&c.MigrationMaxSeqLen, "migration-max-seq-len", c.MigrationMaxSeqLen, "chunks of a stream kept so that it can be continued on another worker; a longer stream whose worker fails ends with stream_lost")
+	registerBatch(fs, &c.Batch)
+}
+
+// registerBatch defines the flags of the Files and Batches APIs and the
+// batch runner.
+func registerBatch(fs *pflag.FlagSet, b *program.BatchConfig) {
+	fs.BoolVar(&b.Enabled, "batches", b.Enabled, "serve the Files and Batches APIs (/v1/files, /v1/batches), their state in JetStream")
+	fs.BoolVar(&b.Runner, "batch-runner", b.Runner, "run batches in this process: validate them, send their lines through the bus at low priority, write their output files (any number of gateways may)")
+	fs.Int64Var(&b.FileLimit, "file-limit", b.FileLimit, "largest file POST /v1/files takes, in bytes; past it: 413")
+	fs.IntVar(&b.MaxLines, "batch-max-lines", b.MaxLines, "most requests (lines) one batch may have; past it the batch fails validation")
+	fs.IntVar(&b.MaxInFlight, "batch-max-in-flight", b.MaxInFlight, "batch lines this runner runs at once, in all (each also waits for a free slot of the model's workers)")
+	fs.IntVar(&b.MaxPerBatch, "batch-max-per-batch", b.MaxPerBatch, "lines of one batch this runner runs at once (batches take turns)")
+	fs.IntVar(&b.Priority, "batch-priority", b.Priority, "Tb-Priority of batch lines: dispatchers serve lower values first, and interactive requests have 0")
+	fs.DurationVar(&b.AckWait, "batch-ack-wait", b.AckWait, "a batch line taken by a runner that died runs again after this long")
 }
 
 // registerLimits defines the flags of rate-limit admission on Redis (a

@@ -29,7 +29,7 @@
 // client, schemas, and the internal helpers (natsconn, embedded). Nothing
 // imports program but internal/cli and tests.
 //
-// Tokenbus imports: admin, auth, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
+// Tokenbus imports: admin, auth, batch, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
 // registry, schemas, usage, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,
 // workers/engine/sim, workers/engine/sim/simserver, workers/engine/vllm.
 package program

@@ -49,6 +49,8 @@ type HTTPConfig struct {
 	// MigrationMaxSeqLen: chunks a stream keeps to be continued elsewhere;
 	// a longer stream that loses its worker fails with stream_lost.
 	MigrationMaxSeqLen int
+	// Batch: the Files and Batches APIs and the batch runner.
+	Batch BatchConfig
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -115,6 +117,7 @@ func DefaultHTTP() HTTPConfig {
 
 		MigrationLimit:     3,
 		MigrationMaxSeqLen: 4096,
+		Batch:              DefaultBatch(),
 	}
 }
 
@@ -297,6 +300,13 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 			gcfg.Authorize = gw.au.Authorize
 			gcfg.ModelAccess = gw.au.ModelAccess
 		}
+	}
+	if gcfg.Batches, err = gw.startBatch(ctx, workers, store, reg); err != nil {
+		return err
+	}
+	gcfg.FileLimit = cfg.HTTP.Batch.FileLimit
+	if gw.au != nil && cfg.HTTP.Auth {
+		gcfg.Identify = gw.au.Identify
 	}
 	var models gateway.Registry
 	if cache != nil {

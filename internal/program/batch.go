@@ -1,0 +1,107 @@
+package program
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenbus/tokenbus/batch"
+	"github.com/tokenbus/tokenbus/fleet"
+	"github.com/tokenbus/tokenbus/registry"
+)
+
+// BatchConfig is a gateway's Files and Batches APIs and its batch runner.
+type BatchConfig struct {
+	// Enabled serves the Files and Batches APIs (and runs the runner, if
+	// Runner); off, neither.
+	Enabled bool
+	// Runner runs batches in this process (validates them, sends their
+	// lines through the bus, writes their output files). Any number of
+	// gateways may run one; the API works without.
+	Runner bool
+	// FileLimit bounds one uploaded file in bytes (default 200 MiB).
+	FileLimit int64
+	// MaxLines bounds a batch's input file (default 50000, OpenAI's).
+	MaxLines int
+	// MaxInFlight and MaxPerBatch bound the lines this runner runs at once,
+	// in all and of one batch.
+	MaxInFlight, MaxPerBatch int
+	// Priority is the Tb-Priority of batch lines (lower first; interactive
+	// requests have 0).
+	Priority int
+	// AckWait: a line taken by a runner that died runs again after it.
+	AckWait time.Duration
+	// Replicas of the batch streams and buckets (3 on a NATS cluster).
+	Replicas int
+}
+
+// DefaultBatch is BatchConfig as `tokenbus gateway` and `tokenbus dev` have it.
+func DefaultBatch() BatchConfig {
+	return BatchConfig{Enabled: true, Runner: true, FileLimit: 200 << 20, MaxLines: 50_000, MaxInFlight: 64, MaxPerBatch: 32,
+		Priority: 100, AckWait: 30 * time.Second, Replicas: 1}
+}
+
+// startBatch opens the batch store and starts the runner as a part of the
+// gateway. The store needs JetStream; without it the APIs stay off (and
+// say why in the log) rather than fail the gateway.
+func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *registry.Store, reg prometheus.Registerer) (*batch.Store, error) {
+	cfg := gw.cfg.HTTP.Batch
+	if !cfg.Enabled {
+		return nil, nil
+	}
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := batch.Open(octx, gw.nc, batch.Config{Replicas: cfg.Replicas, MaxLines: cfg.MaxLines,
+		MaxLineBytes: int(gw.nc.MaxPayload()) - 16<<10})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		gw.log.Warn("files and batches are off: JetStream is unavailable", "err", err)
+		return nil, nil
+	}
+	if !cfg.Runner {
+		return s, nil
+	}
+	rcfg := batch.RunnerConfig{MaxInFlight: cfg.MaxInFlight, MaxPerBatch: cfg.MaxPerBatch, Priority: cfg.Priority,
+		RequestTimeout: gw.cfg.HTTP.RequestTimeout, AckWait: cfg.AckWait, Log: componentLog(gw.cfg.Log, "batch"),
+		Metrics: reg, Capacity: freeSlots(workers)}
+	if gw.au != nil {
+		rcfg.OnUsage = gw.au.OnUsage
+	}
+	if store != nil && gw.cfg.HTTP.Auth {
+		rcfg.ModelAllowed = func(ctx context.Context, keyID, model string) (bool, error) {
+			k, err := store.Key(ctx, keyID)
+			if errors.Is(err, registry.ErrNotFound) {
+				return false, nil // the key is gone: its batch runs nothing
+			}
+			return err == nil && k.Allows(model), err
+		}
+	}
+	r := batch.NewRunner(s, gw.cl, rcfg)
+	gw.part("batch runner", func() error { return r.Run(gw.ctx) })
+	return s, nil
+}
+
+// freeSlots is the runner's capacity check: the free slots of the live,
+// healthy, non-draining workers serving a model (their cap less their load,
+// as the fleet estimates it), so batch lines take only what is idle.
+func freeSlots(workers *fleet.Fleet) func(model string) int {
+	return func(model string) int {
+		free := 0
+		for _, w := range workers.Workers() {
+			if w.Draining || !w.Healthy {
+				continue
+			}
+			for _, m := range w.Models {
+				if m == model {
+					free += max(0, w.MaxConcurrency-w.Load)
+					break
+				}
+			}
+		}
+		return free
+	}
+}
