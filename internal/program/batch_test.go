@@ -154,3 +154,96 @@ func TestBatchRunsThroughDev(t *testing.T) {
 		t.Fatalf("%d custom_ids in the output, want %d", len(seen), n)
 	}
 }
+
+// Cancelling a running batch: lines running finish, lines not started are
+// answered as cancelled in the error file, and the batch ends cancelled
+// with every line counted once.
+func TestBatchCancel(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.SimWorkers = 1
+	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
+	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	const n = 200
+	b := api.create(api.upload("in.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
+	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > 0 })
+	var c batch.Batch
+	if st := api.do("POST", "/v1/batches/"+b.ID+"/cancel", "", nil, &c); st != 200 || c.Status != batch.StatusCancelling || c.CancellingAt == nil {
+		t.Fatalf("cancel: %d %+v", st, c)
+	}
+	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusCancelled })
+	rc := b.RequestCounts
+	if rc.Total != n || rc.Completed+rc.Failed != n || rc.Completed == 0 || rc.Failed == 0 || b.ErrorFileID == nil || b.CancelledAt == nil {
+		t.Fatalf("cancelled %+v counts %+v", b, rc)
+	}
+	var errs []byte
+	if st := api.do("GET", "/v1/files/"+*b.ErrorFileID+"/content", "", nil, &errs); st != 200 ||
+		bytes.Count(errs, []byte(`"code":"batch_cancelled"`)) != rc.Failed || bytes.Count(errs, []byte("\n")) != rc.Failed {
+		t.Fatalf("error file: %d, %d lines, want %d cancelled:\n%.300s", st, bytes.Count(errs, []byte("\n")), rc.Failed, errs)
+	}
+	if st := api.do("POST", "/v1/batches/"+b.ID+"/cancel", "", nil, nil); st != 200 {
+		t.Fatalf("cancel again: %d, want 200 (cancelled already)", st)
+	}
+}
+
+// The HTTP side of files: an upload over --file-limit is 413 and kept
+// nowhere; list, get, content and delete in OpenAI's shapes.
+func TestFilesHTTP(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.SimWorkers = 1
+	cfg.HTTP.BodyLimit = 1 << 10
+	cfg.HTTP.Batch.FileLimit = 100 << 10
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	api := batchAPI{t: t, base: "http://" + d.Addr()}
+
+	// Past the body limit, within the file limit: files have their own.
+	content := bytes.Repeat([]byte("x"), 50<<10)
+	f := api.upload("a.jsonl", content)
+	for _, size := range []int{100<<10 + 1, 1 << 20} {
+		var buf bytes.Buffer
+		mw := multipart.NewWriter(&buf)
+		_ = mw.WriteField("purpose", "batch")
+		fw, _ := mw.CreateFormFile("file", "big.jsonl")
+		_, _ = fw.Write(bytes.Repeat([]byte("y"), size))
+		_ = mw.Close()
+		var body []byte
+		if st := api.do("POST", "/v1/files", mw.FormDataContentType(), &buf, &body); st != 413 || !bytes.Contains(body, []byte("file_too_large")) {
+			t.Fatalf("upload of %d bytes: %d %s", size, st, body)
+		}
+	}
+	// The body limit still holds everywhere else.
+	big := `{"model":"x","prompt":"` + strings.Repeat("z", 2<<10) + `"}`
+	if st := api.do("POST", "/v1/completions", "application/json", strings.NewReader(big), nil); st != 413 {
+		t.Fatalf("completion over the body limit: %d", st)
+	}
+	var l batch.FileList
+	if st := api.do("GET", "/v1/files?purpose=batch", "", nil, &l); st != 200 || l.Object != "list" || len(l.Data) != 1 || l.Data[0].ID != f.ID {
+		t.Fatalf("list: %d %+v", st, l)
+	}
+	var got []byte
+	if st := api.do("GET", "/v1/files/"+f.ID+"/content", "", nil, &got); st != 200 || !bytes.Equal(got, content) {
+		t.Fatalf("content: %d, %d bytes", st, len(got))
+	}
+	var del batch.FileDeleted
+	if st := api.do("DELETE", "/v1/files/"+f.ID, "", nil, &del); st != 200 || !del.Deleted || del.ID != f.ID || del.Object != "file" {
+		t.Fatalf("delete: %d %+v", st, del)
+	}
+	var body []byte
+	if st := api.do("GET", "/v1/files/"+f.ID, "", nil, &body); st != 404 || !bytes.Contains(body, []byte("No such File object")) {
+		t.Fatalf("after delete: %d %s", st, body)
+	}
+	if st := api.do("GET", "/v1/batches/batch_nope", "", nil, &body); st != 404 {
+		t.Fatalf("unknown batch: %d %s", st, body)
+	}
+}
