@@ -3,6 +3,8 @@ package program
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -35,12 +37,16 @@ type BatchConfig struct {
 	AckWait time.Duration
 	// Replicas of the batch streams and buckets (3 on a NATS cluster).
 	Replicas int
+	// Headroom is the share of a model's slots (its workers' admission
+	// caps) batch lines leave free for interactive requests, so that one
+	// arriving finds a slot at once rather than wait for a line to end.
+	Headroom float64
 }
 
 // DefaultBatch is BatchConfig as `tokenbus gateway` and `tokenbus dev` have it.
 func DefaultBatch() BatchConfig {
 	return BatchConfig{Enabled: true, Runner: true, FileLimit: 200 << 20, MaxLines: 50_000, MaxInFlight: 64, MaxPerBatch: 32,
-		Priority: 100, AckWait: 30 * time.Second, Replicas: 1}
+		Priority: 100, AckWait: 30 * time.Second, Replicas: 1, Headroom: 0.125}
 }
 
 // startBatch opens the batch store and starts the runner as a part of the
@@ -67,7 +73,7 @@ func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *
 	}
 	rcfg := batch.RunnerConfig{MaxInFlight: cfg.MaxInFlight, MaxPerBatch: cfg.MaxPerBatch, Priority: cfg.Priority,
 		RequestTimeout: gw.cfg.HTTP.RequestTimeout, AckWait: cfg.AckWait, Log: componentLog(gw.cfg.Log, "batch"),
-		Metrics: reg, Capacity: freeSlots(workers)}
+		Metrics: reg, Capacity: freeSlots(workers, cfg.Headroom)}
 	if gw.au != nil {
 		rcfg.OnUsage = gw.au.OnUsage
 	}
@@ -87,21 +93,18 @@ func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *
 
 // freeSlots is the runner's capacity check: the free slots of the live,
 // healthy, non-draining workers serving a model (their cap less their load,
-// as the fleet estimates it), so batch lines take only what is idle.
-func freeSlots(workers *fleet.Fleet) func(model string) int {
+// as the fleet estimates it), less headroom of their caps, so that batch
+// lines take only what is idle and leave room for interactive requests.
+func freeSlots(workers *fleet.Fleet, headroom float64) func(model string) int {
 	return func(model string) int {
-		free := 0
+		free, capacity := 0, 0
 		for _, w := range workers.Workers() {
-			if w.Draining || !w.Healthy {
+			if w.Draining || !w.Healthy || !slices.Contains(w.Models, model) {
 				continue
 			}
-			for _, m := range w.Models {
-				if m == model {
-					free += max(0, w.MaxConcurrency-w.Load)
-					break
-				}
-			}
+			capacity += w.MaxConcurrency
+			free += max(0, w.MaxConcurrency-w.Load)
 		}
-		return free
+		return free - int(math.Ceil(headroom*float64(capacity)))
 	}
 }
