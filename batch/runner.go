@@ -340,12 +340,14 @@ func (r *Runner) pull(ctx context.Context, rec record, others int) {
 	}
 	cons, err := r.consumer(ctx, rec.ID)
 	if err != nil {
-		r.log.Warn("batch: no consumer for the batch's lines", "batch", rec.ID, "err", err)
+		r.log.Debug("batch: no consumer for the batch's lines", "batch", rec.ID, "err", err)
 		return
 	}
 	msgs, err := cons.FetchNoWait(room)
 	if err != nil {
-		r.log.Warn("batch: fetching lines", "batch", rec.ID, "err", err)
+		// Debug: while NATS is away this fails every Poll, and the
+		// connection's own lines already say so.
+		r.log.Debug("batch: fetching lines", "batch", rec.ID, "err", err)
 		return
 	}
 	for msg := range msgs.Messages() {
@@ -369,7 +371,7 @@ func (r *Runner) pull(ctx context.Context, rec record, others int) {
 		})
 	}
 	if err := msgs.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
-		r.log.Warn("batch: fetching lines", "batch", rec.ID, "err", err)
+		r.log.Debug("batch: fetching lines", "batch", rec.ID, "err", err)
 	}
 }
 

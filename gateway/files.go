@@ -191,9 +191,20 @@ func (g *Gateway) fileContent(c *fiber.Ctx) error {
 		return err
 	}
 	c.Set(fiber.HeaderContentType, "application/octet-stream")
-	c.Set(fiber.HeaderContentDisposition, `attachment; filename="`+strings.ReplaceAll(f.Filename, `"`, "")+`"`)
+	c.Set(fiber.HeaderContentDisposition, `attachment; filename="`+headerSafe(f.Filename)+`"`)
 	c.Context().SetBodyStream(readCloser{r}, int(f.Bytes))
 	return nil
+}
+
+// headerSafe is a client's file name fit for a quoted header value:
+// printable ASCII without quotes or backslashes.
+func headerSafe(name string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e || r == '"' || r == '\\' {
+			return '_'
+		}
+		return r
+	}, name)
 }
 
 // readCloser lets fasthttp close the object's reader when the body is sent.

@@ -12,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
@@ -245,5 +248,59 @@ func TestFilesHTTP(t *testing.T) {
 	}
 	if st := api.do("GET", "/v1/batches/batch_nope", "", nil, &body); st != 404 {
 		t.Fatalf("unknown batch: %d %s", st, body)
+	}
+}
+
+// A batch past its completion window: lines running finish, the rest are
+// answered batch_expired in the error file, and it ends expired.
+func TestBatchExpires(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.SimWorkers = 1
+	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 2, 2
+	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	const n = 100
+	b := api.create(api.upload("in.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
+	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > 0 })
+
+	// The window ends now: move expires_at into the past, as 24 hours would.
+	nc, err := nats.Connect(d.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), batch.BatchesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		e, err := kv.Get(context.Background(), b.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec map[string]any
+		_ = json.Unmarshal(e.Value(), &rec)
+		rec["expires_at"] = time.Now().Add(-time.Second).Unix()
+		v, _ := json.Marshal(rec)
+		if _, err := kv.Update(context.Background(), b.ID, v, e.Revision()); err == nil {
+			break
+		}
+	}
+	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusExpired })
+	rc := b.RequestCounts
+	if rc.Total != n || rc.Completed+rc.Failed != n || rc.Failed == 0 || b.ExpiredAt == nil || b.ErrorFileID == nil {
+		t.Fatalf("expired %+v", b)
+	}
+	var errs []byte
+	if st := api.do("GET", "/v1/files/"+*b.ErrorFileID+"/content", "", nil, &errs); st != 200 ||
+		bytes.Count(errs, []byte(`"response":null,"error":{"code":"batch_expired"`)) != rc.Failed {
+		t.Fatalf("error file: %d\n%.300s", st, errs)
 	}
 }
