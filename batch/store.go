@@ -547,3 +547,52 @@ func (s *Store) put(ctx context.Context, rec record, rev uint64) error {
 	_, err = s.batches.Update(ctx, rec.ID, b, rev)
 	return err
 }
+
+// AdminBatch is a batch as the admin API lists it: every tenant's, with
+// its tenant and, while it runs, its lines still queued.
+type AdminBatch struct {
+	Batch
+	Tenant string `json:"tenant"`
+	Model  string `json:"model,omitempty"`
+	Queued int    `json:"queued_lines"`
+}
+
+// AdminBatches lists every tenant's batches, newest first; with active, only
+// those not yet ended.
+func (s *Store) AdminBatches(ctx context.Context, active bool) ([]AdminBatch, error) {
+	recs, err := s.all(ctx)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	queued := map[string]uint64{}
+	if info, err := s.work.Info(ctx, jetstream.WithSubjectFilter(WorkPrefix+"*")); err == nil {
+		for subj, n := range info.State.Subjects {
+			queued[strings.TrimPrefix(subj, WorkPrefix)] = n
+		}
+	}
+	out := []AdminBatch{}
+	for _, r := range recs {
+		if active && terminal(r.Status) {
+			continue
+		}
+		s.progress(ctx, &r)
+		out = append(out, AdminBatch{Batch: r.Batch, Tenant: r.Tenant, Model: r.Model, Queued: int(queued[r.ID])})
+	}
+	slices.SortFunc(out, func(a, b AdminBatch) int {
+		if c := cmpInt(b.CreatedAt, a.CreatedAt); c != 0 {
+			return c
+		}
+		return strings.Compare(b.ID, a.ID)
+	})
+	return out, nil
+}
+
+// Queued counts the lines of every batch waiting in the work queue (taken
+// by no runner yet, or taken and not yet acknowledged).
+func (s *Store) Queued(ctx context.Context) (uint64, error) {
+	info, err := s.work.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
+}

@@ -68,6 +68,20 @@ func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *
 		gw.log.Warn("files and batches are off: JetStream is unavailable", "err", err)
 		return nil, nil
 	}
+	if reg != nil {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tokenbus_batch_lines_queued",
+			Help: "Lines of every batch waiting in the JetStream work queue TOKENBUS_BATCH (not yet answered); -1 when JetStream did not say.",
+		}, func() float64 {
+			qctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			n, err := s.Queued(qctx)
+			if err != nil {
+				return -1
+			}
+			return float64(n)
+		}))
+	}
 	if !cfg.Runner {
 		return s, nil
 	}

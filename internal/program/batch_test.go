@@ -104,7 +104,7 @@ func chatLines(n int, model string) []byte {
 // line format with every custom_id once.
 func TestBatchRunsThroughDev(t *testing.T) {
 	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:-1"
 	cfg.SimWorkers = 2
 	fast(&cfg.Engine)
 	d, err := StartDev(context.Background(), cfg)
@@ -127,6 +127,24 @@ func TestBatchRunsThroughDev(t *testing.T) {
 	if b.Status != batch.StatusCompleted || b.RequestCounts != (batch.RequestCounts{Total: n, Completed: n}) ||
 		b.OutputFileID == nil || b.ErrorFileID != nil || b.CompletedAt == nil || b.InProgressAt == nil || b.FinalizingAt == nil {
 		t.Fatalf("ended %+v errors %+v", b, b.Errors)
+	}
+	// The admin API lists every tenant's batches; the metrics count lines.
+	req, _ := http.NewRequest("GET", "http://"+d.AdminAddr()+"/batches", nil)
+	req.Header.Set("Authorization", "Bearer "+d.AdminToken())
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adm, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(adm, []byte(`"id":"`+b.ID+`"`)) || !bytes.Contains(adm, []byte(`"queued_lines":0`)) {
+		t.Fatalf("admin /batches: %d %s", resp.StatusCode, adm)
+	}
+	var metrics []byte
+	if st := api.do("GET", "/metrics", "", nil, &metrics); st != 200 ||
+		!bytes.Contains(metrics, []byte(fmt.Sprintf(`tokenbus_batch_lines_total{outcome="ok"} %d`, n))) ||
+		!bytes.Contains(metrics, []byte("tokenbus_batch_lines_queued 0")) {
+		t.Fatalf("metrics: %d\n%s", st, metrics)
 	}
 	var out []byte
 	if st := api.do("GET", "/v1/files/"+*b.OutputFileID+"/content", "", nil, &out); st != 200 {

@@ -316,7 +316,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted,
+			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
