@@ -45,6 +45,7 @@ func registerBatch(fs *pflag.FlagSet, b *program.BatchConfig) {
 	fs.IntVar(&b.MaxPerBatch, "batch-max-per-batch", b.MaxPerBatch, "lines of one batch this runner runs at once (batches take turns)")
 	fs.IntVar(&b.Priority, "batch-priority", b.Priority, "Tb-Priority of batch lines: dispatchers serve lower values first, and interactive requests have 0")
 	fs.DurationVar(&b.AckWait, "batch-ack-wait", b.AckWait, "a batch line taken by a runner that died runs again after this long")
+	fs.IntVar(&b.Replicas, "batch-replicas", b.Replicas, "replicas of the batch streams and buckets in JetStream (3 on a NATS cluster of 3 or more)")
 	fs.Float64Var(&b.Headroom, "batch-headroom", b.Headroom, "share of a model's worker slots batch lines leave free for interactive requests (0 to 1)")
 }
 
