@@ -27,13 +27,18 @@ type batchState struct {
 	} `json:"request_counts"`
 }
 
-func httpJSON(method, url, ctype string, body io.Reader, out any) (int, []byte, error) {
+// httpJSON sends one request (hdr: name, value pairs) and reads a 200's
+// JSON body into out.
+func httpJSON(method, url, ctype string, body io.Reader, out any, hdr ...string) (int, []byte, error) {
 	req, err := http.NewRequest(method, url, body)
 	if err != nil {
 		return 0, nil, err
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

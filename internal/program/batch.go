@@ -57,7 +57,7 @@ func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *
 	if !cfg.Enabled {
 		return nil, nil
 	}
-	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	s, err := batch.Open(octx, gw.nc, batch.Config{Replicas: cfg.Replicas, MaxLines: cfg.MaxLines,
 		MaxLineBytes: int(gw.nc.MaxPayload()) - 16<<10})
