@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"strconv"
@@ -33,12 +34,19 @@ const multipartSlack = 64 << 10
 // and the file size limit for an upload of known length.
 func (g *Gateway) uploadHook(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	rc := FramingHook(h)
-	if g.cfg.Batches != nil && h.ContentLength() > 0 && string(h.Method()) == fiber.MethodPost &&
-		strings.TrimSuffix(string(h.RequestURI()), "/") == "/v1/files" {
+	// Byte comparisons: this runs for every request, and allocates nothing.
+	if g.cfg.Batches != nil && h.ContentLength() > 0 && bytes.Equal(h.Method(), methodPost) &&
+		bytes.Equal(bytes.TrimSuffix(h.RequestURI(), slash), filesPath) {
 		rc.MaxRequestBodySize = int(g.cfg.FileLimit) + multipartSlack
 	}
 	return rc
 }
+
+var (
+	methodPost = []byte(fiber.MethodPost)
+	slash      = []byte("/")
+	filesPath  = []byte("/v1/files")
+)
 
 // filesRoutes mounts the Files and Batches APIs.
 func (g *Gateway) filesRoutes(app *fiber.App) {
