@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -168,5 +169,32 @@ func TestPaging(t *testing.T) {
 	page, more = pageOf(items, ListQuery{Limit: 2, After: "b2"}, 100, key)
 	if len(page) != 1 || page[0].ID != "b1" || more {
 		t.Fatalf("second page %v more %v", page, more)
+	}
+}
+
+// A custom_id may hold any character; its result's Nats-Msg-Id holds no
+// line break (it would break the headers) and stays one per custom_id.
+func TestResultMsgID(t *testing.T) {
+	a, b := resultMsgID("batch_x", "a\r\nb"), resultMsgID("batch_x", "a b")
+	if strings.ContainsAny(a, "\r\n") || a == b || !strings.HasPrefix(a, "batch_x/") {
+		t.Fatalf("%q %q", a, b)
+	}
+}
+
+// Why a line does not run: cancelled first, then past its window.
+func TestEnding(t *testing.T) {
+	now := time.Unix(1000, 0)
+	past, future := int64(999), int64(2000)
+	for _, tc := range []struct {
+		rec  record
+		want string
+	}{
+		{record{Batch: Batch{Status: StatusInProgress, ExpiresAt: &future}}, ""},
+		{record{Batch: Batch{Status: StatusInProgress, ExpiresAt: &past}}, "batch_expired"},
+		{record{Batch: Batch{Status: StatusCancelling, ExpiresAt: &past}}, "batch_cancelled"},
+	} {
+		if got := ending(tc.rec, now); got != tc.want {
+			t.Errorf("%s expiring %d: %q, want %q", tc.rec.Status, *tc.rec.ExpiresAt, got, tc.want)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -375,6 +376,8 @@ func (r *Runner) pull(ctx context.Context, rec record, others int) {
 	}
 }
 
+var errNotRunning = errors.New("the batch is not running")
+
 // consumerName is the durable consumer of a batch's work subject (one per
 // batch: the work queue stream allows one per subject, and a consumer per
 // batch is what lets runners take lines of every batch in turn).
@@ -389,7 +392,17 @@ func (r *Runner) consumer(ctx context.Context, id string) (jetstream.Consumer, e
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := r.s.work.CreateOrUpdateConsumer(cctx, jetstream.ConsumerConfig{
+	// The record as stored, not as last seen: a full re-read can bring back
+	// a batch that has since ended, whose consumer must not come back.
+	rec, _, err := r.s.get(cctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Status != StatusInProgress && rec.Status != StatusCancelling {
+		r.note(rec)
+		return nil, errNotRunning
+	}
+	c, err = r.s.work.CreateOrUpdateConsumer(cctx, jetstream.ConsumerConfig{
 		Durable:       consumerName(id),
 		Description:   "the lines of batch " + id + ", taken by every runner",
 		FilterSubject: WorkPrefix + id,
@@ -427,8 +440,14 @@ func (r *Runner) runLine(ctx context.Context, id string, msg jetstream.Msg) {
 		return
 	}
 	r.mu.Lock()
-	rec := r.recs[id]
+	rec, ok := r.recs[id]
 	r.mu.Unlock()
+	if !ok {
+		// Not known here (yet, or any more): leave the line to a runner
+		// that knows its batch.
+		_ = msg.NakWithDelay(time.Second)
+		return
+	}
 	out := OutputLine{ID: lineReqID(id, msg.Headers().Get(HdrLine)), CustomID: in.CustomID}
 	outcome := "ok"
 	if why := ending(rec, time.Now()); why != "" {
@@ -546,6 +565,11 @@ func (s *Store) record(ctx context.Context, id string, out OutputLine) error {
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, err = s.js.PublishMsg(pctx, &nats.Msg{Subject: subject, Data: b,
-		Header: nats.Header{jetstream.MsgIDHeader: []string{id + "/" + out.CustomID}}})
+		Header: nats.Header{jetstream.MsgIDHeader: []string{resultMsgID(id, out.CustomID)}}})
 	return err
 }
+
+// resultMsgID is a result's Nats-Msg-Id, <batch-id>/<custom_id>, the
+// custom_id query-escaped: it may hold any character, and a header value
+// may not hold a line break.
+func resultMsgID(id, customID string) string { return id + "/" + url.QueryEscape(customID) }
