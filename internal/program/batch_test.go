@@ -322,3 +322,58 @@ func TestBatchExpires(t *testing.T) {
 		t.Fatalf("error file: %d\n%.300s", st, errs)
 	}
 }
+
+// A runner that died holding a batch's lease (here: validating, as a
+// record left by a crashed runner says) leaves it to another once the
+// lease lapses; the batch then runs to its end.
+func TestBatchLeaseTakeover(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.SimWorkers = 1
+	fast(&cfg.Engine)
+	cfg.HTTP.Batch.Runner = false // dev's gateway serves the API; no runner
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	b := api.create(api.upload("in.jsonl", chatLines(10, d.Models()[0])).ID, "/v1/chat/completions")
+
+	nc, err := nats.Connect(d.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(context.Background(), batch.BatchesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(context.Background(), b.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	_ = json.Unmarshal(e.Value(), &rec)
+	lapses := time.Now().Add(time.Second)
+	rec["leaser"], rec["lease_until"] = "runner-that-died", lapses.UnixMilli()
+	v, _ := json.Marshal(rec)
+	if _, err := kv.Update(context.Background(), b.ID, v, e.Revision()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another gateway, with a runner, on dev's NATS.
+	gcfg := DefaultGateway()
+	gcfg.NATS.URL, gcfg.RedisURL = d.NATSURL(), ""
+	gcfg.HTTP.Listen, gcfg.HTTP.Admin, gcfg.HTTP.Auth = "127.0.0.1:0", "", false
+	gw, err := StartGateway(context.Background(), gcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusCompleted })
+	if b.InProgressAt == nil || *b.InProgressAt < lapses.Unix() || b.RequestCounts.Completed != 10 {
+		t.Fatalf("completed %+v: in progress at %v, the lease lapsed at %d", b, b.InProgressAt, lapses.Unix())
+	}
+}
