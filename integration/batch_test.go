@@ -124,7 +124,9 @@ func TestBatchSurvivesCrashes(t *testing.T) {
 		})
 	}
 	answered := func(k int) func(batchState) bool {
-		return func(s batchState) bool { return s.RequestCounts.Completed+s.RequestCounts.Failed >= k || s.Status == "completed" }
+		return func(s batchState) bool {
+			return s.RequestCounts.Completed+s.RequestCounts.Failed >= k || s.Status == "completed"
+		}
 	}
 
 	done("30 lines", answered(30))

@@ -104,7 +104,9 @@ func TestBatchFigures(t *testing.T) {
 		slices.Sort(out)
 		return out
 	}
-	pct := func(d []time.Duration, p float64) float64 { return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000 }
+	pct := func(d []time.Duration, p float64) float64 {
+		return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000
+	}
 	alone := ttfts(100)
 	f = api.upload("background.jsonl", []byte(strings.Repeat(in.String(), 1)))
 	b = api.create(f.ID, "/v1/chat/completions")
