@@ -108,7 +108,7 @@ func TestBatchFigures(t *testing.T) {
 		return float64(d[int(p*float64(len(d)-1))].Microseconds()) / 1000
 	}
 	alone := ttfts(100)
-	f = api.upload("background.jsonl", []byte(strings.Repeat(in.String(), 1)))
+	f = api.upload("background.jsonl", []byte(in.String()))
 	b = api.create(f.ID, "/v1/chat/completions")
 	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > conc })
 	beside := ttfts(100)
