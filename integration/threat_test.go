@@ -466,6 +466,22 @@ func TestThreatModel(t *testing.T) {
 		if st, _, _ := httpJSON("GET", base+"/v1/batches/"+bt.ID, "", nil, nil, "Authorization", "Bearer "+other); st != 404 {
 			t.Fatalf("another tenant's batch: %d, want 404", st)
 		}
+		// A key whose model list leaves out the batch's model: the batch
+		// fails validation, line by line.
+		_, narrow, _ := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-c", Models: []string{"some-other-model"}})
+		nauth := []string{"Authorization", "Bearer " + narrow}
+		var nb batchState
+		if st, raw, err := httpJSON("POST", base+"/v1/batches", "application/json", strings.NewReader(
+			`{"input_file_id":"`+f.ID+`","endpoint":"/v1/completions","completion_window":"24h"}`), &nb, nauth...); st != 200 || err != nil {
+			t.Fatalf("create with the narrow key: %d %v %s", st, err, raw)
+		}
+		testenv.WaitFor(t, 20*time.Second, func() error {
+			st, raw, err := httpJSON("GET", base+"/v1/batches/"+nb.ID, "", nil, &nb, nauth...)
+			if err != nil || st != 200 || nb.Status != "failed" || !strings.Contains(string(raw), `"code":"model_not_allowed"`) {
+				return fmt.Errorf("batch of the narrow key: %d %v %s", st, err, raw)
+			}
+			return nil
+		})
 		for _, subj := range []string{"tokenbus.v1.batch.work.x", "$KV.TOKENBUS_BATCHES.x", "$JS.API.STREAM.INFO.TOKENBUS_BATCH"} {
 			_ = b.Publish(subj, []byte("{}"))
 			testenv.WaitFor(t, 3*time.Second, b.violated("publish", subj))
