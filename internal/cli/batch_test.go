@@ -64,3 +64,25 @@ func TestProgressLine(t *testing.T) {
 		t.Fatalf("got  %q\nwant %q", got, want)
 	}
 }
+
+// --data-dir: "temp" is dev's temporary directory; "" the user's state
+// directory, made if missing.
+func TestDevDataDir(t *testing.T) {
+	state := t.TempDir()
+	t.Setenv("XDG_STATE_HOME", state)
+	if got, err := devDataDir("temp"); got != "" || err != nil {
+		t.Fatalf("temp: %q %v", got, err)
+	}
+	got, err := devDataDir("")
+	if want := filepath.Join(state, "tokenbus", "jetstream"); got != want || err != nil {
+		t.Fatalf("default: %q %v, want %q", got, err, want)
+	}
+	if fi, err := os.Stat(got); err != nil || !fi.IsDir() {
+		t.Fatalf("default not made: %v", err)
+	}
+	t.Setenv("XDG_STATE_HOME", "")
+	t.Setenv("HOME", "")
+	if _, err := devDataDir(""); err == nil {
+		t.Fatal("no home and no XDG_STATE_HOME: want an error (dev then falls back to a temporary directory)")
+	}
+}

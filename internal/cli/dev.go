@@ -32,8 +32,15 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	if cfg.DataDir, err = devDataDir(cfg.DataDir); err != nil {
+	if dir, err := devDataDir(cfg.DataDir); err == nil {
+		cfg.DataDir = dir
+	} else if cfg.DataDir != "" {
 		return err
+	} else {
+		// The default place is not to be had (no home directory, a
+		// read-only one in a container): dev runs, on a temporary one.
+		fmt.Fprintf(stderr, "tokenbus dev: %v; JetStream data goes to a temporary directory, removed at exit\n", err)
+		cfg.DataDir = ""
 	}
 	if !fs.Changed("adapters") && cfg.Engine.Kind != "sim" {
 		cfg.Adapters = nil // the sim's example adapter means nothing to a real engine
