@@ -17,9 +17,10 @@
 //     with Nats-Msg-Id <batch-id>/<custom_id>.
 //
 // A Runner (one per gateway that runs batches) validates a new batch's
-// input file and queues its lines, takes lines of every running batch in
-// turn (bounded per batch and in all, and only while the model's workers
-// have free slots), sends each through the bus with the client package at
+// input file and queues its lines, takes lines of every running batch
+// (its room shared equally between tenants, then between a tenant's
+// batches; bounded per batch and in all, and only while the model's
+// workers have free slots), sends each through the bus with the client package at
 // low priority, records its result, then acks it. A line whose runner dies
 // before the ack runs again after AckWait; its result is stored once (the
 // de-duplication window), and finalising keeps one result per custom_id

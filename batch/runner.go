@@ -108,7 +108,8 @@ type Runner struct {
 	inFlight int
 	busy     map[string]bool // batches being validated or finalised here
 	cons     map[string]jetstream.Consumer
-	turn     int // round-robin start among batches
+	turn       int // round-robin start among batches (step)
+	tenantTurn int // and among tenants (pullFairly); both only on Run's goroutine
 
 	wg sync.WaitGroup // lines, validations and finalisations
 }
@@ -255,7 +256,8 @@ func (r *Runner) step(ctx context.Context) {
 	r.m.active.Set(float64(len(ids)))
 	r.mu.Unlock()
 	now := time.Now()
-	for i, id := range ids {
+	var running []record
+	for _, id := range ids {
 		r.mu.Lock()
 		rec, ok := r.recs[id]
 		busy := r.busy[id]
@@ -277,10 +279,47 @@ func (r *Runner) step(ctx context.Context) {
 				r.background(id, func() { r.finalize(ctx, id) })
 				continue
 			}
-			r.pull(ctx, rec, len(ids)-i)
+			running = append(running, rec)
+		}
+	}
+	r.pullFairly(ctx, running)
+}
+
+// pullFairly shares this runner's free room between the tenants of the
+// running batches, and each tenant's part between its batches: a tenant
+// with ten batches gets no more than one with one. Tenants, and a tenant's
+// batches, take turns going first, so a remainder goes to each in turn.
+func (r *Runner) pullFairly(ctx context.Context, running []record) {
+	var tenants []string
+	byTenant := map[string][]record{}
+	for _, rec := range running {
+		if _, seen := byTenant[rec.Tenant]; !seen {
+			tenants = append(tenants, rec.Tenant)
+		}
+		byTenant[rec.Tenant] = append(byTenant[rec.Tenant], rec)
+	}
+	// Tenants take turns going first, whatever their number of batches.
+	if len(tenants) > 1 {
+		slices.Sort(tenants)
+		r.tenantTurn = (r.tenantTurn + 1) % len(tenants)
+		tenants = append(tenants[r.tenantTurn:], tenants[:r.tenantTurn]...)
+	}
+	for ti, tenant := range tenants {
+		r.mu.Lock()
+		free := r.cfg.MaxInFlight - r.inFlight
+		r.mu.Unlock()
+		budget := ceilDiv(free, len(tenants)-ti)
+		batches := byTenant[tenant]
+		for bi, rec := range batches {
+			if budget <= 0 {
+				break
+			}
+			budget -= r.pull(ctx, rec, ceilDiv(budget, len(batches)-bi))
 		}
 	}
 }
+
+func ceilDiv(a, b int) int { return (a + b - 1) / max(b, 1) }
 
 // unvalidated: a batch cancelled before its lines were queued. It is
 // validated and queued all the same, and its lines then answered as
@@ -323,35 +362,34 @@ func ending(rec record, now time.Time) string {
 	return ""
 }
 
-// pull takes lines of rec while this runner has room: its share of the
-// room left among the later batches (others) and, for lines that will
-// run, the model's free capacity. Lines of a cancelled or expired batch
-// are answered without running, so they take no capacity.
-func (r *Runner) pull(ctx context.Context, rec record, others int) {
+// pull takes lines of rec while this runner has room: at most share and,
+// for lines that will run, the model's free capacity (lines of a cancelled
+// or expired batch are answered without running: they take none). It
+// returns how many it took.
+func (r *Runner) pull(ctx context.Context, rec record, share int) (taken int) {
 	r.mu.Lock()
-	room := min(r.cfg.MaxInFlight-r.inFlight, r.cfg.MaxPerBatch-r.running[rec.ID])
-	share := (r.cfg.MaxInFlight - r.inFlight + others - 1) / max(others, 1)
+	room := min(r.cfg.MaxInFlight-r.inFlight, r.cfg.MaxPerBatch-r.running[rec.ID], share)
 	r.mu.Unlock()
-	room = min(room, max(share, 1))
 	if ending(rec, time.Now()) == "" && r.cfg.Capacity != nil {
 		room = min(room, r.cfg.Capacity(rec.Model))
 	}
 	if room <= 0 {
-		return
+		return 0
 	}
 	cons, err := r.consumer(ctx, rec.ID)
 	if err != nil {
 		r.log.Debug("batch: no consumer for the batch's lines", "batch", rec.ID, "err", err)
-		return
+		return 0
 	}
 	msgs, err := cons.FetchNoWait(room)
 	if err != nil {
 		// Debug: while NATS is away this fails every Poll, and the
 		// connection's own lines already say so.
 		r.log.Debug("batch: fetching lines", "batch", rec.ID, "err", err)
-		return
+		return 0
 	}
 	for msg := range msgs.Messages() {
+		taken++
 		r.mu.Lock()
 		r.inFlight++
 		r.running[rec.ID]++
@@ -374,6 +412,7 @@ func (r *Runner) pull(ctx context.Context, rec record, others int) {
 	if err := msgs.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) {
 		r.log.Debug("batch: fetching lines", "batch", rec.ID, "err", err)
 	}
+	return taken
 }
 
 var errNotRunning = errors.New("the batch is not running")

@@ -17,12 +17,14 @@ import (
 
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
 )
 
 // batchAPI is a client of one gateway's Files and Batches APIs, for tests.
 type batchAPI struct {
 	t    *testing.T
 	base string
+	key  string // API key, if any
 }
 
 func (a batchAPI) do(method, path, ctype string, body io.Reader, out any) int {
@@ -33,6 +35,9 @@ func (a batchAPI) do(method, path, ctype string, body io.Reader, out any) int {
 	}
 	if ctype != "" {
 		req.Header.Set("Content-Type", ctype)
+	}
+	if a.key != "" {
+		req.Header.Set("Authorization", "Bearer "+a.key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -375,5 +380,76 @@ func TestBatchLeaseTakeover(t *testing.T) {
 	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusCompleted })
 	if b.InProgressAt == nil || *b.InProgressAt < lapses.Unix() || b.RequestCounts.Completed != 10 {
 		t.Fatalf("completed %+v: in progress at %v, the lease lapsed at %d", b, b.InProgressAt, lapses.Unix())
+	}
+}
+
+// Tenants share a runner fairly: one with three batches gets no more lines
+// running than one with a single batch (per batch, it would get three
+// quarters of them).
+func TestBatchTenantsShareFairly(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.HTTP.Auth = true
+	cfg.SimWorkers = 1
+	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
+	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 5*time.Millisecond, time.Millisecond
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	store, err := registry.Open(context.Background(), d.StoreURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	_, keyA, err := store.CreateKey(context.Background(), registry.KeySpec{Tenant: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, keyB, _ := store.CreateKey(context.Background(), registry.KeySpec{Tenant: "b"})
+	a := batchAPI{t: t, base: "http://" + d.Addr(), key: keyA}
+	b := batchAPI{t: t, base: "http://" + d.Addr(), key: keyB}
+	const n = 40
+	var ofA []string
+	for range 3 {
+		ofA = append(ofA, a.create(a.upload("a.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions").ID)
+	}
+	answeredA := func() int {
+		done := 0
+		for _, id := range ofA {
+			var x batch.Batch
+			if st := a.do("GET", "/v1/batches/"+id, "", nil, &x); st != 200 {
+				t.Fatalf("A's batch: %d", st)
+			}
+			done += x.RequestCounts.Completed
+		}
+		return done
+	}
+	one := b.create(b.upload("b.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
+	b.wait(one.ID, func(x batch.Batch) bool { return x.Status == batch.StatusInProgress })
+	before := answeredA() // A ran alone until B's batch began
+	b.wait(one.ID, func(x batch.Batch) bool { return x.Status == batch.StatusCompleted })
+	during := answeredA() - before
+	// Fair: about n of A's lines ran while B's n did; per batch it would
+	// have been about 3n. 2n leaves room for timing.
+	if before >= n {
+		t.Fatalf("tenant A had %d lines answered before B's batch began: the test cannot tell a fair share", before)
+	}
+	if during > 2*n {
+		t.Fatalf("tenant A had %d lines answered while tenant B's %d were: not a fair share", during, n)
+	}
+	t.Logf("while tenant B's %d lines ran, tenant A's three batches had %d answered", n, during)
+	// And A's batches all end.
+	for _, id := range ofA {
+		a.wait(id, func(x batch.Batch) bool { return x.Status == batch.StatusCompleted })
+	}
+	// Tenants see only their own.
+	var l batch.BatchList
+	if st := b.do("GET", "/v1/batches", "", nil, &l); st != 200 || len(l.Data) != 1 || l.Data[0].ID != one.ID {
+		t.Fatalf("B's list: %d %+v", st, l)
+	}
+	if st := b.do("GET", "/v1/batches/"+ofA[0], "", nil, nil); st != 404 {
+		t.Fatalf("A's batch as B: %d, want 404", st)
 	}
 }
