@@ -102,12 +102,12 @@ type Runner struct {
 
 	wake chan struct{}
 
-	mu       sync.Mutex
-	recs     map[string]record // non-terminal batches, as last seen
-	running  map[string]int    // lines of each batch running here
-	inFlight int
-	busy     map[string]bool // batches being validated or finalised here
-	cons     map[string]jetstream.Consumer
+	mu         sync.Mutex
+	recs       map[string]record // non-terminal batches, as last seen
+	running    map[string]int    // lines of each batch running here
+	inFlight   int
+	busy       map[string]bool // batches being validated or finalised here
+	cons       map[string]jetstream.Consumer
 	turn       int // round-robin start among batches (step)
 	tenantTurn int // and among tenants (pullFairly); both only on Run's goroutine
 
