@@ -407,7 +407,7 @@ func TestBatchTenantsShareFairly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, keyB, _ := store.CreateKey(context.Background(), registry.KeySpec{Tenant: "b"})
+	kB, keyB, _ := store.CreateKey(context.Background(), registry.KeySpec{Tenant: "b"})
 	a := batchAPI{t: t, base: "http://" + d.Addr(), key: keyA}
 	b := batchAPI{t: t, base: "http://" + d.Addr(), key: keyB}
 	const n = 40
@@ -444,6 +444,14 @@ func TestBatchTenantsShareFairly(t *testing.T) {
 	for _, id := range ofA {
 		a.wait(id, func(x batch.Batch) bool { return x.Status == batch.StatusCompleted })
 	}
+	// Batch tokens count in the key's usage (and its TPM window), each line once.
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		rows, err := store.Usage(context.Background(), kB.ID, d.Models()[0])
+		if err != nil || len(rows) != 1 || rows[0].Requests != n || rows[0].CompletionTokens != 4*n {
+			return fmt.Errorf("usage of B's key: %+v %v", rows, err)
+		}
+		return nil
+	})
 	// Tenants see only their own.
 	var l batch.BatchList
 	if st := b.do("GET", "/v1/batches", "", nil, &l); st != 200 || len(l.Data) != 1 || l.Data[0].ID != one.ID {
