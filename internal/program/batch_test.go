@@ -461,3 +461,31 @@ func TestBatchTenantsShareFairly(t *testing.T) {
 		t.Fatalf("A's batch as B: %d, want 404", st)
 	}
 }
+
+// A line the endpoint refuses is answered with its error, in the error
+// file, and counted failed; the batch still completes.
+func TestBatchLineErrors(t *testing.T) {
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	cfg.SimWorkers = 1
+	fast(&cfg.Engine)
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	lines := chatLines(2, d.Models()[0])
+	lines = append(lines, fmt.Sprintf(`{"custom_id":"bad","method":"POST","url":"/v1/chat/completions","body":{"model":%q,"max_tokens":0,"messages":[{"role":"user","content":"x"}]}}`+"\n", d.Models()[0])...)
+	b := api.create(api.upload("in.jsonl", lines).ID, "/v1/chat/completions")
+	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusCompleted })
+	if b.RequestCounts != (batch.RequestCounts{Total: 3, Completed: 2, Failed: 1}) || b.OutputFileID == nil || b.ErrorFileID == nil {
+		t.Fatalf("ended %+v", b)
+	}
+	var errs []byte
+	if st := api.do("GET", "/v1/files/"+*b.ErrorFileID+"/content", "", nil, &errs); st != 200 ||
+		!bytes.Contains(errs, []byte(`"custom_id":"bad","response":{"status_code":400`)) ||
+		!bytes.Contains(errs, []byte(`"code":"integer_below_min_value"`)) || !bytes.Contains(errs, []byte(`"error":null}`)) {
+		t.Fatalf("error file: %d %s", st, errs)
+	}
+}
