@@ -19,6 +19,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/gateway"
 	"github.com/tokenbus/tokenbus/registry"
@@ -44,6 +45,8 @@ type Config struct {
 	// nil: no throttle. TrustedProxies: whose X-Forwarded-For is believed.
 	Throttle       *gateway.Throttle
 	TrustedProxies []netip.Prefix
+	// Batches, if set, lists every tenant's batches (GET /batches).
+	Batches *batch.Store
 }
 
 // Server is the admin HTTP server.
@@ -106,6 +109,7 @@ func (s *Server) routes() {
 	app.Get("/keys", s.listKeys)
 	app.Delete("/keys/:id", s.deleteKey)
 	app.Get("/usage", s.usage)
+	app.Get("/batches", s.listBatches)
 }
 
 // App is the Fiber application, for tests.

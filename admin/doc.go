@@ -10,5 +10,5 @@
 // Every registry change is announced on tokenbus.v1.events.* before the
 // response is sent, so gateway and dispatcher caches follow at once.
 //
-// Tokenbus imports: fleet, gateway, registry, schemas.
+// Tokenbus imports: batch, fleet, gateway, registry, schemas.
 package admin

@@ -160,6 +160,23 @@ func (a *Auth) ModelAccess(c *fiber.Ctx) (func(model string) bool, error) {
 	return k.Allows, nil
 }
 
+// Identify is gateway.Config.Identify: the Files and Batches APIs need a
+// key (with the same throttle as every key check); files and batches
+// belong to its tenant. No rate limit applies here: a batch's lines are
+// counted as they run.
+func (a *Auth) Identify(c *fiber.Ctx) (gateway.Principal, error) {
+	if a.cfg.Keys == nil {
+		return gateway.Principal{}, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.cfg.Timeout)
+	defer cancel()
+	k, _, err := a.checkKey(ctx, c)
+	if err != nil {
+		return gateway.Principal{}, err
+	}
+	return gateway.Principal{Tenant: k.Tenant, KeyID: k.ID}, nil
+}
+
 // throttledKeyAge is how old a cached key may be and still be accepted from
 // a throttled address or prefix (see gateway/throttle.go). Deleted keys leave the
 // cache at once through the keys event; this bounds a lost event.

@@ -14,6 +14,10 @@
 //	GET  /health                                           200 {"status":"ok"} while the process runs
 //	GET  /ready                                            200 when NATS is connected and a healthy worker serves a model, else 503
 //	GET  /metrics                                          Prometheus text
+//	POST /v1/files, GET /v1/files[/{id}[/content]]         with Config.Batches: OpenAI's Files API (files.go)
+//	DELETE /v1/files/{id}
+//	POST /v1/batches, GET /v1/batches[/{id}]               OpenAI's Batches API (batches.go); runs in batch.Runner
+//	POST /v1/batches/{id}/cancel
 //
 // Every error, including unknown routes (404), wrong methods (405), bodies over
 // the limit (413) and a wrong Content-Type (415), is OpenAI's nested
@@ -55,6 +59,9 @@
 // would inflate it with no bound). A body over BodyLimit is refused by fasthttp
 // before it is read; the gateway then drains it (bounded: 64 MiB, 2 s) before
 // the connection closes, so the client reads a clean 413 instead of a reset.
+// POST /v1/files alone gets FileLimit instead (a per-request limit set in
+// fasthttp's header hook), and fasthttp reads its multipart body with at most
+// 16 MiB of a file in memory, the rest in a temporary file.
 //
 // TorchServe form. In /predictions/{model}/{version}/v1/... the path names the
 // model: a "model" in the body that names another is 400 model_mismatch (as a
@@ -138,5 +145,5 @@
 // recorded in the stream writer, after the handler has returned, with the
 // label's series looked up once per stream, never per token.
 //
-// Tokenbus imports: client, fleet, gateway/httpstream, internal/tracing, schemas.
+// Tokenbus imports: batch, client, fleet, gateway/httpstream, internal/tracing, schemas.
 package gateway

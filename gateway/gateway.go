@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 
+	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/gateway/httpstream"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -61,6 +62,16 @@ type Config struct {
 	// reservation, the model and the usage from the done payload's top level.
 	// It may be called from a stream writer goroutine and must not block.
 	OnUsage func(rec schemas.UsageRecord)
+
+	// Batches, if set, serves the Files and Batches APIs (/v1/files,
+	// /v1/batches) from this store; nil leaves them unknown URLs.
+	Batches *batch.Store
+	// FileLimit bounds an uploaded file in bytes. Default 200 MB (OpenAI's).
+	FileLimit int64
+	// Identify, if set, authenticates a Files or Batches request (no rate
+	// limit) and returns whom it is for: files and batches belong to the
+	// principal's tenant. nil: every caller is the tenant "".
+	Identify func(c *fiber.Ctx) (Principal, error)
 }
 
 func (c *Config) defaults() {
@@ -84,6 +95,9 @@ func (c *Config) defaults() {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.FileLimit <= 0 {
+		c.FileLimit = 200 << 20
 	}
 }
 
@@ -136,6 +150,7 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		AppName:      "tokenbus-gateway",
 	})
 	GuardFraming(g.app)
+	g.app.Server().HeaderReceived = g.uploadHook
 	RefuseUnknownMethods(g.app, func(ctx *fasthttp.RequestCtx, e *schemas.Error) {
 		id := "req-" + nuid.Next()
 		ctx.Response.Header.Set(fiber.HeaderXRequestID, id)
@@ -174,6 +189,9 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	// vLLM serves these at the root only, not under /v1.
 	app.Post("/tokenize", g.completions(schemas.KindTokenize, false))
 	app.Post("/detokenize", g.completions(schemas.KindDetokenize, false))
+	if g.cfg.Batches != nil {
+		g.filesRoutes(app)
+	}
 	app.Get("/health", g.health)
 	app.Get("/ready", g.ready)
 	// A gathering error panics before anything is written, so the recover

@@ -5,6 +5,9 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/internal/program"
 )
 
 // The official Python and Node SDKs, unchanged, against tokenbus dev.
@@ -34,4 +37,30 @@ func TestOfficialSDKs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBatchSDK is issue 16's SDK target: a 10,000-line batch through the
+// official Python SDK's files and batches calls, unchanged, against dev
+// with the sim.
+func TestBatchSDK(t *testing.T) {
+	bin := os.Getenv("TOKENBUS_TEST_PYTHON")
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatal("TOKENBUS_TEST_PYTHON not set: run the tests with scripts/test, which installs the SDK")
+		}
+		t.Skip("TOKENBUS_TEST_PYTHON not set: run scripts/test to install the official Python SDK")
+	}
+	lines := "10000"
+	if testing.Short() {
+		lines = "500"
+	}
+	d := startDev(t, func(c *program.DevConfig) {
+		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
+		c.HTTP.Batch.MaxInFlight, c.HTTP.Batch.MaxPerBatch = 256, 256
+	})
+	out, err := exec.Command(bin, "clients/python_batch.py", d.URL, lines).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "sdk ok") {
+		t.Fatalf("python SDK batch: %v\n%s", err, out)
+	}
+	t.Log(strings.TrimSpace(string(out)))
 }

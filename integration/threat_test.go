@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"mime/multipart"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -427,5 +428,63 @@ func TestThreatModel(t *testing.T) {
 		// B's key allows llama-8b only: its catalogue error.
 		other := tenantRequest(t, b, subjB, inboxB, "b-ok", 2, nil)
 		testenv.WaitFor(t, 5*time.Second, endsWith(other, schemas.FrameDone, ""))
+	})
+
+	t.Run("the deploy gateway runs a batch; tenants cannot reach batch state", func(t *testing.T) {
+		_, secret, err := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-c"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		auth := []string{"Authorization", "Bearer " + secret}
+		base := "http://" + gw.Addr()
+		var body bytes.Buffer
+		mw := multipart.NewWriter(&body)
+		_ = mw.WriteField("purpose", "batch")
+		fw, _ := mw.CreateFormFile("file", "t.jsonl")
+		for i := range 5 {
+			fmt.Fprintf(fw, `{"custom_id":"c%d","method":"POST","url":"/v1/completions","body":{"model":"llama-8b","prompt":"x","max_tokens":2}}`+"\n", i)
+		}
+		_ = mw.Close()
+		var f struct{ ID string }
+		if st, raw, err := httpJSON("POST", base+"/v1/files", mw.FormDataContentType(), &body, &f, auth...); st != 200 || err != nil {
+			t.Fatalf("upload as the deploy gateway: %d %v %s", st, err, raw)
+		}
+		var bt batchState
+		if st, raw, err := httpJSON("POST", base+"/v1/batches", "application/json", strings.NewReader(
+			`{"input_file_id":"`+f.ID+`","endpoint":"/v1/completions","completion_window":"24h"}`), &bt, auth...); st != 200 || err != nil {
+			t.Fatalf("create: %d %v %s", st, err, raw)
+		}
+		testenv.WaitFor(t, 20*time.Second, func() error {
+			st, raw, err := httpJSON("GET", base+"/v1/batches/"+bt.ID, "", nil, &bt, auth...)
+			if err != nil || st != 200 || bt.Status != "completed" || bt.RequestCounts.Completed != 5 {
+				return fmt.Errorf("batch: %d %v %s", st, err, raw)
+			}
+			return nil
+		})
+		// Another tenant's key sees nothing of it.
+		_, other, _ := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-d"})
+		if st, _, _ := httpJSON("GET", base+"/v1/batches/"+bt.ID, "", nil, nil, "Authorization", "Bearer "+other); st != 404 {
+			t.Fatalf("another tenant's batch: %d, want 404", st)
+		}
+		// A key whose model list leaves out the batch's model: the batch
+		// fails validation, line by line.
+		_, narrow, _ := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-c", Models: []string{"some-other-model"}})
+		nauth := []string{"Authorization", "Bearer " + narrow}
+		var nb batchState
+		if st, raw, err := httpJSON("POST", base+"/v1/batches", "application/json", strings.NewReader(
+			`{"input_file_id":"`+f.ID+`","endpoint":"/v1/completions","completion_window":"24h"}`), &nb, nauth...); st != 200 || err != nil {
+			t.Fatalf("create with the narrow key: %d %v %s", st, err, raw)
+		}
+		testenv.WaitFor(t, 20*time.Second, func() error {
+			st, raw, err := httpJSON("GET", base+"/v1/batches/"+nb.ID, "", nil, &nb, nauth...)
+			if err != nil || st != 200 || nb.Status != "failed" || !strings.Contains(string(raw), `"code":"model_not_allowed"`) {
+				return fmt.Errorf("batch of the narrow key: %d %v %s", st, err, raw)
+			}
+			return nil
+		})
+		for _, subj := range []string{"tokenbus.v1.batch.work.x", "$KV.TOKENBUS_BATCHES.x", "$JS.API.STREAM.INFO.TOKENBUS_BATCH"} {
+			_ = b.Publish(subj, []byte("{}"))
+			testenv.WaitFor(t, 3*time.Second, b.violated("publish", subj))
+		}
 	})
 }

@@ -64,7 +64,7 @@ func (d *ErrorDef) Is(e *Error) bool {
 var Catalogue []*ErrorDef
 
 // Sections are the groups of docs/errors.md, in order.
-var Sections = []string{secRequest, secHTTP, secBus, secEngine, secControl}
+var Sections = []string{secRequest, secHTTP, secBus, secEngine, secControl, secBatch}
 
 const (
 	secRequest = "Request bodies"
@@ -72,6 +72,7 @@ const (
 	secBus     = "The bus: dispatchers, workers, reply streams"
 	secEngine  = "Engines and LoRA adapters"
 	secControl = "API keys, limits and the admin API"
+	secBatch   = "Files and batches"
 )
 
 func def(section string, d ErrorDef) *ErrorDef {
@@ -365,6 +366,28 @@ var (
 	ErrInternal = def(secControl, ErrorDef{Code: "internal_error", Status: http.StatusInternalServerError, Type: TypeServer,
 		Message: "Internal error: %s.",
 		When:    "A fault of tokenbus itself; it is logged."})
+)
+
+// --- Files and batches (the batch package, gateway/files.go, gateway/batches.go) ---
+var (
+	ErrFileNotFound = def(secBatch, ErrorDef{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "id",
+		Message: "No such File object: %s",
+		When:    "An unknown file id, or a file of another tenant (the same answer: whether it exists is not told)."})
+	ErrBatchNotFound = def(secBatch, ErrorDef{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "id",
+		Message: "No batch found with id '%s'.",
+		When:    "An unknown batch id, or a batch of another tenant."})
+	ErrFileTooLarge = def(secBatch, ErrorDef{Code: "file_too_large", Status: http.StatusRequestEntityTooLarge, Type: TypeInvalidRequest, Param: "file",
+		Message: "File is too large: the limit is %d bytes.",
+		When:    "An upload over --file-limit (default 200 MB, OpenAI's)."})
+	ErrBadUpload = def(secBatch, ErrorDef{Status: s400, Type: TypeInvalidRequest,
+		Message: "%s",
+		When:    "POST /v1/files that is not multipart/form-data with a `file` part and a `purpose` field; the message says what is missing."})
+	ErrBatchState = def(secBatch, ErrorDef{Status: http.StatusConflict, Type: TypeInvalidRequest,
+		Message: "Cannot cancel a batch with status '%s'.",
+		When:    "Cancel of a batch that has already ended (completed, failed, expired, cancelled)."})
+	ErrBatchesOff = def(secBatch, ErrorDef{Code: "batches_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "Files and batches are unavailable: %s.",
+		When:    "JetStream could not be reached or refused an operation (its store is down, full, or still starting)."})
 )
 
 // FromUpstream is an error an engine answered, kept as the engine said it

@@ -359,7 +359,7 @@ func TestLivePrometheus(t *testing.T) {
 	// worker. Two slots per worker, so a little load queues.
 	slow := []string{"--max-concurrency", "2", "--sim-decode-base", "20ms", "--log-format", "json"}
 	dev := startProc(t, "tokenbus dev", bin, append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "",
-		"--nats-listen", "127.0.0.1:-1", "--sim-workers", "1"}, slow...)...)
+		"--nats-listen", "127.0.0.1:-1", "--data-dir", "temp", "--sim-workers", "1"}, slow...)...)
 	var api, natsURL, storeURL string
 	dev.waitFor(t, "banner", func() (bool, error) {
 		out := dev.stdout.String()

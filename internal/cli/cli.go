@@ -37,6 +37,7 @@ func commands() []command {
 		{"sim-server", "the sim engine behind vLLM's HTTP API", runSimServer},
 		{"nats-users", "print the NATS users entries of NATS-native tenants (their permissions)", runNATSUsers},
 		{"bench", "load generator for any OpenAI-compatible endpoint", bench.Run},
+		{"batch", "submit a batch (tokenbus batch submit FILE.jsonl --model M --wait) and follow it to its output file", runBatch},
 		{"version", "print the version", runVersion},
 	}
 }

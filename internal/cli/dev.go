@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
@@ -19,15 +21,26 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		`LoRA adapters to register on the served model, as name=path pairs; none given: with --engine sim, <model>-lora=sim://<model>-lora (<model>'s last path element); "" for none`)
 	fs.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "use this Redis instead of the embedded store")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "JetStream storage directory (default: a temporary directory)")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, `JetStream storage directory (files, batches, usage records), kept across restarts; "" is $XDG_STATE_HOME/tokenbus/jetstream, else ~/.local/state/tokenbus/jetstream; "temp": a temporary directory removed at exit`)
 	fs.IntVar(&cfg.SimWorkers, "sim-workers", cfg.SimWorkers, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
 	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "per-worker cap on requests in flight")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on Ctrl-C, how long in-flight requests may run before they are cancelled")
 	registerEngine(fs, &cfg.Engine)
 	registerDispatcher(fs, &cfg.Dispatcher)
 	popts.register(fs)
-	if err := parse(fs, args, stdout); err != nil {
+	err := parse(fs, args, stdout)
+	if err != nil {
 		return err
+	}
+	if dir, err := devDataDir(cfg.DataDir); err == nil {
+		cfg.DataDir = dir
+	} else if cfg.DataDir != "" {
+		return err
+	} else {
+		// The default place is not to be had (no home directory, a
+		// read-only one in a container): dev runs, on a temporary one.
+		fmt.Fprintf(stderr, "tokenbus dev: %v; JetStream data goes to a temporary directory, removed at exit\n", err)
+		cfg.DataDir = ""
 	}
 	if fs.Changed("adapters") {
 		cfg.ExampleAdapter = false // "" means none
@@ -44,6 +57,29 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	devBanner(stdout, d, cfg)
 	return untilDone(ctx, d, func() { fmt.Fprintln(stdout, "shutting down") })
+}
+
+// devDataDir resolves --data-dir: "" the user's state directory (made if
+// missing), "temp" a temporary one (program.DevConfig's "").
+func devDataDir(v string) (string, error) {
+	switch v {
+	case "temp":
+		return "", nil
+	case "":
+		base := os.Getenv("XDG_STATE_HOME")
+		if base == "" {
+			home, err := os.UserHomeDir()
+			if err != nil {
+				return "", fmt.Errorf("--data-dir: no home directory to keep JetStream data in (%w); name a directory or \"temp\"", err)
+			}
+			base = filepath.Join(home, ".local", "state")
+		}
+		v = filepath.Join(base, "tokenbus", "jetstream")
+	}
+	if err := os.MkdirAll(v, 0o700); err != nil {
+		return "", fmt.Errorf("--data-dir: %w", err)
+	}
+	return v, nil
 }
 
 // devBanner prints where everything listens and how to try it.
@@ -64,6 +100,9 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 	fmt.Fprintf(w, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(w, "  NATS         %s\n", d.NATSURL())
 	fmt.Fprintf(w, "  store        %s\n", d.StoreURL())
+	if cfg.DataDir != "" {
+		fmt.Fprintf(w, "  JetStream    %s   (files, batches, usage: kept across restarts)\n", cfg.DataDir)
+	}
 	keyHeader := ""
 	if cfg.HTTP.Auth {
 		keyHeader = " -H 'Authorization: Bearer <key>'"

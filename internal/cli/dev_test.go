@@ -23,7 +23,7 @@ func TestDevBanner(t *testing.T) {
 	pr, pw := io.Pipe()
 	errc := make(chan error, 1)
 	go func() {
-		err := Run(ctx, []string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
+		err := Run(ctx, []string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data-dir", "temp",
 			"--sim-workers", "1", "--log-level", "warn"}, pw, io.Discard)
 		pw.CloseWithError(fmt.Errorf("dev exited: %v", err))
 		errc <- err

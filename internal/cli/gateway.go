@@ -35,6 +35,22 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.StringSliceVar(&c.CORS.Methods, "cors-methods", c.CORS.Methods, "HTTP methods a CORS preflight allows, comma-separated; * any")
 	fs.StringSliceVar(&c.CORS.Headers, "cors-headers", c.CORS.Headers, "request headers a CORS preflight allows, comma-separated; * any (Authorization included)")
 	fs.BoolVar(&c.CORS.Credentials, "cors-credentials", c.CORS.Credentials, "let browsers send credentials (cookies, HTTP auth) cross-origin: the allowed Origin is then echoed, never *")
+	registerBatch(fs, &c.Batch)
+}
+
+// registerBatch defines the flags of the Files and Batches APIs and the
+// batch runner.
+func registerBatch(fs *pflag.FlagSet, b *program.BatchConfig) {
+	fs.BoolVar(&b.Enabled, "batches", b.Enabled, "serve the Files and Batches APIs (/v1/files, /v1/batches), their state in JetStream")
+	fs.BoolVar(&b.Runner, "batch-runner", b.Runner, "run batches in this process: validate them, send their lines through the bus at low priority, write their output files (any number of gateways may)")
+	fs.Int64Var(&b.FileLimit, "file-limit", b.FileLimit, "largest file POST /v1/files takes, in bytes; past it: 413")
+	fs.IntVar(&b.MaxLines, "batch-max-lines", b.MaxLines, "most requests (lines) one batch may have; past it the batch fails validation")
+	fs.IntVar(&b.MaxInFlight, "batch-max-in-flight", b.MaxInFlight, "batch lines this runner runs at once, in all (each also waits for a free slot of the model's workers)")
+	fs.IntVar(&b.MaxPerBatch, "batch-max-per-batch", b.MaxPerBatch, "lines of one batch this runner runs at once (batches take turns)")
+	fs.IntVar(&b.Priority, "batch-priority", b.Priority, "Tb-Priority of batch lines: dispatchers serve lower values first, and interactive requests have 0")
+	fs.DurationVar(&b.AckWait, "batch-ack-wait", b.AckWait, "a batch line taken by a runner that died runs again after this long")
+	fs.IntVar(&b.Replicas, "batch-replicas", b.Replicas, "replicas of the batch streams and buckets in JetStream (3 on a NATS cluster of 3 or more)")
+	fs.Float64Var(&b.Headroom, "batch-headroom", b.Headroom, "share of a model's worker slots batch lines leave free for interactive requests (0 to 1)")
 }
 
 // registerLimits defines the flags of rate-limit admission on Redis (a

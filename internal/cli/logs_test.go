@@ -156,7 +156,7 @@ func requests(t *testing.T, api string) {
 // Elasticsearch rejects.
 func TestJSONLogsOneComponentPerLine(t *testing.T) {
 	t.Run("dev", func(t *testing.T) {
-		dev := startCommand(t, "dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
+		dev := startCommand(t, "dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--data-dir", "temp",
 			"--sim-workers", "2", "--sim-decode-base", "1ms", "--sim-prefill-base", "1ms")
 		var api string
 		testenv.WaitFor(t, 20*time.Second, func() error {

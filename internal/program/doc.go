@@ -19,6 +19,10 @@
 // discards them. Logging format, the profiler and tracing belong to the
 // process and stay with the caller (internal/cli, or a test).
 //
+// A gateway serves the Files and Batches APIs when its NATS has JetStream
+// (HTTPConfig.Batch) and runs a batch runner as one of its parts
+// (batch.Runner: it sends batch lines through the gateway's client).
+//
 // Dev is a composition of the other programs: it starts an embedded NATS
 // server and store, then a dispatcher, workers and a gateway through the
 // same start functions, connected in-process and sharing the store, the
@@ -26,10 +30,10 @@
 //
 // Imports: programs import the roles and what they run on: gateway,
 // dispatcher, workers and their engines, admin, auth, registry, fleet,
-// client, schemas, and the internal helpers (natsconn, embedded). Nothing
+// client, batch, schemas, and the internal helpers (natsconn, embedded). Nothing
 // imports program but internal/cli and tests.
 //
-// Tokenbus imports: admin, auth, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
+// Tokenbus imports: admin, auth, batch, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
 // registry, schemas, usage, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,
 // workers/engine/sim, workers/engine/sim/simserver, workers/engine/vllm.
 package program

@@ -52,6 +52,8 @@ type HTTPConfig struct {
 	// CORS: which browser pages of other origins may call the OpenAI API
 	// (vLLM's defaults: any origin, method and header, no credentials).
 	CORS gateway.CORSConfig
+	// Batch: the Files and Batches APIs and the batch runner.
+	Batch BatchConfig
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -119,6 +121,7 @@ func DefaultHTTP() HTTPConfig {
 		MigrationLimit:     3,
 		MigrationMaxSeqLen: 4096,
 		CORS:               gateway.CORSConfig{Origins: []string{"*"}, Methods: []string{"*"}, Headers: []string{"*"}},
+		Batch:              DefaultBatch(),
 	}
 }
 
@@ -303,6 +306,13 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 			gcfg.ModelAccess = gw.au.ModelAccess
 		}
 	}
+	if gcfg.Batches, err = gw.startBatch(ctx, workers, store, reg); err != nil {
+		return err
+	}
+	gcfg.FileLimit = cfg.HTTP.Batch.FileLimit
+	if gw.au != nil && cfg.HTTP.Auth {
+		gcfg.Identify = gw.au.Identify
+	}
 	var models gateway.Registry
 	if cache != nil {
 		models = cache
@@ -311,7 +321,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
-			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted,
+			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
