@@ -59,11 +59,14 @@ const (
 	// QuirkOwnModelName: answers name the model as the server calls it
 	// ("<model>@main"), not as the request did (transformers serve).
 	QuirkOwnModelName Quirk = "own model name"
+	// QuirkUsageOnLast: a stream's usage comes on its last chunk of
+	// choices, whether the client asked for it or not (transformers serve).
+	QuirkUsageOnLast Quirk = "usage on the last chunk"
 )
 
 // Quirks are the quirk fakes, in order.
 var Quirks = []Quirk{QuirkNoDone, QuirkStrict, QuirkMinimalModels, QuirkUsageApart, QuirkSlowFirstByte, QuirkUUIDOnly,
-	QuirkOneAtATime, QuirkNoHealth, QuirkOwnModelName}
+	QuirkOneAtATime, QuirkNoHealth, QuirkOwnModelName, QuirkUsageOnLast}
 
 // slowFirstByte is QuirkSlowFirstByte's pause.
 const slowFirstByte = 150 * time.Millisecond
@@ -155,6 +158,37 @@ func serveQuirk(w http.ResponseWriter, r *http.Request, q Quirk, inner http.Hand
 			w.WriteHeader(rec.Code)
 			_, _ = w.Write(out)
 			return
+		}
+	case QuirkUsageOnLast:
+		if generation {
+			body, _ := io.ReadAll(r.Body)
+			if bytes.Contains(body, []byte(`"stream":true`)) && !bytes.Contains(body, []byte(`"stream_options"`)) {
+				body = append([]byte(`{"stream_options":{"include_usage":true},`), bytes.TrimPrefix(bytes.TrimSpace(body), []byte("{"))...)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var held [][]byte // the chunks with a finish_reason, waiting for the usage
+			w = &eventFilter{ResponseWriter: w, edit: func(ev []byte) []byte {
+				switch {
+				case bytes.Contains(ev, []byte(`"finish_reason":"`)):
+					held = append(held, bytes.Clone(ev))
+					return nil
+				case bytes.Contains(ev, []byte(`"usage":{`)) && len(held) > 0:
+					// the usage object, moved onto the last held chunk
+					u := ev[bytes.Index(ev, []byte(`"usage":{`)):]
+					u = u[:bytes.LastIndexByte(u, '}')]
+					last := held[len(held)-1]
+					end := bytes.LastIndexByte(last, '}')
+					merged := append(bytes.Clone(last[:end]), ',')
+					merged = append(merged, u...)
+					held[len(held)-1] = append(merged, last[end:]...)
+				}
+				out := bytes.Join(held, nil)
+				held = nil
+				if bytes.Contains(ev, []byte(`"usage":{`)) {
+					return out
+				}
+				return append(out, ev...)
+			}}
 		}
 	case QuirkNoHealth:
 		if r.URL.Path == "/health" || r.URL.Path == "/metrics" {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -55,6 +56,11 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		path = "/detokenize"
 	default:
 		return nil, schemas.ErrUnknownKind.New(req.Kind)
+	}
+	if e.cfg.KnownModelsOnly {
+		if ms := e.Models(); len(ms) > 0 && !slices.Contains(ms, req.Model) {
+			return nil, schemas.ErrModelNotFound.New(req.Model)
+		}
 	}
 	span := e.startSpan(ctx, req, path)
 	res, err := e.generate(ctx, req, sink, path, span)
@@ -145,7 +151,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	}
 	if isEventStream(resp.Header.Get("Content-Type")) {
 		timer.Stop()
-		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink, req.Model)
+		res, err := e.stream(ctx, rctx, cancel, resp.Body, sink, view, req.Model)
 		if err == nil {
 			// Read the body to its end, so the connection goes back to the
 			// pool, without making the caller wait for it; a server that
@@ -180,7 +186,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 }
 
 // stream reads an SSE answer; see the package doc.
-func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink, model string) (*engine.Result, error) {
+func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFunc, body io.Reader, sink engine.Sink, view *schemas.Request, model string) (*engine.Result, error) {
 	stall := e.cfg.StallTimeout
 	idle := newIdleTimer(stall, func() { cancel(errStalled(stall)) })
 	defer idle.stop()
@@ -194,7 +200,8 @@ func (e *Engine) stream(ctx, rctx context.Context, cancel context.CancelCauseFun
 		}
 	}()
 
-	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes, key: e.cfg.APIKey, model: newModelName(model)}
+	s := sseState{batch: (*bp)[:0], maxLine: e.cfg.MaxLineBytes, key: e.cfg.APIKey, model: newModelName(model),
+		includeUsage: view.IncludeUsage, usageAsSent: bytes.Contains(view.Body, []byte(`continuous_usage_stats`))}
 	err := s.run(br, sink)
 	*bp = s.batch[:0]
 	var gone *sinkError
@@ -233,6 +240,12 @@ type sseState struct {
 	fixed    []byte // a usage chunk given "choices":[]
 	key      string // the engine's API key, kept out of error messages
 	model    modelName
+	// includeUsage: the client asked for a usage chunk (stream_options).
+	// Usage the server sends otherwise is counted, not passed on; usage on a
+	// chunk of choices is split off (schemas.SplitUsage). usageAsSent: the
+	// client asked vLLM for usage on every chunk (continuous_usage_stats),
+	// so usage goes through as the server sends it.
+	includeUsage, usageAsSent bool
 }
 
 // run reads lines until the stream's end, a read error, a mid-stream error
@@ -255,6 +268,25 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			if !s.finished && hasFinish(data) {
 				s.finished = true
 			}
+			if hasUsage(data) && !s.usageAsSent {
+				if c, u, ok := schemas.SplitUsage(data); ok {
+					// Usage on a chunk of choices (transformers serve's last
+					// chunk, sent whether asked or not): OpenAI's two chunks,
+					// the usage one only if the client asked for it.
+					s.last = append(s.last[:0], u...)
+					s.counted++
+					s.add(c)
+					if s.includeUsage {
+						s.add(u)
+					}
+					goto next
+				}
+				if !s.includeUsage {
+					// A usage chunk nobody asked for: kept for the count, not sent.
+					s.last = append(s.last[:0], data...)
+					goto next
+				}
+			}
 			if hasUsage(data) {
 				if quoted(data, []byte(`choices"`)) < 0 {
 					// A usage chunk without "choices" (some servers): OpenAI's
@@ -266,11 +298,9 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			} else {
 				s.counted++
 			}
-			if len(s.batch) > 0 {
-				s.batch = append(s.batch, '\n')
-			}
-			s.batch = append(s.batch, data...)
+			s.add(data)
 		}
+	next:
 		if rerr != nil {
 			if rerr == io.EOF {
 				if len(bytes.TrimSpace(line)) == 0 {
@@ -286,6 +316,14 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			}
 		}
 	}
+}
+
+// add puts a chunk in the batch for the sink.
+func (s *sseState) add(data []byte) {
+	if len(s.batch) > 0 {
+		s.batch = append(s.batch, '\n')
+	}
+	s.batch = append(s.batch, data...)
 }
 
 // end is how a stream that ends now (how says why) ends: cleanly after a

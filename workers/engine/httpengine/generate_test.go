@@ -193,7 +193,7 @@ func TestSSELines(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var sink recSink
-			s := sseState{maxLine: 1 << 20}
+			s := sseState{maxLine: 1 << 20, includeUsage: true}
 			err := s.run(bufio.NewReaderSize(strings.NewReader(tc.in), 64<<10), &sink)
 			if !slices.Equal(sink.Lines(), tc.want) {
 				t.Errorf("lines %.80q, want %.80q", sink.Lines(), tc.want)
@@ -203,6 +203,39 @@ func TestSSELines(t *testing.T) {
 				t.Errorf("ended with %v", err)
 			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 				t.Errorf("ended with %v, want %q", err, tc.err)
+			}
+		})
+	}
+}
+
+// Usage the client did not ask for is counted, not sent; usage on a chunk of
+// choices (transformers serve's last chunk) becomes OpenAI's two chunks;
+// with vLLM's continuous_usage_stats it goes through as sent.
+func TestSSEUsage(t *testing.T) {
+	const last = `{"id":"a","choices":[{"index":0,"finish_reason":"length"}],"usage":{"completion_tokens":5}}`
+	const apart = `{"id":"a","choices":[],"usage":{"completion_tokens":5}}`
+	const fin = `{"id":"a","choices":[{"index":0,"finish_reason":"length"}]}`
+	for _, tc := range []struct {
+		name          string
+		in            string
+		asked, asSent bool
+		want          []string
+	}{
+		{"on the last chunk, asked", last, true, false, []string{`{"id":"a","choices":[{"index":0,"finish_reason":"length"}],"usage":null}`, apart}},
+		{"on the last chunk, not asked", last, false, false, []string{`{"id":"a","choices":[{"index":0,"finish_reason":"length"}],"usage":null}`}},
+		{"apart, not asked", fin + "\n\ndata: " + apart, false, false, []string{fin}},
+		{"apart, asked", fin + "\n\ndata: " + apart, true, false, []string{fin, apart}},
+		{"continuous_usage_stats", last, true, true, []string{last}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sink recSink
+			s := sseState{maxLine: 1 << 20, includeUsage: tc.asked, usageAsSent: tc.asSent}
+			err := s.run(bufio.NewReaderSize(strings.NewReader("data: "+tc.in+"\n\ndata: [DONE]\n\n"), 64<<10), &sink)
+			if err != errDone || !slices.Equal(sink.Lines(), tc.want) {
+				t.Fatalf("%v: lines %q, want %q", err, sink.Lines(), tc.want)
+			}
+			if u, est := s.usage(); est || u.CompletionTokens != 5 {
+				t.Fatalf("usage %+v estimated %v: the server's count is the result's", u, est)
 			}
 		})
 	}

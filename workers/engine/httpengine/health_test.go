@@ -82,12 +82,20 @@ func TestBusyServerStaysHealthy(t *testing.T) {
 		}
 		return nil
 	}}
-	probes := q.probes.Load()
 	errc := make(chan error, 1)
 	go func() {
 		_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), sink)
 		errc <- err
 	}()
+	// Counted from the stream's first chunk: a probe sent while the engine
+	// was still idle, before Generate began, is not one sent during it.
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if len(sink.Lines()) == 0 {
+			return errors.New("no chunk yet")
+		}
+		return nil
+	})
+	probes := q.probes.Load()
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		if n := len(sink.Lines()); n < 80 {
 			return fmt.Errorf("%d chunks", n)

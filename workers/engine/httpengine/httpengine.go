@@ -31,6 +31,11 @@ type Config struct {
 	// (the default here and for vllm), RequestIDUUID (the openai engine's
 	// default: strict servers refuse other ids) or RequestIDOff.
 	RequestID string
+	// KnownModelsOnly: a request for a model outside Models() is answered
+	// 404 model_not_found here (as vLLM would) instead of going to a server
+	// that may answer otherwise (transformers serve: 400 "Server is pinned
+	// to ..."). The openai engine sets it; vLLM answers 404 itself.
+	KnownModelsOnly bool
 
 	// Models are the model names to advertise; empty: ask GET /v1/models.
 	Models         []string

@@ -24,6 +24,7 @@ var (
 // field of tokenbus's own (a strict server answers 422 to what it does not
 // know, vLLM's ignore_eos included), see docs/engines.md.
 func New(cfg Config) (*Engine, error) {
+	cfg.KnownModelsOnly = true
 	if cfg.RequestID == "" {
 		cfg.RequestID = httpengine.RequestIDUUID
 	}

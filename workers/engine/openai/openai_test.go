@@ -104,7 +104,7 @@ func TestOpenAIWrongKeyAndStaticModels(t *testing.T) {
 	if !slices.Equal(e.Models(), []string{"served-name"}) {
 		t.Errorf("models %v", e.Models())
 	}
-	_, err = e.Generate(t.Context(), &engine.Request{ID: "y", Kind: schemas.KindChat, Model: "llama", Body: []byte(`{"model":"llama","messages":[{"role":"user","content":"hi"}]}`)}, &countSink{})
+	_, err = e.Generate(t.Context(), &engine.Request{ID: "y", Kind: schemas.KindChat, Model: "served-name", Body: []byte(`{"model":"served-name","messages":[{"role":"user","content":"hi"}]}`)}, &countSink{})
 	if se, ok := err.(*schemas.Error); !ok || se.Status != 401 || se.Body.Type != schemas.TypeAuthentication {
 		t.Errorf("%v", err)
 	}
