@@ -31,9 +31,17 @@ const (
 	// at a time is put behind a worker that sends it one at a time
 	// (--max-concurrency 1); the suite then never overlaps two requests.
 	Concurrency Feature = "concurrency"
+	// Choices: the server answers n > 1 with n choices (transformers serve
+	// ignores n and answers one).
+	Choices Feature = "choices"
+	// ContextLimit: the server refuses a request over its context length
+	// with a 400 (transformers serve starts generating).
+	ContextLimit Feature = "context-limit"
+	// Pooling: the server serves /v1/embeddings, /tokenize and /detokenize.
+	Pooling Feature = "pooling"
 )
 
-var features = []Feature{Adapters, StreamUsage, Faults, Extensions, Concurrency}
+var features = []Feature{Adapters, StreamUsage, Faults, Extensions, Concurrency, Choices, ContextLimit, Pooling}
 
 // Harness is what the suite needs of an engine.
 type Harness struct {
@@ -69,7 +77,7 @@ var behaviours = []behaviour{
 	{"include_usage", nil, testIncludeUsage, ""},
 	{"stream usage without include_usage", []Feature{StreamUsage}, testStreamUsage, ""},
 	{"whole response", nil, testWhole, ""},
-	{"n choices", nil, testN, ""},
+	{"n choices", []Feature{Choices}, testN, ""},
 	{"unknown fields are accepted", []Feature{Extensions}, testUnknownFields, ""},
 	{"unknown fields are a 400 naming them", nil, testStrictFields, Extensions},
 	{"concurrent requests", []Feature{Concurrency}, testConcurrent, ""},
@@ -84,7 +92,8 @@ var behaviours = []behaviour{
 	{"upstream errors", []Feature{Faults}, testUpstreamErrors, ""},
 	{"stream failures", []Feature{Faults}, testStreamFailures, ""},
 	{"cancel reaches the server", []Feature{Faults}, testCancelUpstream, ""},
-	{"embeddings, tokenize, detokenize", nil, testEmbeddings, ""},
+	{"embeddings, tokenize, detokenize", []Feature{Pooling}, testEmbeddings, ""},
+	{"embeddings without them: 404 unsupported_endpoint", nil, testNoPooling, Pooling},
 }
 
 // Run runs every behaviour of the table against h's engine, each as a subtest.

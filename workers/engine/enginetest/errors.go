@@ -44,6 +44,9 @@ func testBadRequest(t *testing.T, h *Harness) {
 		})
 	}
 	t.Run("over the context length", func(t *testing.T) {
+		if why, lacks := h.Lacks[ContextLimit]; lacks {
+			t.Skipf("the engine lacks %s: %s", ContextLimit, why)
+		}
 		// Bounded: a server that does not check would generate for ever.
 		ctx, cancel := context.WithTimeout(t.Context(), waitLong)
 		defer cancel()

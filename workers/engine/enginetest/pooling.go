@@ -99,3 +99,13 @@ func testEmbeddings(t *testing.T, h *Harness) {
 		t.Errorf("the 404 does not name the model: %v", se)
 	}
 }
+
+// testNoPooling: a server without /v1/embeddings makes an embeddings
+// request a 404 that says so (unsupported_endpoint), not a model not found.
+func testNoPooling(t *testing.T, h *Harness) {
+	e := start(t, h)
+	_, err := answer(t, e, schemas.KindEmbedding, h.Model, `{"model":"`+h.Model+`","input":"x"}`)
+	if se := asError(t, err, 404); code(se) != "unsupported_endpoint" {
+		t.Fatalf("code %q, want unsupported_endpoint: %v", code(se), se)
+	}
+}

@@ -32,7 +32,8 @@ const (
 	QuirkNoDone Quirk = "no [DONE]"
 	// QuirkStrict: a request field outside OpenAI's API (ignore_eos,
 	// x_...) is answered 422 with FastAPI's detail list (transformers
-	// serve). Its harness lacks Extensions; the sim behind it never stops
+	// serve), which also has no /v1/embeddings, /tokenize, /detokenize.
+	// Its harness lacks Extensions and Pooling; the sim behind it never stops
 	// by itself, so max_tokens are all generated without ignore_eos.
 	QuirkStrict Quirk = "strict fields"
 	// QuirkMinimalModels: GET /v1/models lists {"id"} and nothing else.
@@ -112,6 +113,13 @@ func serveQuirk(w http.ResponseWriter, r *http.Request, q Quirk, inner http.Hand
 			}}
 		}
 	case QuirkStrict:
+		switch r.URL.Path {
+		case "/v1/embeddings", "/tokenize", "/detokenize": // transformers serve has none of them
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprint(w, `{"detail":"Not Found"}`)
+			return
+		}
 		if generation {
 			body, _ := io.ReadAll(r.Body)
 			if field := unknownField(body); field != "" {

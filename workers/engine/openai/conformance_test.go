@@ -48,6 +48,7 @@ func TestConformanceQuirks(t *testing.T) {
 			switch q {
 			case enginetest.QuirkStrict:
 				lacks[enginetest.Extensions] = "the server refuses fields outside OpenAI's API with a 422"
+				lacks[enginetest.Pooling] = "the server has no /v1/embeddings, /tokenize, /detokenize"
 			case enginetest.QuirkOneAtATime:
 				// newEngine probes health every 10ms and the model list every
 				// 50ms: hundreds of chances to cut a stream, were they sent
@@ -73,7 +74,9 @@ func TestConformanceQuirks(t *testing.T) {
 // root, TOKENBUS_CONFORMANCE_MODEL the model it serves, and
 // TOKENBUS_CONFORMANCE_LACKS the features it lacks, comma-separated
 // (enginetest's names: "extensions" for a server that refuses fields outside
-// OpenAI's API, "concurrency" for one that runs a request at a time).
+// OpenAI's API, "concurrency" for one that runs a request at a time,
+// "choices", "context-limit", "pooling"; transformers serve lacks all but
+// concurrency).
 func TestConformanceServer(t *testing.T) {
 	url, model := os.Getenv("TOKENBUS_CONFORMANCE_URL"), os.Getenv("TOKENBUS_CONFORMANCE_MODEL")
 	if url == "" || model == "" {
