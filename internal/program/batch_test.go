@@ -97,6 +97,21 @@ func (a batchAPI) wait(id string, until func(batch.Batch) bool) batch.Batch {
 	return b
 }
 
+// startBatchDev starts tokenbus dev on free ports, no admin listener unless
+// edit sets one, stopped with the test.
+func startBatchDev(t *testing.T, edit func(*DevConfig)) (*Dev, batchAPI) {
+	t.Helper()
+	cfg := DefaultDev()
+	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
+	edit(&cfg)
+	d, err := StartDev(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	return d, batchAPI{t: t, base: "http://" + d.Addr()}
+}
+
 func chatLines(n int, model string) []byte {
 	var buf bytes.Buffer
 	for i := range n {
@@ -108,16 +123,11 @@ func chatLines(n int, model string) []byte {
 // A batch through dev: upload, create, run, the output file in OpenAI's
 // line format with every custom_id once.
 func TestBatchRunsThroughDev(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:-1"
-	cfg.SimWorkers = 2
-	fast(&cfg.Engine)
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.HTTP.Admin = "127.0.0.1:0"
+		cfg.SimWorkers = 2
+		fast(&cfg.Engine)
+	})
 
 	const n = 50
 	f := api.upload("in.jsonl", chatLines(n, d.Models()[0]))
@@ -185,17 +195,11 @@ func TestBatchRunsThroughDev(t *testing.T) {
 // answered as cancelled in the error file, and the batch ends cancelled
 // with every line counted once.
 func TestBatchCancel(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.SimWorkers = 1
-	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
-	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.SimWorkers = 1
+		cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
+		cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	})
 	const n = 200
 	b := api.create(api.upload("in.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
 	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > 0 })
@@ -221,17 +225,11 @@ func TestBatchCancel(t *testing.T) {
 // The HTTP side of files: an upload over --file-limit is 413 and kept
 // nowhere; list, get, content and delete in OpenAI's shapes.
 func TestFilesHTTP(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.SimWorkers = 1
-	cfg.HTTP.BodyLimit = 1 << 10
-	cfg.HTTP.Batch.FileLimit = 100 << 10
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	_, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.SimWorkers = 1
+		cfg.HTTP.BodyLimit = 1 << 10
+		cfg.HTTP.Batch.FileLimit = 100 << 10
+	})
 
 	// Past the body limit, within the file limit: files have their own.
 	content := bytes.Repeat([]byte("x"), 50<<10)
@@ -277,17 +275,11 @@ func TestFilesHTTP(t *testing.T) {
 // A batch past its completion window: lines running finish, the rest are
 // answered batch_expired in the error file, and it ends expired.
 func TestBatchExpires(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.SimWorkers = 1
-	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 2, 2
-	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.SimWorkers = 1
+		cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 2, 2
+		cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	})
 	const n = 100
 	b := api.create(api.upload("in.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
 	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > 0 })
@@ -332,17 +324,11 @@ func TestBatchExpires(t *testing.T) {
 // record left by a crashed runner says) leaves it to another once the
 // lease lapses; the batch then runs to its end.
 func TestBatchLeaseTakeover(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.SimWorkers = 1
-	fast(&cfg.Engine)
-	cfg.HTTP.Batch.Runner = false // dev's gateway serves the API; no runner
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.SimWorkers = 1
+		fast(&cfg.Engine)
+		cfg.HTTP.Batch.Runner = false // dev's gateway serves the API; no runner
+	})
 	b := api.create(api.upload("in.jsonl", chatLines(10, d.Models()[0])).ID, "/v1/chat/completions")
 
 	nc, err := nats.Connect(d.NATSURL())
@@ -387,17 +373,12 @@ func TestBatchLeaseTakeover(t *testing.T) {
 // running than one with a single batch (per batch, it would get three
 // quarters of them).
 func TestBatchTenantsShareFairly(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.HTTP.Auth = true
-	cfg.SimWorkers = 1
-	cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
-	cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 5*time.Millisecond, time.Millisecond
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
+	d, _ := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.HTTP.Auth = true
+		cfg.SimWorkers = 1
+		cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
+		cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 5*time.Millisecond, time.Millisecond
+	})
 	store, err := registry.Open(context.Background(), d.StoreURL())
 	if err != nil {
 		t.Fatal(err)
@@ -465,16 +446,10 @@ func TestBatchTenantsShareFairly(t *testing.T) {
 // A line the endpoint refuses is answered with its error, in the error
 // file, and counted failed; the batch still completes.
 func TestBatchLineErrors(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	cfg.SimWorkers = 1
-	fast(&cfg.Engine)
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.SimWorkers = 1
+		fast(&cfg.Engine)
+	})
 	lines := chatLines(2, d.Models()[0])
 	lines = append(lines, fmt.Sprintf(`{"custom_id":"bad","method":"POST","url":"/v1/chat/completions","body":{"model":%q,"max_tokens":0,"messages":[{"role":"user","content":"x"}]}}`+"\n", d.Models()[0])...)
 	b := api.create(api.upload("in.jsonl", lines).ID, "/v1/chat/completions")
@@ -493,15 +468,9 @@ func TestBatchLineErrors(t *testing.T) {
 // An embeddings batch: each line a /v1/embeddings request, each answer
 // OpenAI's embeddings list.
 func TestBatchEmbeddings(t *testing.T) {
-	cfg := DefaultDev()
-	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
-	fast(&cfg.Engine)
-	d, err := StartDev(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close() })
-	api := batchAPI{t: t, base: "http://" + d.Addr()}
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		fast(&cfg.Engine)
+	})
 	const n = 10
 	var lines bytes.Buffer
 	for i := range n {

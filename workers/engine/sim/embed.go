@@ -29,20 +29,9 @@ const DefaultEmbeddingDims = 384
 
 // answer serves a request of a kind that does not generate.
 func (e *Engine) answer(ctx context.Context, req *engine.Request) (*engine.Result, error) {
-	v := req.View
-	if v == nil { // called directly, not by a worker or the sim-server
-		dflt := req.Model
-		if dflt == "" {
-			dflt = e.cfg.Model
-		}
-		var rerr *schemas.Error
-		if v, rerr = schemas.ReadRequest(req.Kind, req.Body, dflt); rerr != nil {
-			return nil, rerr
-		}
-	}
-	model := req.Model
-	if model == "" {
-		model = v.Model
+	v, model, err := e.view(req)
+	if err != nil {
+		return nil, err
 	}
 	if _, err := e.resolve(model); err != nil {
 		return nil, err
@@ -111,7 +100,7 @@ func (e *Engine) embed(ctx context.Context, id, model string, v *schemas.Request
 
 	// The simulated GPU time of a prefill of every input.
 	e.nRunning.Add(1)
-	err := e.sleep(ctx, e.cfg.PrefillBase+time.Duration(total)*e.cfg.PrefillPerToken)
+	err := sleepCtx(ctx, e.cfg.PrefillBase+time.Duration(total)*e.cfg.PrefillPerToken)
 	e.nRunning.Add(-1)
 	if err != nil {
 		return nil, err
@@ -159,20 +148,6 @@ func (e *Engine) responseID(id string) string {
 	return strconv.FormatUint(e.nextID.Add(1), 36)
 }
 
-// sleep waits d of simulated time, or until ctx ends.
-func (e *Engine) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-}
 
 // EmbedText is the sim's embedding of text: a dims-long unit vector,
 // deterministic, in which texts that share words and word pieces are close

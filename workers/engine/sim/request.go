@@ -93,20 +93,9 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	default:
 		return nil, schemas.ErrUnknownKind.New(req.Kind)
 	}
-	b := req.View
-	if b == nil { // called directly, not by a worker or the sim-server
-		dflt := req.Model
-		if dflt == "" {
-			dflt = e.cfg.Model
-		}
-		var rerr *schemas.Error
-		if b, rerr = schemas.ReadRequest(req.Kind, req.Body, dflt); rerr != nil {
-			return nil, rerr
-		}
-	}
-	model := req.Model
-	if model == "" {
-		model = b.Model
+	b, model, err := e.view(req)
+	if err != nil {
+		return nil, err
 	}
 	adapterName, err := e.resolve(model)
 	if err != nil {
@@ -389,4 +378,26 @@ func (r *request) appendUsageChunk(dst []byte) []byte {
 	dst = append(dst, `],"usage":`...)
 	dst = schemas.AppendUsage(dst, &r.usage)
 	return append(dst, "}\n"...)
+}
+
+// view is the request as schemas.ReadRequest read it (the worker's reading,
+// or the sim's own when called directly, not by a worker or the sim-server)
+// and the model it is for.
+func (e *Engine) view(req *engine.Request) (*schemas.Request, string, error) {
+	v := req.View
+	if v == nil {
+		dflt := req.Model
+		if dflt == "" {
+			dflt = e.cfg.Model
+		}
+		var rerr *schemas.Error
+		if v, rerr = schemas.ReadRequest(req.Kind, req.Body, dflt); rerr != nil {
+			return nil, "", rerr
+		}
+	}
+	model := req.Model
+	if model == "" {
+		model = v.Model
+	}
+	return v, model, nil
 }
