@@ -18,14 +18,17 @@ type File struct {
 	tenant string // whose it is; kept in the object's metadata, never sent
 }
 
-// FileList is the body of GET /v1/files.
-type FileList struct {
+// List is OpenAI's paged list body.
+type List[T any] struct {
 	Object  string  `json:"object"` // "list"
-	Data    []File  `json:"data"`
+	Data    []T     `json:"data"`
 	FirstID *string `json:"first_id"`
 	LastID  *string `json:"last_id"`
 	HasMore bool    `json:"has_more"`
 }
+
+// FileList is the body of GET /v1/files.
+type FileList = List[File]
 
 // FileDeleted is the body of DELETE /v1/files/{id}.
 type FileDeleted struct {
@@ -98,13 +101,7 @@ type BatchError struct {
 }
 
 // BatchList is the body of GET /v1/batches.
-type BatchList struct {
-	Object  string  `json:"object"` // "list"
-	Data    []Batch `json:"data"`
-	FirstID *string `json:"first_id"`
-	LastID  *string `json:"last_id"`
-	HasMore bool    `json:"has_more"`
-}
+type BatchList = List[Batch]
 
 // record is what the batches bucket keeps per batch: OpenAI's object and
 // what the runners need besides.
