@@ -80,6 +80,7 @@ type Stats struct {
 	Running      int      // sequences being decoded
 	Waiting      int      // sequences queued inside the engine
 	KVCacheUsage float64  // 0..1
+	KVTokens     int      // KV cache size in tokens (blocks × block size); 0: unknown
 	Adapters     []string // LoRA adapters loaded now, sorted
 	MaxLoras     int      // adapter slots; 0: no limit (or unknown)
 }

@@ -229,6 +229,7 @@ func (e *Engine) Stats() engine.Stats {
 		Running:      int(max(e.nRunning.Load(), 0)),
 		Waiting:      int(max(e.nWaiting.Load(), 0)),
 		KVCacheUsage: math.Float64frombits(e.kvUsage.Load()),
+		KVTokens:     e.cfg.NumBlocks * e.cfg.BlockSize,
 		Adapters:     e.adapterNames(),
 		MaxLoras:     e.cfg.MaxLoras,
 	}
