@@ -181,6 +181,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		{schemas.QueueCancel, "", d.onQueueCancel},
 		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
 	}
+	if !d.cfg.NoPrefixRouting {
+		specs = append(specs, subSpec{schemas.KVEventsPrefix + "*", "", d.onKVEvents})
+	}
 	if !d.cfg.Embedded {
 		specs = append(specs, subSpec{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest},
 			subSpec{schemas.TenantReqPrefix + ">", schemas.DispatcherQueue, d.onRequest})
@@ -244,6 +247,14 @@ func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
 		d.log.Info("worker joined", "worker", hb.Worker, "models", hb.Models, "max_concurrency", hb.MaxConcurrency)
 	}
 	d.drain(hb.Models)
+}
+
+// onKVEvents applies a worker's prefix-cache events to the fleet's record
+// (fleet.Fleet.KVEvents): they take precedence over our own guesses.
+func (d *Dispatcher) onKVEvents(m *nats.Msg) {
+	if d.fleet.KVEvents(m.Data, d.cfg.PrefixBlockBytes) {
+		d.m.kvEvents.Inc()
+	}
 }
 
 func (d *Dispatcher) onDone(m *nats.Msg) {

@@ -26,6 +26,7 @@ type metrics struct {
 	// against the engines' own prefix-cache hit counters.
 	prefixHits, prefixMisses      prometheus.Counter
 	prefixPrompt, prefixPredicted prometheus.Counter
+	kvEvents                      prometheus.Counter // workers' KV events messages applied
 }
 
 // prefixRouted counts a prefix-aware decision: cached of blocks blocks of
@@ -74,6 +75,9 @@ func newMetrics() *metrics {
 		prefixPrompt: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_prefix_prompt_tokens_total",
 			Help: "Prompt tokens (estimated from whole hashed blocks) of the requests routed prefix-aware."}),
+		kvEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_kv_events_total",
+			Help: "Workers' KV cache event messages applied to this dispatcher's record of their prefix caches."}),
 		prefixPredicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_prefix_predicted_cached_tokens_total",
 			Help: "Prompt tokens (estimated) the worker chosen was predicted to hold in its prefix cache."}),
@@ -87,7 +91,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 	}
 	m := d.m
 	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
-		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, modelCollector{d})
+		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up

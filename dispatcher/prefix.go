@@ -1,10 +1,6 @@
 package dispatcher
 
-import (
-	"encoding/binary"
-
-	"github.com/tokenbus/tokenbus/schemas"
-)
+import "github.com/tokenbus/tokenbus/schemas"
 
 // Prefix-aware routing keys a prompt by chained hashes of fixed-size blocks
 // of its text, as vLLM's prefix caching keys KV blocks by
@@ -23,60 +19,8 @@ import (
 // its base model's, as in the engines (vLLM's LoRA id, the sim's
 // "lora:<name>" root).
 
-// maxPromptBlocks bounds the hashing work and record churn of one request
-// (64 KiB of prompt at the default block size); past it, the rest of a prompt
-// does not steer routing.
-const maxPromptBlocks = 1024
-
 // promptHashes appends to dst the chained hashes of the full blocks of the
-// prompt text in body, with model as the root; none for a prompt shorter than
-// a block, or with block < 8.
+// prompt text in body, with model as the root (schemas.PromptBlockHashes).
 func promptHashes(dst []uint64, model string, body []byte, block int) []uint64 {
-	span := schemas.PromptSpan(body)
-	block &^= 7 // whole 8-byte words
-	if block <= 0 || len(span) < block {
-		return dst
-	}
-	n := min(len(span)/block, maxPromptBlocks)
-	if dst == nil {
-		dst = make([]uint64, 0, n)
-	}
-	h := hashRoot(model)
-	for i := range n {
-		h = hashBlock(h, span[i*block:(i+1)*block])
-		dst = append(dst, h)
-	}
-	return dst
-}
-
-func hashRoot(model string) uint64 {
-	h := uint64(0xcbf29ce484222325)
-	for i := 0; i < len(model); i++ {
-		h ^= uint64(model[i])
-		h *= 0x100000001b3
-	}
-	return mix64(h)
-}
-
-// hashBlock chains the hash of one block (a multiple of 8 bytes) onto its
-// parent's: a multiply-rotate over 8-byte words, then splitmix64's
-// finaliser. Not cryptographic: a collision costs a wrong routing guess.
-func hashBlock(parent uint64, b []byte) uint64 {
-	h := parent ^ 0x9e3779b97f4a7c15
-	for i := 0; i+8 <= len(b); i += 8 {
-		h ^= binary.LittleEndian.Uint64(b[i:])
-		h *= 0xff51afd7ed558ccd
-		h = h<<31 | h>>33
-	}
-	return mix64(h)
-}
-
-// mix64 is splitmix64's finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return schemas.PromptBlockHashes(dst, model, schemas.PromptSpan(body), block)
 }

@@ -51,7 +51,7 @@ func TestPromptHashes(t *testing.T) {
 	if p := h("m", `{"model":"m","prompt":`+fmt.Sprintf("%q", longSystem)+`}`); len(p) != len(longSystem)/64 {
 		t.Fatalf("%d blocks for a completion prompt of %d bytes", len(p), len(longSystem))
 	}
-	if p := h("m", chatBody("m", "hi", "yo")); len(p) != 0 {
+	if p := h("m", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`); len(p) != 0 {
 		t.Fatalf("%d blocks for a tiny prompt", len(p))
 	}
 	if p := h("m", `not json`); len(p) != 0 {

@@ -57,7 +57,8 @@ type workerState struct {
 	adapters map[string]struct{} // hb.Adapters and hb.Loading: what the worker has or is getting
 	lastSeen time.Time
 	load     int        // requests in flight: the worker's last report plus what we sent since
-	prefix   *prefixLRU // blocks we routed to it lately; nil until the first
+	prefix   *prefixLRU // blocks we routed to it lately, or its KV events say it holds; nil until the first
+	kvSeq    uint64     // the Seq of its last KV events message
 }
 
 // maxPrefixBlocks caps one worker's prefix record (about 2 MiB).

@@ -85,6 +85,15 @@ type Stats struct {
 	MaxLoras     int      // adapter slots; 0: no limit (or unknown)
 }
 
+// KVEventer is implemented by engines that report what their prefix cache
+// stored and evicted (the sim), named as dispatchers name prompt blocks
+// (schemas.PromptBlockHashes). The worker publishes what DrainKVEvents
+// returns on schemas.KVEventsSubject, filling in Worker and Seq; ok is false
+// when there is nothing new.
+type KVEventer interface {
+	DrainKVEvents() (ev schemas.KVEvents, ok bool)
+}
+
 // Adapters is implemented by engines that can load LoRA adapters at run
 // time. These are primitives: one call does one load or unload, bounded by
 // ctx. Deciding what to load, coalescing, eviction and what to do when the
