@@ -112,3 +112,17 @@ func TestPrefixAffinity(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPromptHashes is the prompt keying of one request with a system
+// prompt of about 5 KB (about 1200 tokens): finding the messages in the body
+// and hashing its 64-byte blocks.
+func BenchmarkPromptHashes(b *testing.B) {
+	body := []byte(chatBody("m", strings.Repeat(longSystem, 5), "What is a cat?"))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if len(promptHashes(nil, "m", body, 64)) == 0 {
+			b.Fatal("no hashes")
+		}
+	}
+}
