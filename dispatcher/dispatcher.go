@@ -71,7 +71,8 @@ type Config struct {
 	// load. PrefixBlockBytes is the prompt text one hashed block covers
 	// (default 64, about 16 tokens; rounded down to a multiple of 8);
 	// NoPrefixRouting turns it off (least-loaded routing only).
-	// CacheWeight and KVWeight: see fleet.Fleet; defaults 1 and 0.25.
+	// CacheWeight and KVWeight: see fleet.Fleet; defaults 1 and 0.25 (a
+	// negative KVWeight: 0, KV use does not count).
 	PrefixBlockBytes      int
 	NoPrefixRouting       bool
 	CacheWeight, KVWeight float64

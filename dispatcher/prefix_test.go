@@ -1,6 +1,7 @@
 package dispatcher
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 func chatBody(model, system, question string) string {
@@ -124,5 +126,41 @@ func BenchmarkPromptHashes(b *testing.B) {
 		if len(promptHashes(nil, "m", body, 64)) == 0 {
 			b.Fatal("no hashes")
 		}
+	}
+}
+
+// A dispatcher follows the workers' KV events: a prompt it never routed goes
+// to the worker whose events say it stored it, though that worker is busier.
+func TestPrefixFromKVEvents(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{})
+	a := newFakeWorker(t, nc, "a", 100)
+	c := newFakeWorker(t, nc, "c", 100)
+	a.beat(t, 3, 100)
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		for _, w := range d.Fleet().Workers() {
+			if w.Worker == "a" && w.Running == 3 {
+				return nil
+			}
+		}
+		return fmt.Errorf("a's beat not seen")
+	})
+	body := chatBody("m", longSystem, "question")
+	ev, _ := json.Marshal(schemas.KVEvents{Worker: "a", BlockBytes: 64, Seq: 1,
+		Stored: [][]uint64{promptHashes(nil, "m", []byte(body), 64)}})
+	if err := nc.Publish(schemas.KVEventsSubject("a"), ev); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if n := counterValue(d.m.kvEvents); n != 1 {
+			return fmt.Errorf("%v events applied", n)
+		}
+		return nil
+	})
+	sendBody(t, nc, "m", "r1", body)
+	testenv.WaitFor(t, 2*time.Second, wantCount(a, 1))
+	if c.count() != 0 {
+		t.Fatal("c got it")
 	}
 }
