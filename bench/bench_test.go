@@ -126,7 +126,7 @@ func TestTimeline(t *testing.T) {
 }
 
 func TestSharedPrefixAndPrompts(t *testing.T) {
-	ps := randomPrompts(3, 1, 20, 32, 100, 7)
+	ps := randomPrompts(3, 1, 20, 32, 100, 7, 0, "chat")
 	prefix := sharedPrefix(3, 32)
 	if n := len(strings.Fields(prefix)); n != 32 {
 		t.Fatalf("prefix has %d words, want 32", n)
@@ -147,15 +147,15 @@ func TestSharedPrefixAndPrompts(t *testing.T) {
 	if len(distinct) != len(ps) {
 		t.Errorf("only %d distinct suffixes among %d prompts", len(distinct), len(ps))
 	}
-	again := randomPrompts(3, 1, 20, 32, 100, 7)
+	again := randomPrompts(3, 1, 20, 32, 100, 7, 0, "chat")
 	if again[5].prompt != ps[5].prompt {
 		t.Error("same seed gave different prompts")
 	}
-	if other := randomPrompts(4, 1, 20, 32, 100, 7); other[0].prompt == ps[0].prompt {
+	if other := randomPrompts(4, 1, 20, 32, 100, 7, 0, "chat"); other[0].prompt == ps[0].prompt {
 		t.Error("different seeds gave the same prompt")
 	}
 	// no prefix: prompts of exactly input-len words
-	if n := len(strings.Fields(randomPrompts(1, 1, 1, 0, 50, 1)[0].prompt)); n != 50 {
+	if n := len(strings.Fields(randomPrompts(1, 1, 1, 0, 50, 1, 0, "chat")[0].prompt)); n != 50 {
 		t.Errorf("got %d words, want 50", n)
 	}
 }
@@ -748,5 +748,46 @@ func TestRunEmbeddings(t *testing.T) {
 	_, err, m = runBench(t, context.Background(), "--url", gen.URL(), "--endpoint", "embeddings", "--num-prompts", "3", "--quiet")
 	if r := results(t, m)[0]; err == nil && r["failed"] != 3.0 {
 		t.Errorf("against a generative model: failed %v, err %v", r["failed"], err)
+	}
+}
+
+// --prefix-groups: G system prompts, each on num-prompts/G questions, in
+// shuffled order; in completions the prefix starts the prompt.
+func TestPrefixGroups(t *testing.T) {
+	ps := randomPrompts(3, 1, 48, 40, 10, 7, 4, "chat")
+	count := map[string]int{}
+	var order []string
+	for _, p := range ps {
+		var msgs []chatMessage
+		if err := json.Unmarshal(p.messages, &msgs); err != nil || len(msgs) != 2 || msgs[0].Role != "system" || msgs[1].Role != "user" {
+			t.Fatalf("messages %s", p.messages)
+		}
+		if n := len(strings.Fields(msgs[0].Content)); n != 40 {
+			t.Fatalf("system prompt of %d words", n)
+		}
+		count[msgs[0].Content]++
+		order = append(order, msgs[0].Content)
+	}
+	if len(count) != 4 {
+		t.Fatalf("%d distinct system prompts, want 4", len(count))
+	}
+	for _, n := range count {
+		if n != 12 {
+			t.Fatalf("counts %v, want 12 each", count)
+		}
+	}
+	roundRobin := true
+	for i := range order {
+		if order[i] != order[i%4] {
+			roundRobin = false
+		}
+	}
+	if roundRobin {
+		t.Fatal("prompts not shuffled")
+	}
+	for _, p := range randomPrompts(3, 1, 8, 40, 10, 7, 2, "completions") {
+		if p.messages != nil || len(strings.Fields(p.prompt)) != 50 {
+			t.Fatalf("completion prompt %.60q (messages %s)", p.prompt, p.messages)
+		}
 	}
 }

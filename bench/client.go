@@ -38,6 +38,7 @@ type record struct {
 	Tokens       int           // output tokens: usage.completion_tokens, else content chunks
 	FromUsage    bool          // Tokens came from a usage object
 	PromptTokens int           // usage.prompt_tokens, else the prompt's estimate
+	CachedTokens int           // usage.prompt_tokens_details.cached_tokens
 	Err          string        // "" or the failure kind
 	ErrMsg       string        // detail for the first failures of a kind
 	Cancelled    bool          // cut by --duration or ctx; neither completed nor failed
@@ -274,6 +275,9 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 			gotUsage = true
 			rec.Tokens = ch.Usage.CompletionTokens
 			rec.PromptTokens = ch.Usage.PromptTokens
+			if d := ch.Usage.PromptTokensDetails; d != nil {
+				rec.CachedTokens = d.CachedTokens
+			}
 		}
 	}
 	if rec.Err != "" || rec.Cancelled {
@@ -333,6 +337,9 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 	}
 	if ch.Usage != nil {
 		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, true
+		if d := ch.Usage.PromptTokensDetails; d != nil {
+			rec.CachedTokens = d.CachedTokens
+		}
 	} else {
 		rec.Tokens = len(strings.Fields(schemas.String(ch.Choices[0].Content)))
 	}

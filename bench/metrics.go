@@ -75,10 +75,13 @@ type Summary struct {
 	Failed    int `json:"failed"`
 	Cancelled int `json:"cancelled"`
 
-	DurationS       float64 `json:"duration_s"` // time under load (sum of its phases)
-	InputTokens     int     `json:"input_tokens"`
-	OutputTokens    int     `json:"output_tokens"`
-	TokensFromUsage bool    `json:"tokens_from_usage"` // false: some counts are content chunks or words
+	DurationS   float64 `json:"duration_s"` // time under load (sum of its phases)
+	InputTokens int     `json:"input_tokens"`
+	// CachedTokens: of InputTokens, those the server reported served from
+	// its prefix cache (usage.prompt_tokens_details.cached_tokens).
+	CachedTokens    int  `json:"cached_input_tokens"`
+	OutputTokens    int  `json:"output_tokens"`
+	TokensFromUsage bool `json:"tokens_from_usage"` // false: some counts are content chunks or words
 
 	RequestsPerS      float64 `json:"requests_per_s"`
 	OutputTokensPerS  float64 `json:"output_tokens_per_s"`
@@ -127,6 +130,7 @@ func summarizeRecords(s *Summary, recs []record, dur time.Duration) {
 		}
 		s.Completed++
 		s.InputTokens += r.PromptTokens
+		s.CachedTokens += r.CachedTokens
 		s.OutputTokens += r.Tokens
 		if !r.FromUsage {
 			s.TokensFromUsage = false

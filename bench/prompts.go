@@ -65,17 +65,35 @@ func sharedPrefix(seed uint64, n int) string {
 	return b.String()
 }
 
-// randomPrompts makes n prompts of prefixLen+inputLen words.
-func randomPrompts(seed uint64, stream uint64, n, prefixLen, inputLen, outputLen int) []promptSpec {
+// randomPrompts makes n prompts of prefixLen+inputLen words. With groups > 0
+// there are that many prefixes and prompt i gets prefix i mod groups, in
+// shuffled order (many system prompts, several questions each: the workload
+// prefix-aware routing is for); in chat the prefix is a system message.
+func randomPrompts(seed uint64, stream uint64, n, prefixLen, inputLen, outputLen, groups int, endpoint string) []promptSpec {
 	rng := rand.New(rand.NewPCG(seed, stream))
-	prefix := sharedPrefix(seed, prefixLen)
+	prefixes := []string{sharedPrefix(seed, prefixLen)}
+	if groups > 0 {
+		prefixes = make([]string, groups)
+		for g := range prefixes {
+			prefixes[g] = sharedPrefix(seed+uint64(g)*0x9e3779b97f4a7c15, prefixLen)
+		}
+	}
 	out := make([]promptSpec, n)
 	for i := range out {
+		prefix := prefixes[i%len(prefixes)]
 		var b strings.Builder
 		b.Grow((len(prefix) + 1 + inputLen*7))
-		b.WriteString(prefix)
+		if groups == 0 || endpoint != "chat" {
+			b.WriteString(prefix)
+		}
 		randomWords(&b, rng, inputLen)
 		out[i] = promptSpec{prompt: b.String(), outputLen: outputLen, inputEst: prefixLen + inputLen}
+		if groups > 0 && endpoint == "chat" {
+			out[i].messages, _ = json.Marshal([]chatMessage{{Role: "system", Content: prefix}, {Role: "user", Content: out[i].prompt}})
+		}
+	}
+	if groups > 0 {
+		rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	}
 	return out
 }

@@ -40,6 +40,9 @@ func writeSummary(w io.Writer, s *Summary) {
 	}
 	fmt.Fprintf(tw, "Benchmark duration (s):\t%.2f\n", s.DurationS)
 	fmt.Fprintf(tw, "Total input tokens:\t%d\n", s.InputTokens)
+	if s.InputTokens > 0 {
+		fmt.Fprintf(tw, "Input tokens from the prefix cache:\t%d (%.1f%%)\n", s.CachedTokens, 100*float64(s.CachedTokens)/float64(s.InputTokens))
+	}
 	src := "usage"
 	if !s.TokensFromUsage {
 		src = "counted from content chunks (no usage)"

@@ -30,6 +30,7 @@ type config struct {
 	inputLen, outputLen    int
 	dataset                string
 	sharedPrefix           int
+	prefixGroups           int
 	apiKey                 string
 	seed                   uint64
 	timeout                time.Duration
@@ -55,6 +56,7 @@ func newFlags(cfg *config) *pflag.FlagSet {
 	fs.IntVar(&cfg.outputLen, "output-len", 128, "max_tokens per request, with ignore_eos so engines produce exactly that many")
 	fs.StringVar(&cfg.dataset, "dataset", "", `JSONL file: {"prompt": "...", "output_len": N} or {"messages": [...]} per line`)
 	fs.IntVar(&cfg.sharedPrefix, "shared-prefix", 0, "every prompt begins with the same N-token prefix (prefix caching)")
+	fs.IntVar(&cfg.prefixGroups, "prefix-groups", 0, "with --shared-prefix: G different prefixes (system messages in chat), prompt i gets prefix i mod G, sent in shuffled order; G = --num-prompts gives the same load with no prefix to reuse")
 	fs.StringVar(&cfg.apiKey, "api-key", "", "sent as Authorization: Bearer")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed for prompts and arrivals")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "per-request timeout")
@@ -82,8 +84,10 @@ func (cfg *config) validate() error {
 		return errors.New("--request-rate must be >= 0")
 	case cfg.numPrompts < 0 || (cfg.numPrompts == 0 && cfg.dataset == ""):
 		return errors.New("--num-prompts must be at least 1")
-	case cfg.inputLen < 0 || cfg.outputLen < 0 || cfg.sharedPrefix < 0:
-		return errors.New("--input-len, --output-len and --shared-prefix must be >= 0")
+	case cfg.inputLen < 0 || cfg.outputLen < 0 || cfg.sharedPrefix < 0 || cfg.prefixGroups < 0:
+		return errors.New("--input-len, --output-len, --shared-prefix and --prefix-groups must be >= 0")
+	case cfg.prefixGroups > 0 && (cfg.dataset != "" || cfg.sharedPrefix == 0):
+		return errors.New("--prefix-groups needs --shared-prefix and no --dataset")
 	case cfg.timeout <= 0:
 		return errors.New("--timeout must be positive")
 	case cfg.rounds < 1:
@@ -181,7 +185,7 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 		if cfg.dataset != "" {
 			warm = takePrompts(prompts, cfg.warmup)
 		} else {
-			warm = randomPrompts(cfg.seed, 2, cfg.warmup, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen)
+			warm = randomPrompts(cfg.seed, 2, cfg.warmup, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen, cfg.prefixGroups, cfg.endpoint)
 		}
 	}
 
@@ -262,7 +266,7 @@ func sentOnly(recs []record) []record {
 
 func makePrompts(cfg *config) ([]promptSpec, error) {
 	if cfg.dataset == "" {
-		return randomPrompts(cfg.seed, 1, cfg.numPrompts, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen), nil
+		return randomPrompts(cfg.seed, 1, cfg.numPrompts, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen, cfg.prefixGroups, cfg.endpoint), nil
 	}
 	all, err := loadDataset(cfg.dataset, cfg.endpoint, sharedPrefix(cfg.seed, cfg.sharedPrefix), cfg.outputLen)
 	if err != nil {
@@ -416,7 +420,7 @@ func (cfg *config) asMap() map[string]any {
 		"url": cfg.url, "model": cfg.model, "endpoint": cfg.endpoint,
 		"concurrency": cfg.concurrency, "num_prompts": cfg.numPrompts,
 		"duration_s": cfg.duration.Seconds(), "input_len": cfg.inputLen, "output_len": cfg.outputLen,
-		"dataset": cfg.dataset, "shared_prefix": cfg.sharedPrefix, "seed": cfg.seed,
+		"dataset": cfg.dataset, "shared_prefix": cfg.sharedPrefix, "prefix_groups": cfg.prefixGroups, "seed": cfg.seed,
 		"timeout_s": cfg.timeout.Seconds(), "stream": cfg.stream, "usage": cfg.usage,
 		"ignore_eos": cfg.ignEOS, "warmup": cfg.warmup,
 	}

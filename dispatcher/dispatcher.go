@@ -66,6 +66,16 @@ type Config struct {
 	Embedded bool
 	// AdapterSpill: see fleet.Fleet.AdapterSpill; default 0.5.
 	AdapterSpill float64
+	// Prefix-aware routing (docs/routing.md): chat and completion requests
+	// go where their prompt's prefix is probably cached, balanced against
+	// load. PrefixBlockBytes is the prompt text one hashed block covers
+	// (default 64, about 16 tokens; rounded down to a multiple of 8);
+	// NoPrefixRouting turns it off (least-loaded routing only).
+	// CacheWeight and KVWeight: see fleet.Fleet; defaults 1 and 0.25 (a
+	// negative KVWeight: 0, KV use does not count).
+	PrefixBlockBytes      int
+	NoPrefixRouting       bool
+	CacheWeight, KVWeight float64
 	// Keys looks up the API keys of tenant requests (TenantReqPrefix); nil:
 	// tenant requests are dropped. Admit checks their limits; nil: none.
 	// KeyTimeout bounds each of the two; default 2s.
@@ -98,6 +108,17 @@ func (c *Config) defaults() {
 	}
 	if c.KeyTimeout <= 0 {
 		c.KeyTimeout = defaultKeyTimeout
+	}
+	if c.PrefixBlockBytes < 8 {
+		c.PrefixBlockBytes = 64
+	}
+	if c.CacheWeight <= 0 {
+		c.CacheWeight = 1
+	}
+	if c.KVWeight < 0 {
+		c.KVWeight = 0
+	} else if c.KVWeight == 0 {
+		c.KVWeight = 0.25
 	}
 }
 
@@ -133,6 +154,8 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
+	d.fleet.CacheWeight, d.fleet.KVWeight = cfg.CacheWeight, cfg.KVWeight
+	d.fleet.BlockTokens = max(cfg.PrefixBlockBytes/bytesPerToken, 1)
 	d.register(reg)
 	return d
 }
@@ -158,6 +181,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		{schemas.DonePrefix + "*", "", d.onDone},
 		{schemas.QueueCancel, "", d.onQueueCancel},
 		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
+	}
+	if !d.cfg.NoPrefixRouting {
+		specs = append(specs, subSpec{schemas.KVEventsPrefix + "*", "", d.onKVEvents})
 	}
 	if !d.cfg.Embedded {
 		specs = append(specs, subSpec{schemas.ReqPrefix + ">", schemas.DispatcherQueue, d.onRequest},
@@ -224,6 +250,14 @@ func (d *Dispatcher) onHeartbeat(m *nats.Msg) {
 	d.drain(hb.Models)
 }
 
+// onKVEvents applies a worker's prefix-cache events to the fleet's record
+// (fleet.Fleet.KVEvents): they take precedence over our own guesses.
+func (d *Dispatcher) onKVEvents(m *nats.Msg) {
+	if d.fleet.KVEvents(m.Data, d.cfg.PrefixBlockBytes) {
+		d.m.kvEvents.Inc()
+	}
+}
+
 func (d *Dispatcher) onDone(m *nats.Msg) {
 	n, ok := d.fleet.Done(m.Data)
 	if !ok {
@@ -262,7 +296,13 @@ type request struct {
 	attempt  int
 	adapter  *adapterRef // a registered LoRA adapter: its base and path
 	span     trace.Span  // the dispatch span (startSpan)
+	hashes   []uint64    // the prompt's chained block hashes (prefix.go); nil: route by load
 }
+
+// bytesPerToken is how many bytes of prompt text a token stands for, on
+// average, in English with the usual BPE vocabularies: it turns block counts
+// into token estimates.
+const bytesPerToken = 4
 
 // resolve looks the requested model up in the registry: a LoRA adapter
 // comes back with its base and path, anything else as nil.
@@ -277,14 +317,21 @@ func (d *Dispatcher) resolve(model string) *adapterRef {
 	return &adapterRef{base: m.Base, path: m.Path}
 }
 
-// acquire picks a worker for r: adapter-aware for an adapter.
-func (d *Dispatcher) acquire(model string, ad *adapterRef, exclude string) (id string, serving int, ok bool) {
+// acquire picks a worker for a request: adapter-aware for an adapter,
+// prefix-aware for a prompt with hashes.
+func (d *Dispatcher) acquire(model string, ad *adapterRef, hashes []uint64, exclude string) (id string, serving int, ok bool) {
+	var cached int
 	if ad == nil {
-		return d.fleet.Acquire(model, exclude)
+		id, serving, cached, ok = d.fleet.AcquirePrefix(model, exclude, hashes)
+	} else {
+		var how fleet.Placement
+		id, serving, how, cached, ok = d.fleet.AcquireAdapterPrefix(model, ad.base, exclude, hashes, time.Now())
+		if ok {
+			d.m.adapterRouted.WithLabelValues(how.String()).Inc()
+		}
 	}
-	id, serving, how, ok := d.fleet.AcquireAdapter(model, ad.base, exclude, time.Now())
-	if ok {
-		d.m.adapterRouted.WithLabelValues(how.String()).Inc()
+	if ok && len(hashes) > 0 {
+		d.m.prefixRouted(cached, len(hashes), d.cfg.PrefixBlockBytes)
 	}
 	return id, serving, ok
 }
@@ -311,6 +358,9 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 		return nil, schemas.ErrModelMismatch.New(r.model, "the "+schemas.HdrModel+" header", hm)
 	}
 	r.adapter = d.resolve(r.model)
+	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
+		r.hashes = promptHashes(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
+	}
 	return r, nil
 }
 
@@ -476,7 +526,7 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		d.drain([]string{r.model})
 		return
 	}
-	id, serving, ok := d.acquire(r.model, r.adapter, exclude)
+	id, serving, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
 	if ok {
 		d.mu.Unlock()
 		d.forward(r.msg, id, r.adapter, r.span)
@@ -545,7 +595,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		expires = r.deadline
 	}
 	e := &queued{msg: r.msg, id: qk, model: r.model, priority: r.priority, seq: d.seq,
-		enqueued: time.Now(), expires: expires, adapter: r.adapter, span: r.span}
+		enqueued: time.Now(), expires: expires, adapter: r.adapter, hashes: r.hashes, span: r.span}
 	q.push(e)
 	d.byID[qk] = e
 	spanQueued(r.span, q.Len())
@@ -588,7 +638,7 @@ func (d *Dispatcher) drain(models []string) {
 		q := d.queues[model]
 		for q != nil && q.Len() > 0 {
 			e := (*q)[0] // the head of the heap: the next to go
-			id, _, ok := d.acquire(model, e.adapter, "")
+			id, _, ok := d.acquire(model, e.adapter, e.hashes, "")
 			if !ok {
 				break
 			}

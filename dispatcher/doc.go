@@ -1,7 +1,9 @@
 // Package dispatcher routes requests to workers. Any number of dispatchers
 // share the request subjects in a queue group; each keeps its own live view of
 // the workers (a fleet.Fleet) from heartbeats and done notices, forwards every
-// request to the least-loaded worker serving its model, and queues it
+// request to a worker serving its model, the least loaded or, for a prompt
+// whose prefix a worker probably holds in its KV cache, that one when it is
+// not much busier (prefix.go, docs/routing.md), and queues it
 // (bounded, priority then FIFO) when every such worker is full. Its per-model
 // gauges (queue depth, workers, running) are read at each scrape for every
 // model it knows, so an autoscaler reads 0, not nothing, while it is idle.

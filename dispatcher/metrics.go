@@ -19,6 +19,26 @@ type metrics struct {
 	// a wrong or missing cancel token, or a request not queued here.
 	cancelsIgnored prometheus.Counter
 	admitFailOpen  prometheus.Counter // tenant requests let through because limits could not be checked
+	// prefixHits and prefixMisses count prefix-aware routing decisions by
+	// whether the worker chosen held any of the prompt by our record;
+	// prefixPrompt and prefixPredicted sum the prompt tokens they routed and
+	// those predicted cached (estimates: blocks × block bytes / 4), to set
+	// against the engines' own prefix-cache hit counters.
+	prefixHits, prefixMisses      prometheus.Counter
+	prefixPrompt, prefixPredicted prometheus.Counter
+	kvEvents                      prometheus.Counter // workers' KV events messages applied
+}
+
+// prefixRouted counts a prefix-aware decision: cached of blocks blocks of
+// block bytes held by the worker chosen.
+func (m *metrics) prefixRouted(cached, blocks, block int) {
+	if cached > 0 {
+		m.prefixHits.Inc()
+	} else {
+		m.prefixMisses.Inc()
+	}
+	m.prefixPrompt.Add(float64(blocks * block / bytesPerToken))
+	m.prefixPredicted.Add(float64(cached * block / bytesPerToken))
 }
 
 func newMetrics() *metrics {
@@ -46,6 +66,21 @@ func newMetrics() *metrics {
 		admitFailOpen: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_admit_fail_open_total",
 			Help: "Tenant requests let through because their key's limits could not be checked."}),
+		prefixHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_prefix_routed_total", ConstLabels: prometheus.Labels{"result": "hit"},
+			Help: "Prefix-aware routing decisions, by whether the worker chosen holds part of the prompt by this dispatcher's record."}),
+		prefixMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_prefix_routed_total", ConstLabels: prometheus.Labels{"result": "miss"},
+			Help: "Prefix-aware routing decisions, by whether the worker chosen holds part of the prompt by this dispatcher's record."}),
+		prefixPrompt: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_prefix_prompt_tokens_total",
+			Help: "Prompt tokens (estimated from whole hashed blocks) of the requests routed prefix-aware."}),
+		kvEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_kv_events_total",
+			Help: "Workers' KV cache event messages applied to this dispatcher's record of their prefix caches."}),
+		prefixPredicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_prefix_predicted_cached_tokens_total",
+			Help: "Prompt tokens (estimated) the worker chosen was predicted to hold in its prefix cache."}),
 	}
 }
 
@@ -55,7 +90,8 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 		return
 	}
 	m := d.m
-	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen, modelCollector{d})
+	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
+		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up

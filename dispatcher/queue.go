@@ -18,6 +18,7 @@ type queued struct {
 	enqueued time.Time
 	expires  time.Time // queue timeout or the request's deadline, whichever is first
 	adapter  *adapterRef
+	hashes   []uint64   // the prompt's block hashes (request.hashes)
 	span     trace.Span // the dispatch span, ended when the request leaves the queue
 	index    int        // in the heap; -1 once removed
 }

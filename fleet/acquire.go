@@ -11,10 +11,22 @@ import (
 // not excluded (exclude: a comma-separated list, schemas.ExcludeHas), and counts one more request on it. ok is false when none has
 // room; serving says how many live workers serve the model at all.
 func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool) {
+	id, serving, _, ok = f.AcquirePrefix(model, exclude, nil)
+	return id, serving, ok
+}
+
+// AcquirePrefix is Acquire for a prompt given as chained block hashes
+// (hashed with the model as root; see docs/routing.md): with hashes, the
+// candidate with the best score (Fleet.CacheWeight: the share of the prompt
+// it holds by our record, less its load and KV use) wins instead of the
+// least loaded, and the prompt's blocks are recorded on the worker chosen,
+// in the same step. cached is how many of hashes that worker holds by our
+// record. Without hashes it is Acquire exactly.
+func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string, serving, cached int, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var best *workerState
-	bestRatio := 2.0
+	bestScore := -1e300
 	f.rr++
 	for wid, w := range f.workers {
 		if _, yes := w.models[model]; !yes || w.hb.Draining || !w.hb.Healthy {
@@ -25,16 +37,40 @@ func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool)
 			continue
 		}
 		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
+		score, c := -ratio, 0
+		if len(hashes) > 0 {
+			score, c = f.scoreLocked(w, ratio, hashes)
+		}
 		// Ties go to a rotating choice so equal workers share the load.
-		if ratio < bestRatio || ratio == bestRatio && (f.rr+uint64(len(wid)))%2 == 0 {
-			best, bestRatio, id = w, ratio, wid
+		if score > bestScore || score == bestScore && (f.rr+uint64(len(wid)))%2 == 0 {
+			best, bestScore, id, cached = w, score, wid, c
 		}
 	}
 	if best == nil {
-		return "", serving, false
+		return "", serving, 0, false
 	}
 	best.load++
-	return id, serving, true
+	f.recordLocked(best, hashes)
+	return id, serving, cached, true
+}
+
+// scoreLocked is a candidate's prefix score (see Fleet.CacheWeight) and how
+// many of the prompt's leading blocks our record says it holds.
+func (f *Fleet) scoreLocked(w *workerState, ratio float64, hashes []uint64) (float64, int) {
+	cached := w.prefix.matched(hashes)
+	wait := float64(w.hb.Waiting) / float64(max(w.hb.MaxConcurrency, 1))
+	return f.CacheWeight*float64(cached)/float64(len(hashes)) - ratio - wait - f.KVWeight*w.hb.KVCacheUsage, cached
+}
+
+// recordLocked notes that a prompt's blocks were just sent to w.
+func (f *Fleet) recordLocked(w *workerState, hashes []uint64) {
+	if len(hashes) == 0 {
+		return
+	}
+	if w.prefix == nil {
+		w.prefix = newPrefixLRU(f.prefixCap(w))
+	}
+	w.prefix.record(hashes)
 }
 
 // Placement says how AcquireAdapter placed a request for an adapter.
@@ -84,17 +120,34 @@ func (p Placement) String() string {
 // the choice is not a holder, the load is recorded as pending on it. ok is
 // false when no candidate has room.
 func (f *Fleet) AcquireAdapter(adapter, base, exclude string, now time.Time) (id string, serving int, how Placement, ok bool) {
+	id, serving, how, _, ok = f.AcquireAdapterPrefix(adapter, base, exclude, nil, now)
+	return id, serving, how, ok
+}
+
+// AcquireAdapterPrefix is AcquireAdapter for a prompt with chained block
+// hashes (hashed with the adapter's own root, so that its prefix cache is
+// apart from its base model's): within each class (holders, free slots,
+// evictions) the worker with the best prefix score wins instead of the least
+// loaded, and the prompt's blocks are recorded on the worker chosen. cached
+// is how many of hashes that worker holds by our record.
+func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uint64, now time.Time) (id string, serving int, how Placement, cached int, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	type pick struct {
-		w     *workerState
-		id    string
-		ratio float64
+		w      *workerState
+		id     string
+		ratio  float64
+		score  float64
+		cached int
 	}
 	f.rr++
 	better := func(p *pick, w *workerState, wid string, ratio float64) {
-		if p.w == nil || ratio < p.ratio || ratio == p.ratio && (f.rr+uint64(len(wid)))%2 == 0 {
-			*p = pick{w, wid, ratio}
+		score, cached := -ratio, 0
+		if len(hashes) > 0 {
+			score, cached = f.scoreLocked(w, ratio, hashes)
+		}
+		if p.w == nil || score > p.score || score == p.score && (f.rr+uint64(len(wid)))%2 == 0 {
+			*p = pick{w, wid, ratio, score, cached}
 		}
 	}
 	var holder, free, evict pick
@@ -130,9 +183,10 @@ func (f *Fleet) AcquireAdapter(adapter, base, exclude string, now time.Time) (id
 	case evict.w != nil:
 		p, how = evict, PlacedEvict
 	default:
-		return "", serving, 0, false
+		return "", serving, 0, 0, false
 	}
 	p.w.load++
+	f.recordLocked(p.w, hashes)
 	if how != PlacedHolder {
 		if pend == nil {
 			pend = map[string]time.Time{}
@@ -140,7 +194,7 @@ func (f *Fleet) AcquireAdapter(adapter, base, exclude string, now time.Time) (id
 		}
 		pend[p.id] = now
 	}
-	return p.id, serving, how, true
+	return p.id, serving, how, p.cached, true
 }
 
 // freeSlotLocked reports whether worker has a LoRA slot that neither a

@@ -8,7 +8,9 @@
 // must be one step, or two routing decisions at once would both see the same
 // free slot; so the selection (Acquire, AcquireAdapter) lives here, beside the
 // load estimates and the adapter loads a Fleet's owner caused and no heartbeat
-// has confirmed yet (pending loads).
+// has confirmed yet (pending loads), and the record of which prompt blocks
+// each worker's prefix cache probably holds (prefix.go, kvevents.go: fed by
+// the owner's routing and the workers' KV events).
 //
 // Everything else only reads: gateways (/ready, /v1/models, 404 or 503) and the
 // admin API (GET /workers, model status, adapter unloads) take a View, which

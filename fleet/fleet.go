@@ -19,10 +19,24 @@ type Fleet struct {
 	// least-loaded worker with a free LoRA slot before a request for the
 	// adapter goes to the latter, which loads a second copy. Default 0.5.
 	AdapterSpill float64
-	mu           sync.RWMutex
-	onGone       func(id, why string) // see OnGone
-	workers      map[string]*workerState
-	rr           uint64 // rotates ties between equally loaded workers
+	// Prefix-aware routing (AcquirePrefix, AcquireAdapter with hashes): see
+	// docs/routing.md. A candidate's score is
+	//   CacheWeight × (share of the prompt's blocks it holds)
+	//   − (load + Waiting) / MaxConcurrency − KVWeight × KVCacheUsage
+	// and the highest wins. CacheWeight (default 1) is how much load ratio a
+	// fully cached prompt is worth; KVWeight (default 0.25) steers new
+	// prompts away from a worker whose KV cache is full of running sequences.
+	CacheWeight, KVWeight float64
+	// PrefixBlocks bounds the record of one worker's prefix cache, in
+	// blocks, when its heartbeat has no kv_cache_tokens (default 8192);
+	// with one, the bound is kv_cache_tokens / BlockTokens (BlockTokens:
+	// the tokens one hashed block stands for, default 16), at most
+	// maxPrefixBlocks.
+	PrefixBlocks, BlockTokens int
+	mu                        sync.RWMutex
+	onGone                    func(id, why string) // see OnGone
+	workers                   map[string]*workerState
+	rr                        uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
@@ -42,12 +56,26 @@ type workerState struct {
 	models   map[string]struct{}
 	adapters map[string]struct{} // hb.Adapters and hb.Loading: what the worker has or is getting
 	lastSeen time.Time
-	load     int // requests in flight: the worker's last report plus what we sent since
+	load     int        // requests in flight: the worker's last report plus what we sent since
+	prefix   *prefixLRU // blocks we routed to it lately, or its KV events say it holds; nil until the first
+	kvSeq    uint64     // the Seq of its last KV events message
+}
+
+// maxPrefixBlocks caps one worker's prefix record (about 2 MiB).
+const maxPrefixBlocks = 1 << 16
+
+// prefixCap is the size of worker w's prefix record.
+func (f *Fleet) prefixCap(w *workerState) int {
+	if w.hb.KVCacheTokens > 0 {
+		return min(max(w.hb.KVCacheTokens/max(f.BlockTokens, 1), 1), maxPrefixBlocks)
+	}
+	return min(max(f.PrefixBlocks, 1), maxPrefixBlocks)
 }
 
 // New makes an empty fleet.
 func New() *Fleet {
-	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, workers: map[string]*workerState{},
+	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, CacheWeight: 1, KVWeight: 0.25, PrefixBlocks: 8192, BlockTokens: 16,
+		workers: map[string]*workerState{},
 		pending: map[string]map[string]time.Time{}}
 }
 
@@ -95,6 +123,9 @@ func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
 		}
 	}
 	w.hb = hb
+	if w.prefix != nil {
+		w.prefix.resize(f.prefixCap(w))
+	}
 	w.lastSeen = now
 	w.load = hb.Running
 	f.settlePendingLocked(hb.Worker, w, now)

@@ -12,12 +12,16 @@ type Heartbeat struct {
 	Running        int      `json:"running"`         // requests admitted and not finished
 	Waiting        int      `json:"waiting"`         // requests the engine has queued (part of Running)
 	KVCacheUsage   float64  `json:"kv_cache_usage"`  // 0..1
-	Draining       bool     `json:"draining,omitempty"`
-	Healthy        bool     `json:"healthy"`
-	Engine         string   `json:"engine"`
-	Version        string   `json:"version"`
-	IntervalMS     int      `json:"interval_ms"`
-	Seq            uint64   `json:"seq"`
+	// KVCacheTokens is the engine's KV cache size in tokens (blocks × block
+	// size), 0 when unknown: dispatchers size their record of what each
+	// worker's prefix cache holds by it.
+	KVCacheTokens int    `json:"kv_cache_tokens,omitempty"`
+	Draining      bool   `json:"draining,omitempty"`
+	Healthy       bool   `json:"healthy"`
+	Engine        string `json:"engine"`
+	Version       string `json:"version"`
+	IntervalMS    int    `json:"interval_ms"`
+	Seq           uint64 `json:"seq"`
 
 	// Loading lists the LoRA adapters the worker is loading now (not yet in
 	// Adapters), so that every dispatcher sends the next requests for one to

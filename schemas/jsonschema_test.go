@@ -42,6 +42,8 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 	}{
 		{"usage", usage},
 		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000}},
+		{"kv_events", KVEvents{Worker: "w1", BlockBytes: 64, Seq: 3, Stored: [][]uint64{{1, 1 << 63}}, Removed: []uint64{7}, Dropped: 2}},
+		{"kv_events", KVEvents{Worker: "w1", BlockBytes: 64, Seq: 4}},
 		{"queued", Queued{Position: 2, Dispatcher: "d1", TimeoutMS: 60000, RequestID: "r1", CancelToken: NewCancelToken()}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1")}},
 		{"accepted", Accepted{RequestID: "r1", Worker: "w1", Cancel: CancelSubject("w1"), CancelToken: NewCancelToken()}},

@@ -23,6 +23,9 @@ const (
 	HeartbeatPrefix = Prefix + ".hb."
 	// DonePrefix + <worker-id>: one DoneNotice per finished request.
 	DonePrefix = Prefix + ".done."
+	// KVEventsPrefix + <worker-id>: what the worker's engine stored in and
+	// evicted from its prefix cache (KVEvents JSON).
+	KVEventsPrefix = Prefix + ".kv."
 	// CancelPrefix + <worker-id>: body = CancelBody; the worker aborts it.
 	CancelPrefix = Prefix + ".cancel."
 	// CtlPrefix + <worker-id> + "." + <op>: request/reply control of one worker.
@@ -80,6 +83,9 @@ func HeartbeatSubject(workerID string) string { return HeartbeatPrefix + workerI
 
 // DoneSubject is where worker id announces finished requests.
 func DoneSubject(workerID string) string { return DonePrefix + workerID }
+
+// KVEventsSubject is where worker id publishes its engine's KV events.
+func KVEventsSubject(workerID string) string { return KVEventsPrefix + workerID }
 
 // CancelSubject is where worker id takes cancellations.
 func CancelSubject(workerID string) string { return CancelPrefix + workerID }

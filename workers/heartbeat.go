@@ -63,6 +63,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Running:        w.Running(),
 		Waiting:        st.Waiting,
 		KVCacheUsage:   st.KVCacheUsage,
+		KVCacheTokens:  st.KVTokens,
 		Draining:       w.draining.Load(),
 		Healthy:        healthy,
 		Engine:         w.eng.Name(),

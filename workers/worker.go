@@ -198,8 +198,9 @@ func (w *Worker) Run(ctx context.Context) error {
 
 	stop := make(chan struct{})
 	loops := sync.WaitGroup{}
-	loops.Add(3)
+	loops.Add(4)
 	go func() { defer loops.Done(); w.heartbeatLoop(stop) }()
+	go func() { defer loops.Done(); w.kvEventsLoop(stop) }()
 	go func() { defer loops.Done(); w.keepaliveLoop(stop) }()
 	go func() { defer loops.Done(); w.lingerLoop(stop) }()
 

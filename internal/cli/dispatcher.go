@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"io"
 
@@ -18,6 +19,9 @@ func registerDispatcher(fs *pflag.FlagSet, c *dispatcher.Config) {
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests that may wait per model when every worker is full; past it: 503")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", c.QueueTimeout, "longest time a request may wait in the queue")
 	fs.StringSliceVar(&c.ReplyPrefixes, "reply-prefix", c.ReplyPrefixes, "subject prefixes a request's reply subject must have (others are dropped)")
+	fs.BoolVar(&c.NoPrefixRouting, "no-prefix-routing", c.NoPrefixRouting, "route by load only, not also to the worker that holds the prompt's prefix in its KV cache (docs/routing.md)")
+	fs.Float64Var(&c.CacheWeight, "prefix-cache-weight", cmp.Or(c.CacheWeight, 1), "prefix-aware routing: how much load ratio (in flight over max concurrency) a fully cached prompt is worth")
+	fs.IntVar(&c.PrefixBlockBytes, "prefix-block-bytes", cmp.Or(c.PrefixBlockBytes, 64), "prefix-aware routing: bytes of prompt text per hashed block (about 16 tokens at 64); must match the workers' KV events")
 }
 
 func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer) error {

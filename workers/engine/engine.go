@@ -80,8 +80,18 @@ type Stats struct {
 	Running      int      // sequences being decoded
 	Waiting      int      // sequences queued inside the engine
 	KVCacheUsage float64  // 0..1
+	KVTokens     int      // KV cache size in tokens (blocks × block size); 0: unknown
 	Adapters     []string // LoRA adapters loaded now, sorted
 	MaxLoras     int      // adapter slots; 0: no limit (or unknown)
+}
+
+// KVEventer is implemented by engines that report what their prefix cache
+// stored and evicted (the sim), named as dispatchers name prompt blocks
+// (schemas.PromptBlockHashes). The worker publishes what DrainKVEvents
+// returns on schemas.KVEventsSubject, filling in Worker and Seq; ok is false
+// when there is nothing new.
+type KVEventer interface {
+	DrainKVEvents() (ev schemas.KVEvents, ok bool)
 }
 
 // Adapters is implemented by engines that can load LoRA adapters at run

@@ -11,7 +11,9 @@
 // with prefix caching: full blocks of prompt tokens are found again by a
 // chained hash, also after their sequence finished (they wait in an LRU of
 // free cached blocks), so a repeated prompt prefix prefills faster and is
-// reported as usage.prompt_tokens_details.cached_tokens. A running sequence
+// reported as usage.prompt_tokens_details.cached_tokens; what it stores and
+// evicts is reported (DrainKVEvents) with blocks named as tokenbus's
+// dispatchers name prompt text, for prefix-aware routing (kvevents.go). A running sequence
 // that needs a block when none is free preempts the most recently admitted
 // one, which goes back to the head of the queue and is recomputed later.
 //

@@ -16,12 +16,17 @@ type kvCache struct {
 	plain      []int32 // free blocks with no hash
 	table      map[uint64]int32
 	used       int // blocks with ref > 0
+	// tag is the text block hash each cached block starts in (0: none;
+	// kvevents.go); evicted, when set, collects the tags of blocks evicted.
+	tag     []uint64
+	evicted *[]uint64
 }
 
 func newKVCache(numBlocks int) *kvCache {
 	kv := &kvCache{
 		ref:   make([]int32, numBlocks),
 		hash:  make([]uint64, numBlocks),
+		tag:   make([]uint64, numBlocks),
 		prev:  make([]int32, numBlocks),
 		next:  make([]int32, numBlocks),
 		head:  -1,
@@ -78,6 +83,12 @@ func (kv *kvCache) alloc() int32 {
 		kv.lruRemove(b)
 		delete(kv.table, kv.hash[b])
 		kv.hash[b] = 0
+		if t := kv.tag[b]; t != 0 {
+			if kv.evicted != nil {
+				*kv.evicted = append(*kv.evicted, t)
+			}
+			kv.tag[b] = 0
+		}
 	}
 	kv.ref[b] = 1
 	kv.used++

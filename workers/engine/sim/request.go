@@ -24,6 +24,10 @@ const (
 type prompt struct {
 	ids    []uint32
 	hashes []uint64 // chained hashes of the full blocks of ids
+	// For KV events (kvevents.go): the prompt text's block hashes, the
+	// text hash each engine block starts in, and the text's length.
+	text, tags []uint64
+	spanLen    int
 }
 
 // request is one Generate call: one or more prompts, n sequences each.
@@ -205,6 +209,9 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		for i := range pr.hashes {
 			h = blockHash(h, ids[i*bs:(i+1)*bs])
 			pr.hashes[i] = h
+		}
+		if len(promptIDs) == 1 { // one prompt: its text is the request's
+			e.textTags(pr, model, req.Body)
 		}
 		var seed uint64
 		switch {

@@ -256,12 +256,19 @@ func (e *Engine) stepOnce() {
 			e.kv.acquire(b)
 			s.blocks = append(s.blocks, b)
 		}
+		tags := s.prompt.tags
 		for j := hits; j < hits+need; j++ {
 			b := e.kv.alloc()
 			s.blocks = append(s.blocks, b)
 			if j < len(hashes) {
 				e.kv.register(b, hashes[j])
+				if j < len(tags) && e.kv.hash[b] == hashes[j] { // registered here, not a duplicate
+					e.kv.tag[b] = tags[j]
+				}
 			}
+		}
+		if c := e.coveredText(s.prompt, min(hits+need, len(hashes))); len(c) > 0 {
+			e.kvEv.pending = append(e.kvEv.pending, c)
 		}
 		if !s.admitted {
 			s.admitted = true
@@ -276,6 +283,7 @@ func (e *Engine) stepOnce() {
 		e.running = append(e.running, s)
 	}
 	if len(e.running) == 0 {
+		e.kvEv.flush()
 		return
 	}
 
@@ -326,6 +334,7 @@ func (e *Engine) stepOnce() {
 	clear(e.running[j:])
 	e.running = e.running[:j]
 	e.publishKV()
+	e.kvEv.flush()
 }
 
 func (e *Engine) publishKV() {

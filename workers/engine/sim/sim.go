@@ -37,6 +37,11 @@ type Config struct {
 	AdapterLoadTime time.Duration // time LoadAdapter takes (default 50ms)
 
 	EmbeddingDims int // size of the embeddings it serves (default DefaultEmbeddingDims)
+
+	// KVEventBytes is the block size, in bytes of prompt text, of the
+	// prefix-cache events it reports (DrainKVEvents): default 64, the
+	// dispatchers' default; negative: none.
+	KVEventBytes int
 }
 
 // DefaultConfig is a small model on one GPU: about 15-20 ms to the first
@@ -103,6 +108,7 @@ type Engine struct {
 	wHead   int
 	running []*seq
 	kv      *kvCache
+	kvEv    kvEvents // what the prefix cache stored and evicted (kvevents.go)
 	touched []*request
 	step    uint64
 	lastEnd time.Time
@@ -142,6 +148,12 @@ func New(cfg Config) (*Engine, error) {
 			return nil, fmt.Errorf("sim: negative size in config")
 		}
 	}
+	switch {
+	case cfg.KVEventBytes == 0:
+		cfg.KVEventBytes = 64
+	case cfg.KVEventBytes > 0 && cfg.KVEventBytes < 8:
+		return nil, fmt.Errorf("sim: KVEventBytes %d < 8", cfg.KVEventBytes)
+	}
 	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 {
 		return nil, fmt.Errorf("sim: negative duration in config")
 	}
@@ -163,6 +175,7 @@ func New(cfg Config) (*Engine, error) {
 		timer:    time.NewTimer(time.Hour),
 	}
 	e.timer.Stop()
+	e.kv.evicted = &e.kvEv.removing
 	for _, n := range cfg.ServedNames {
 		if n != "" {
 			e.names[n] = true
@@ -229,6 +242,7 @@ func (e *Engine) Stats() engine.Stats {
 		Running:      int(max(e.nRunning.Load(), 0)),
 		Waiting:      int(max(e.nWaiting.Load(), 0)),
 		KVCacheUsage: math.Float64frombits(e.kvUsage.Load()),
+		KVTokens:     e.cfg.NumBlocks * e.cfg.BlockSize,
 		Adapters:     e.adapterNames(),
 		MaxLoras:     e.cfg.MaxLoras,
 	}

@@ -1,0 +1,65 @@
+package schemas
+
+import "encoding/binary"
+
+// MaxPromptBlocks bounds the blocks PromptBlockHashes hashes (64 KiB of
+// prompt at 64-byte blocks): past it, the rest of a prompt does not steer
+// routing.
+const MaxPromptBlocks = 1024
+
+// PromptBlockHashes appends to dst the chained hashes of the full blocks of
+// block bytes (rounded down to a multiple of 8) of a prompt's text (its
+// PromptSpan), with model as the chain's root: hash i stands for the text
+// up to the end of block i, as vLLM's prefix caching keys a KV block by
+// hash(parent, its tokens). Dispatchers key prefix-aware routing on these
+// and engines that publish KV events (KVEvents) name their cached blocks by
+// them, so both must use the same block size. Nothing is appended for a text
+// shorter than a block or a block under 8 bytes. Not cryptographic: a
+// collision costs a wrong routing guess.
+func PromptBlockHashes(dst []uint64, model string, span []byte, block int) []uint64 {
+	block &^= 7
+	if block <= 0 || len(span) < block {
+		return dst
+	}
+	n := min(len(span)/block, MaxPromptBlocks)
+	if dst == nil {
+		dst = make([]uint64, 0, n)
+	}
+	h := uint64(0xcbf29ce484222325) // the root: FNV-1a of the model name
+	for i := 0; i < len(model); i++ {
+		h ^= uint64(model[i])
+		h *= 0x100000001b3
+	}
+	h = mix64(h)
+	for i := range n {
+		h = hashBlock(h, span[i*block:(i+1)*block])
+		dst = append(dst, h)
+	}
+	return dst
+}
+
+// hashBlock chains the hash of one block (a multiple of 8 bytes) onto its
+// parent's: a multiply-rotate over 8-byte words, then splitmix64's
+// finaliser; never 0.
+func hashBlock(parent uint64, b []byte) uint64 {
+	h := parent ^ 0x9e3779b97f4a7c15
+	for i := 0; i+8 <= len(b); i += 8 {
+		h ^= binary.LittleEndian.Uint64(b[i:])
+		h *= 0xff51afd7ed558ccd
+		h = h<<31 | h>>33
+	}
+	if h = mix64(h); h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// mix64 is splitmix64's finaliser.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
