@@ -1,10 +1,18 @@
 package integration
 
 import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // TestResponsesSDK: the official Python SDK's Responses API calls,
@@ -22,4 +30,104 @@ func TestResponsesSDK(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "python responses ok") {
 		t.Fatalf("python SDK responses: %v\n%s", err, out)
 	}
+}
+
+// TestResponseResumesOnAnotherGateway is issue 17's crash test: a
+// background response started on gateway A, followed there, A killed -9
+// mid-generation; the stream is resumed on gateway B with starting_after,
+// and B's runner continues the generation after AckWait. Every sequence
+// number from 0 to the terminal event comes exactly once, in order.
+func TestResponseResumesOnAnotherGateway(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes and kill -9")
+	}
+	bin := tokenbusBinary(t)
+	natsPort := testenv.FreePort(t)
+	natsProc := startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
+	common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--redis-url", ""}
+	w := startProc(t, "w1", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
+	gateway := func(name string) (*proc, string) {
+		port := testenv.FreePort(t)
+		p := startProc(t, name, bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--auth=false",
+			"--admin", "", "--response-ack-wait", "2s"}, common...)...)
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		waitReady(t, base)
+		return p, base
+	}
+	// B starts once A's runner generates the response: the only runner
+	// then, so that killing A kills the generation and B's runner must
+	// take it over.
+	a, baseA := gateway("gateway-a")
+	var resp struct{ ID, Status string }
+	if st, raw, err := httpJSON("POST", baseA+"/v1/responses", "application/json", strings.NewReader(
+		`{"model":"llama-8b","input":"tell a long story","max_output_tokens":150,"background":true}`), &resp); st != 200 || err != nil {
+		t.Fatalf("create: %d %v %s", st, err, raw)
+	}
+	seqs := []int{}
+	var terminal string
+	follow := func(base string, after int, stopAt int) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/v1/responses/%s?stream=true&starting_after=%d", base, resp.ID, after), nil)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("follow %s: %v", base, err)
+		}
+		defer res.Body.Close()
+		sc := bufio.NewScanner(res.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			var ev struct {
+				Type           string `json:"type"`
+				SequenceNumber int    `json:"sequence_number"`
+			}
+			if err := json.Unmarshal([]byte(line), &ev); err != nil {
+				t.Fatalf("event %q: %v", line, err)
+			}
+			seqs = append(seqs, ev.SequenceNumber)
+			if strings.HasPrefix(ev.Type, "response.") && (ev.Type == "response.completed" || ev.Type == "response.incomplete" || ev.Type == "response.failed") {
+				terminal = ev.Type
+				return
+			}
+			if stopAt >= 0 && ev.SequenceNumber >= stopAt {
+				return
+			}
+		}
+	}
+	follow(baseA, -1, 30)
+	b, baseB := gateway("gateway-b")
+	defer func() {
+		for _, p := range []*proc{b, w, natsProc} {
+			_ = p.stop(t, 10*time.Second)
+		}
+	}()
+	if terminal != "" {
+		t.Fatalf("the response ended (%s) before the kill: nothing tested", terminal)
+	}
+	t.Logf("kill -9 gateway A after event %d", seqs[len(seqs)-1])
+	a.kill9(t)
+	follow(baseB, seqs[len(seqs)-1], -1)
+	// The continuation is a new chat request: the sim may end it before
+	// max_output_tokens (completed) or at it (incomplete).
+	if terminal != "response.incomplete" && terminal != "response.completed" {
+		t.Fatalf("the response ended with %q", terminal)
+	}
+	for i, s := range seqs {
+		if s != i {
+			t.Fatalf("sequence numbers %v: %d at %d (lost or repeated)", seqs, s, i)
+		}
+	}
+	var got struct {
+		Status string
+		Usage  struct {
+			OutputTokens int `json:"output_tokens"`
+		}
+	}
+	if st, raw, err := httpJSON("GET", baseB+"/v1/responses/"+resp.ID, "", nil, &got); st != 200 || err != nil || "response."+got.Status != terminal || got.Usage.OutputTokens <= 30 {
+		t.Fatalf("retrieve on B: %d %v %s", st, err, raw)
+	}
+	t.Logf("%d events, resumed on B", len(seqs))
 }
