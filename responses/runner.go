@@ -127,7 +127,11 @@ func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 	gctx, cancel := context.WithTimeoutCause(ctx, r.cfg.RequestTimeout, schemas.ErrRequestTimeout.New(r.cfg.RequestTimeout))
 	defer cancel()
 	gen := NewGen(&resp, func(ev *Event) error {
-		seq, err := r.s.append(context.WithoutCancel(gctx), id, ev, last)
+		// Bounded, and past the runner's own end: an event is written
+		// whole or the message goes back to the queue.
+		actx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 10*time.Second)
+		defer cancel()
+		seq, err := r.s.append(actx, id, ev, last)
 		if err != nil {
 			return err
 		}
