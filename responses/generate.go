@@ -112,7 +112,7 @@ func (g *Gen) delta(s string) error {
 			return err
 		}
 		if err := g.send(Event{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: ptr(idx), ContentIndex: ptr(0),
-			Part: &Content{Type: "output_text", Text: "", Annotations: json.RawMessage("[]")}}); err != nil {
+			Part: ptr(textPart("output_text", ""))}); err != nil {
 			return err
 		}
 	}
@@ -170,47 +170,8 @@ func (s stopped) Error() string { return s.err.Error() }
 func (g *Gen) Consume(ctx context.Context, st *client.Stream, f schemas.Frame) error {
 	base := g.tokens // a continuation's usage counts from here
 	for {
-		switch f.Type {
-		case schemas.FrameChunk:
-			err := schemas.ForEachLine(f.Payload, func(line []byte) error {
-				var ch chatChunk
-				if json.Unmarshal(line, &ch) != nil {
-					return nil // not a chunk tokenbus knows: skipped
-				}
-				if ch.Usage != nil {
-					g.usageIn, g.usageOut = ch.Usage.PromptTokens, base+ch.Usage.CompletionTokens
-				}
-				for _, c := range ch.Choices {
-					if c.FinishReason != nil && *c.FinishReason != "" {
-						g.finish = *c.FinishReason
-					}
-					for _, tc := range c.Delta.ToolCalls {
-						for len(g.calls) <= tc.Index {
-							g.calls = append(g.calls, Item{Type: "function_call", ID: "fc_" + nuid.Next(), Status: StatusCompleted})
-						}
-						call := &g.calls[tc.Index]
-						if tc.ID != "" {
-							call.CallID = tc.ID
-						}
-						call.Name += tc.Function.Name
-						call.Arguments += tc.Function.Arguments
-					}
-					if c.Delta.Content != nil && *c.Delta.Content != "" {
-						if err := g.delta(*c.Delta.Content); err != nil {
-							return stopped{err}
-						}
-					}
-				}
-				return nil
-			})
-			if s, ok := err.(stopped); ok {
-				return s.err
-			}
-		case schemas.FrameDone:
-			if u := schemas.UsageOf(f.Payload); u != nil && g.usageOut == 0 {
-				g.usageIn, g.usageOut = u.PromptTokens, base+u.CompletionTokens
-			}
-			return g.End(nil)
+		if done, err := g.frame(f, base); done || err != nil {
+			return err
 		}
 		var err error
 		if f, err = st.Next(ctx); err != nil {
@@ -220,6 +181,58 @@ func (g *Gen) Consume(ctx context.Context, st *client.Stream, f schemas.Frame) e
 			return g.End(schemas.AsError(err))
 		}
 	}
+}
+
+// frame turns one frame of the chat stream into events; done after the
+// done frame (the response ended). base is the tokens sent before this
+// chat request (a continuation's).
+func (g *Gen) frame(f schemas.Frame, base int) (done bool, err error) {
+	switch f.Type {
+	case schemas.FrameChunk:
+		err := schemas.ForEachLine(f.Payload, func(line []byte) error {
+			var ch chatChunk
+			if json.Unmarshal(line, &ch) != nil {
+				return nil // not a chunk tokenbus knows: skipped
+			}
+			if ch.Usage != nil {
+				g.usageIn, g.usageOut = ch.Usage.PromptTokens, base+ch.Usage.CompletionTokens
+			}
+			for _, c := range ch.Choices {
+				if c.FinishReason != nil && *c.FinishReason != "" {
+					g.finish = *c.FinishReason
+				}
+				for _, tc := range c.Delta.ToolCalls {
+					if tc.Index < 0 || tc.Index > 127 {
+						continue // no engine sends that many calls: not a list to grow
+					}
+					for len(g.calls) <= tc.Index {
+						g.calls = append(g.calls, Item{Type: "function_call", ID: "fc_" + nuid.Next(), Status: StatusCompleted})
+					}
+					call := &g.calls[tc.Index]
+					if tc.ID != "" {
+						call.CallID = tc.ID
+					}
+					call.Name += tc.Function.Name
+					call.Arguments += tc.Function.Arguments
+				}
+				if c.Delta.Content != nil && *c.Delta.Content != "" {
+					if err := g.delta(*c.Delta.Content); err != nil {
+						return stopped{err}
+					}
+				}
+			}
+			return nil
+		})
+		if s, ok := err.(stopped); ok {
+			return true, s.err
+		}
+	case schemas.FrameDone:
+		if u := schemas.UsageOf(f.Payload); u != nil && g.usageOut == 0 {
+			g.usageIn, g.usageOut = u.PromptTokens, base+u.CompletionTokens
+		}
+		return true, g.End(nil)
+	}
+	return false, nil
 }
 
 // End closes the message and sends the terminal event: response.failed
@@ -232,7 +245,7 @@ func (g *Gen) End(e *schemas.Error) error {
 			Text: &txt, Logprobs: json.RawMessage("[]")}); err != nil {
 			return err
 		}
-		part := Content{Type: "output_text", Text: txt, Annotations: json.RawMessage("[]")}
+		part := textPart("output_text", txt)
 		if err := g.send(Event{Type: "response.content_part.done", ItemID: id, OutputIndex: ptr(idx), ContentIndex: ptr(0), Part: &part}); err != nil {
 			return err
 		}
@@ -253,8 +266,15 @@ func (g *Gen) End(e *schemas.Error) error {
 			if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &added}); err != nil {
 				return err
 			}
+			// The arguments whole, in one delta: the engine's tool-call
+			// deltas are not streamed as they come (the SDKs' helpers
+			// build arguments from deltas only).
 			args := call.Arguments
-			if err := g.send(Event{Type: "response.function_call_arguments.done", ItemID: call.ID, OutputIndex: ptr(idx), Arguments: &args}); err != nil {
+			if err := g.send(Event{Type: "response.function_call_arguments.delta", ItemID: call.ID, OutputIndex: ptr(idx), Delta: &args}); err != nil {
+				return err
+			}
+			if err := g.send(Event{Type: "response.function_call_arguments.done", ItemID: call.ID, OutputIndex: ptr(idx),
+				Name: call.Name, Arguments: &args}); err != nil {
 				return err
 			}
 			if err := g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(idx), Item: &call}); err != nil {

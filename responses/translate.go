@@ -134,7 +134,7 @@ func contentParts(raw json.RawMessage, role, param string) ([]Content, error) {
 func textPart(typ, text string) Content {
 	c := Content{Type: typ, Text: text}
 	if typ == "output_text" {
-		c.Annotations = json.RawMessage("[]")
+		c.Annotations, c.Logprobs = json.RawMessage("[]"), json.RawMessage("[]")
 	}
 	return c
 }

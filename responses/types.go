@@ -133,6 +133,7 @@ type Event struct {
 	Delta          *string         `json:"delta,omitempty"`
 	Text           *string         `json:"text,omitempty"`
 	Arguments      *string         `json:"arguments,omitempty"`
+	Name           string          `json:"name,omitempty"`
 	Logprobs       json.RawMessage `json:"logprobs,omitempty"`
 	// The "error" event's fields.
 	Code    *string `json:"code,omitempty"`
@@ -168,7 +169,14 @@ type ItemList struct {
 // stream helpers append to it), and other items without one.
 func (it Item) MarshalJSON() ([]byte, error) {
 	type plain Item
-	if it.Type != "message" {
+	switch it.Type {
+	case "function_call":
+		return json.Marshal(struct {
+			plain
+			Arguments string `json:"arguments"`
+		}{plain(it), it.Arguments})
+	case "message":
+	default:
 		return json.Marshal(plain(it))
 	}
 	c := it.Content
