@@ -15,20 +15,27 @@ import (
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
-// TestResponsesSDK: the official Python SDK's Responses API calls,
-// unchanged, against tokenbus dev (issue 17).
+// TestResponsesSDK: the official Python and Node SDKs' Responses API
+// calls, unchanged, against tokenbus dev (issue 17).
 func TestResponsesSDK(t *testing.T) {
-	bin := os.Getenv("TOKENBUS_TEST_PYTHON")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TOKENBUS_TEST_PYTHON not set: run the tests with scripts/test, which installs the SDK")
-		}
-		t.Skip("TOKENBUS_TEST_PYTHON not set: run scripts/test to install the official Python SDK")
-	}
 	d := startDev(t)
-	out, err := exec.Command(bin, "clients/python_responses.py", d.URL).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "python responses ok") {
-		t.Fatalf("python SDK responses: %v\n%s", err, out)
+	for _, tt := range []struct{ name, env, script, ok string }{
+		{"python", "TOKENBUS_TEST_PYTHON", "clients/python_responses.py", "python responses ok"},
+		{"node", "TOKENBUS_TEST_NODE", "clients/node_responses.mjs", "node responses ok"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			bin := os.Getenv(tt.env)
+			if bin == "" {
+				if os.Getenv("CI") != "" {
+					t.Fatalf("%s not set: run the tests with scripts/test, which installs the SDK", tt.env)
+				}
+				t.Skipf("%s not set: run scripts/test to install the official %s SDK", tt.env, tt.name)
+			}
+			out, err := exec.Command(bin, tt.script, d.URL).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), tt.ok) {
+				t.Fatalf("%s SDK responses: %v\n%s", tt.name, err, out)
+			}
+		})
 	}
 }
 
