@@ -138,3 +138,99 @@ func TestResponseResumesOnAnotherGateway(t *testing.T) {
 	}
 	t.Logf("%d events, resumed on B", len(seqs))
 }
+
+// TestResumableChatStream: a chat stream opted in with Tokenbus-Resumable
+// on gateway A, A killed -9 mid-stream; the same request with
+// Last-Event-ID to gateway B continues it: every event id once, in order,
+// to [DONE].
+func TestResumableChatStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes and kill -9")
+	}
+	bin := tokenbusBinary(t)
+	natsPort := testenv.FreePort(t)
+	natsProc := startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
+	common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--redis-url", ""}
+	w := startProc(t, "w1", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
+	gateway := func(name string) (*proc, string) {
+		port := testenv.FreePort(t)
+		p := startProc(t, name, bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--auth=false",
+			"--admin", "", "--response-ack-wait", "2s"}, common...)...)
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		waitReady(t, base)
+		return p, base
+	}
+	a, baseA := gateway("gateway-a")
+	const body = `{"model":"llama-8b","max_tokens":120,"ignore_eos":true,"stream":true,"messages":[{"role":"user","content":"a long one"}]}`
+	var ids []string
+	var text strings.Builder
+	done, tokens := false, 0
+	read := func(base, lastID string, stopAt int) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", base+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Tokenbus-Resumable", "true")
+		if lastID != "" {
+			req.Header.Set("Last-Event-ID", lastID)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil || res.StatusCode != 200 {
+			t.Fatalf("POST %s: %v %v", base, err, res)
+		}
+		defer res.Body.Close()
+		sc := bufio.NewScanner(res.Body)
+		for sc.Scan() {
+			if id, ok := strings.CutPrefix(sc.Text(), "id: "); ok {
+				ids = append(ids, id)
+				continue
+			}
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			if data == "[DONE]" {
+				done = true
+				return
+			}
+			var ch struct {
+				Choices []struct{ Delta struct{ Content string } }
+			}
+			if err := json.Unmarshal([]byte(data), &ch); err != nil {
+				t.Fatalf("chunk %q: %v", data, err)
+			}
+			if len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+				text.WriteString(ch.Choices[0].Delta.Content)
+				tokens++
+			}
+			if stopAt > 0 && len(ids) >= stopAt {
+				return
+			}
+		}
+	}
+	read(baseA, "", 20)
+	if done || len(ids) != 20 {
+		t.Fatalf("before the kill: %d events, done %v", len(ids), done)
+	}
+	a.kill9(t)
+	b, baseB := gateway("gateway-b")
+	defer func() {
+		for _, p := range []*proc{b, w, natsProc} {
+			_ = p.stop(t, 10*time.Second)
+		}
+	}()
+	read(baseB, ids[len(ids)-1], 0)
+	if !done {
+		t.Fatal("no [DONE] after the resume")
+	}
+	stream, _, _ := strings.Cut(ids[0], ":")
+	for i, id := range ids {
+		if want := fmt.Sprintf("%s:%d", stream, i+1); id != want {
+			t.Fatalf("event %d has id %s, want %s (lost or repeated)", i, id, want)
+		}
+	}
+	// The continuation asks for what is left of max_tokens: 120 in all.
+	if tokens != 120 {
+		t.Errorf("%d chunks with text, want 120 (max_tokens, ignore_eos)", tokens)
+	}
+	t.Logf("%d events, %d bytes of text, resumed on B", len(ids), text.Len())
+}

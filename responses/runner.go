@@ -92,7 +92,6 @@ func (r *Runner) Run(ctx context.Context) error {
 // run generates one background response, or the rest of it.
 func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 	id := string(m.Data())
-	log := r.cfg.Log.With("response", id)
 	rec, rev, err := r.s.get(ctx, id)
 	if err != nil {
 		if schemas.ErrResponseNotFound.Is(schemas.AsError(err)) {
@@ -122,6 +121,10 @@ func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 		}
 	}()
 
+	if rec.Kind == KindChat {
+		r.finish(ctx, m, rec, rev, nil, r.runChat(ctx, rec))
+		return
+	}
 	resp := rec.Response
 	var last uint64
 	gctx, cancel := context.WithTimeoutCause(ctx, r.cfg.RequestTimeout, schemas.ErrRequestTimeout.New(r.cfg.RequestTimeout))
@@ -145,6 +148,15 @@ func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 	if !gen.Ended() {
 		err = r.generate(gctx, rec, gen)
 	}
+	r.finish(ctx, m, rec, rev, gen, err)
+}
+
+// finish ends a run: the record follows the events (its end state, unless
+// a cancel came first), then the ack. A conflict (a cancel, or a runner
+// that took over) acks; another error sends the message back.
+func (r *Runner) finish(ctx context.Context, m jetstream.Msg, rec *Record, rev uint64, gen *Gen, err error) {
+	id := rec.Response.ID
+	log := r.cfg.Log.With("response", id)
 	if errors.Is(err, errConflict) {
 		log.Info("responses: another writer appended (a cancel, or a runner that took over); stopping")
 		_ = m.Ack()
@@ -158,13 +170,16 @@ func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 		_ = m.NakWithDelay(time.Second)
 		return
 	}
-	// The record follows the events: set it to the end state, unless a
-	// cancel came first.
+	end := rec.Response
+	end.Status = StatusCompleted
+	if gen != nil {
+		end = *gen.Resp
+	}
 	for range 10 {
 		if Ended(rec.Response.Status) {
 			break
 		}
-		rec.Response = *gen.Resp
+		rec.Response = end
 		rec.Body = nil
 		if _, err = r.s.update(ctx, rec, rev); err == nil {
 			break
@@ -173,7 +188,9 @@ func (r *Runner) run(ctx context.Context, m jetstream.Msg) {
 			break
 		}
 	}
-	r.usage(rec, gen.Resp)
+	if gen != nil {
+		r.usage(rec, gen.Resp)
+	}
 	_ = m.Ack()
 }
 

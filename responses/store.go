@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -48,6 +49,9 @@ type Record struct {
 	Input    []Item   `json:"input"`             // this response's input items
 	History  []Item   `json:"history,omitempty"` // the conversation before it (previous_response_id)
 	Body     []byte   `json:"body,omitempty"`    // the chat request of a background response
+	// Kind is "" for a response, KindChat for a resumable chat stream
+	// (whose Response holds only its id, model, status and creation time).
+	Kind string `json:"kind,omitempty"`
 }
 
 // Conversation is what a response continuing this one is preceded by.
@@ -143,7 +147,7 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*Record, uint64, er
 	if err != nil {
 		return nil, 0, err
 	}
-	if rec.Tenant != tenant {
+	if rec.Tenant != tenant || rec.Kind != "" {
 		return nil, 0, schemas.ErrResponseNotFound.New(id)
 	}
 	return rec, rev, nil
@@ -177,12 +181,17 @@ func (s *Store) update(ctx context.Context, rec *Record, rev uint64) (uint64, er
 }
 
 // validID: a response id is one subject token, resp_ and letters or digits.
+// (A resumable chat stream's id is cs_ and letters or digits.)
 func validID(id string) bool {
-	if len(id) < 6 || len(id) > 64 || id[:5] != "resp_" {
+	rest, ok := strings.CutPrefix(id, "resp_")
+	if !ok {
+		rest, ok = strings.CutPrefix(id, ChatStreamPrefix)
+	}
+	if !ok || rest == "" || len(id) > 64 {
 		return false
 	}
-	for i := 5; i < len(id); i++ {
-		c := id[i]
+	for i := 0; i < len(rest); i++ {
+		c := rest[i]
 		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
 			return false
 		}
@@ -228,8 +237,13 @@ func (s *Store) append(ctx context.Context, id string, ev *Event, last uint64) (
 	if err != nil {
 		return 0, err
 	}
-	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: EventPrefix + id, Data: b,
-		Header: nats.Header{jetstream.MsgIDHeader: []string{id + "/" + strconv.Itoa(ev.SequenceNumber)}}},
+	return s.appendRaw(ctx, id, b, ev.SequenceNumber, last)
+}
+
+// appendRaw is append of data, event number n (for de-duplication).
+func (s *Store) appendRaw(ctx context.Context, id string, data []byte, n int, last uint64) (uint64, error) {
+	ack, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: EventPrefix + id, Data: data,
+		Header: nats.Header{jetstream.MsgIDHeader: []string{id + "/" + strconv.Itoa(n)}}},
 		jetstream.WithExpectLastSequencePerSubject(last))
 	if err != nil {
 		var apiErr *jetstream.APIError
@@ -248,6 +262,24 @@ func (s *Store) append(ctx context.Context, id string, ev *Event, last uint64) (
 // over after, in order, stored ones first then live ones, until a terminal
 // event, fn's error or ctx's end.
 func (s *Store) Follow(ctx context.Context, id string, after int, fn func(ev *Event, raw []byte) error) error {
+	return s.follow(ctx, id, func(_ uint64, data []byte) (bool, error) {
+		var ev Event
+		if json.Unmarshal(data, &ev) != nil {
+			return false, nil
+		}
+		if ev.SequenceNumber > after {
+			if err := fn(&ev, data); err != nil {
+				return true, err
+			}
+		}
+		return ev.Terminal(), nil
+	})
+}
+
+// follow calls fn with each message of id's events subject (its stream
+// sequence and data), stored ones then live ones, until fn says stop or
+// fails, or ctx ends.
+func (s *Store) follow(ctx context.Context, id string, fn func(seq uint64, data []byte) (stop bool, err error)) error {
 	c, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{EventPrefix + id}})
 	if err != nil {
 		return unavailable(err)
@@ -267,24 +299,18 @@ func (s *Store) Follow(ctx context.Context, id string, after int, fn func(ev *Ev
 			}
 			return unavailable(err)
 		}
-		var ev Event
-		if json.Unmarshal(m.Data(), &ev) != nil {
-			continue
+		var seq uint64
+		if md, err := m.Metadata(); err == nil {
+			seq = md.Sequence.Stream
 		}
-		if ev.SequenceNumber > after {
-			if err := fn(&ev, m.Data()); err != nil {
-				return err
-			}
-		}
-		if ev.Terminal() {
-			return nil
+		if done, err := fn(seq, m.Data()); done || err != nil {
+			return err
 		}
 	}
 }
 
-// replay reads the events stored for id into gen; it returns the stream
-// sequence of the last one (0: none).
-func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error) {
+// lastEvent is the stream sequence of id's last event (0: none).
+func (s *Store) lastEvent(ctx context.Context, id string) (uint64, error) {
 	last, err := s.events.GetLastMsgForSubject(ctx, EventPrefix+id)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
@@ -292,28 +318,26 @@ func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error)
 	if err != nil {
 		return 0, err
 	}
-	var n uint64
-	err = s.Follow(ctx, id, -1, func(ev *Event, _ []byte) error {
-		gen.Replay(ev)
-		n++
-		if ev.SequenceNumber >= lastSeqOf(last.Data) {
-			return errReplayed
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errReplayed) {
-		return 0, err
-	}
 	return last.Sequence, nil
 }
 
-var errReplayed = errors.New("replayed")
-
-func lastSeqOf(data []byte) int {
-	var ev Event
-	_ = json.Unmarshal(data, &ev)
-	return ev.SequenceNumber
+// replay reads the events stored for id into gen; it returns the stream
+// sequence of the last one (0: none).
+func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error) {
+	last, err := s.lastEvent(ctx, id)
+	if err != nil || last == 0 {
+		return 0, err
+	}
+	err = s.follow(ctx, id, func(seq uint64, data []byte) (bool, error) {
+		var ev Event
+		if json.Unmarshal(data, &ev) == nil {
+			gen.Replay(&ev)
+		}
+		return seq >= last, nil
+	})
+	return last, err
 }
+
 
 // Cancel ends a background response of tenant as cancelled: its record,
 // then a response.cancelled event, appended after the last one so that a
