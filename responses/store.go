@@ -338,7 +338,6 @@ func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error)
 	return last, err
 }
 
-
 // Cancel ends a background response of tenant as cancelled: its record,
 // then a response.cancelled event, appended after the last one so that a
 // runner still generating it fails its next append and stops.
