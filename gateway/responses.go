@@ -97,7 +97,8 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	}
 	resp := responses.New("resp_"+nuid.Next(), &req, start)
 	resp.Store = req.Stored() && store != nil
-	rec := &responses.Record{Response: *resp, Tenant: caller.Tenant, KeyID: caller.KeyID, Input: input, History: history}
+	rec := &responses.Record{Response: *resp, Tenant: caller.Tenant, KeyID: caller.KeyID, Input: input, History: history,
+		Reserved: caller.Reserved, Window: caller.Window}
 
 	if req.Background {
 		rec.Body = body

@@ -45,7 +45,7 @@ func resumeOf(c *fiber.Ctx) (id string, after int, ok bool) {
 func (g *Gateway) startResumable(c *fiber.Ctx, req *schemas.Request, caller Principal) error {
 	ctx, cancel := g.storeCtx(c)
 	defer cancel()
-	id, err := g.cfg.Responses.SubmitChat(ctx, caller.Tenant, caller.KeyID, strings.Clone(req.Model), payload(req))
+	id, err := g.cfg.Responses.SubmitChat(ctx, caller.Tenant, caller.KeyID, caller.Reserved, caller.Window, strings.Clone(req.Model), payload(req))
 	if err != nil {
 		return err
 	}

@@ -32,9 +32,9 @@ const chatDone = "[DONE]"
 
 // SubmitChat stores and queues a resumable chat stream of tenant; body is
 // the client's chat request (stream: true).
-func (s *Store) SubmitChat(ctx context.Context, tenant, keyID, model string, body []byte) (string, error) {
+func (s *Store) SubmitChat(ctx context.Context, tenant, keyID string, reserved int, window int64, model string, body []byte) (string, error) {
 	id := ChatStreamPrefix + nuid.Next()
-	rec := &Record{Kind: KindChat, Tenant: tenant, KeyID: keyID, Body: body, Input: []Item{},
+	rec := &Record{Kind: KindChat, Tenant: tenant, KeyID: keyID, Reserved: reserved, Window: window, Body: body, Input: []Item{},
 		Response: Response{ID: id, Object: "chat.completion.stream", CreatedAt: time.Now().Unix(), Status: StatusQueued, Model: model}}
 	return id, s.Submit(ctx, rec)
 }
@@ -177,7 +177,8 @@ func (r *Runner) runChat(ctx context.Context, rec *Record) error {
 			}
 		case schemas.FrameDone:
 			if u := schemas.UsageOf(f.Payload); u != nil && r.cfg.OnUsage != nil {
-				r.cfg.OnUsage(schemas.UsageRecord{RequestID: id, KeyID: rec.KeyID, Tenant: rec.Tenant, Model: rec.Response.Model, Usage: *u})
+				r.cfg.OnUsage(schemas.UsageRecord{RequestID: id, KeyID: rec.KeyID, Tenant: rec.Tenant, Model: rec.Response.Model, Usage: *u,
+					Reserved: rec.Reserved, Window: rec.Window})
 			}
 			return add([]byte(chatDone))
 		}

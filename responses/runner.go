@@ -223,7 +223,7 @@ func (r *Runner) usage(rec *Record, resp *Response) {
 	}
 	r.cfg.OnUsage(schemas.UsageRecord{RequestID: resp.ID, KeyID: rec.KeyID, Tenant: rec.Tenant, Model: resp.Model,
 		Usage: schemas.Usage{PromptTokens: resp.Usage.InputTokens, CompletionTokens: resp.Usage.OutputTokens,
-			TotalTokens: resp.Usage.TotalTokens}})
+			TotalTokens: resp.Usage.TotalTokens}, Reserved: rec.Reserved, Window: rec.Window})
 }
 
 func itoa(n int) string {

@@ -52,6 +52,10 @@ type Record struct {
 	// Kind is "" for a response, KindChat for a resumable chat stream
 	// (whose Response holds only its id, model, status and creation time).
 	Kind string `json:"kind,omitempty"`
+	// Reserved and Window: what admission reserved against the key's TPM
+	// (settled with the usage the runner records).
+	Reserved int   `json:"reserved,omitempty"`
+	Window   int64 `json:"window,omitempty"`
 }
 
 // Conversation is what a response continuing this one is preceded by.
