@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -233,4 +234,102 @@ func TestResumableChatStream(t *testing.T) {
 		t.Errorf("%d chunks with text, want 120 (max_tokens, ignore_eos)", tokens)
 	}
 	t.Logf("%d events, %d bytes of text, resumed on B", len(ids), text.Len())
+}
+
+// TestResponsesTenancyAndErrors: with API keys, a response (and a
+// resumable chat stream) is its key's tenant's: another tenant's key gets
+// OpenAI's 404 for every route; errors come in OpenAI's shape.
+func TestResponsesTenancyAndErrors(t *testing.T) {
+	d, _ := limitsDev(t)
+	_, acme := newKey(t, d, `{"name":"a","tenant":"acme"}`)
+	_, other := newKey(t, d, `{"name":"o","tenant":"other"}`)
+	call := func(method, path, key, body string, hdr ...string) (int, []byte) {
+		t.Helper()
+		req, _ := http.NewRequest(method, d.URL+path, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+key)
+		for _, h := range hdr {
+			k, v, _ := strings.Cut(h, ": ")
+			req.Header.Set(k, v)
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return res.StatusCode, b
+	}
+	var r struct{ ID, Status string }
+	st, b := call("POST", "/v1/responses", acme, `{"model":"llama-8b","input":"hi","max_output_tokens":4}`)
+	if st != 200 || json.Unmarshal(b, &r) != nil || r.ID == "" {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	type apiErr struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Param   *string `json:"param"`
+		} `json:"error"`
+	}
+	for _, tt := range []struct{ method, path string }{
+		{"GET", "/v1/responses/" + r.ID}, {"GET", "/v1/responses/" + r.ID + "/input_items"},
+		{"DELETE", "/v1/responses/" + r.ID}, {"POST", "/v1/responses/" + r.ID + "/cancel"},
+		{"GET", "/v1/responses/resp_nosuch"},
+	} {
+		st, b := call(tt.method, tt.path, other, "")
+		var e apiErr
+		if st != 404 || json.Unmarshal(b, &e) != nil || e.Error.Type != "invalid_request_error" || !strings.Contains(e.Error.Message, "not found") {
+			t.Errorf("%s %s by another tenant: %d %s, want OpenAI's 404", tt.method, tt.path, st, b)
+		}
+	}
+	if st, b := call("GET", "/v1/responses/"+r.ID, acme, ""); st != 200 {
+		t.Fatalf("the owner: %d %s", st, b)
+	}
+	for _, tt := range []struct {
+		body, param string
+		status      int
+	}{
+		{`{"model":"llama-8b","input":"x","background":true,"store":false}`, "background", 400},
+		{`{"model":"llama-8b","input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]}`, "input[0].content[0].type", 400},
+		{`{"model":"llama-8b","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", 400},
+		{`{"model":"llama-8b"}`, "input", 400},
+		{`{"model":"nosuch","input":"x"}`, "model", 404},
+		{`{"model":"llama-8b","input":"x","previous_response_id":"resp_nosuch"}`, "previous_response_id", 404},
+	} {
+		st, b := call("POST", "/v1/responses", acme, tt.body)
+		var e apiErr
+		if st != tt.status || json.Unmarshal(b, &e) != nil || e.Error.Param == nil || *e.Error.Param != tt.param {
+			t.Errorf("%s: %d %s, want %d with param %s", tt.body, st, b, tt.status, tt.param)
+		}
+	}
+	if st, _ := call("POST", "/v1/responses", "sk-wrong", `{"model":"llama-8b","input":"x"}`); st != 401 {
+		t.Errorf("a wrong key: %d, want 401", st)
+	}
+
+	// A resumable chat stream: its id from the header, resumed by its
+	// tenant only.
+	req, _ := http.NewRequest("POST", d.URL+"/v1/chat/completions", strings.NewReader(
+		`{"model":"llama-8b","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"x"}]}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+acme)
+	req.Header.Set("Tokenbus-Resumable", "true")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil || res.StatusCode != 200 {
+		t.Fatalf("resumable: %v %v", err, res)
+	}
+	all, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	sid := res.Header.Get("Tokenbus-Stream-Id")
+	if !strings.HasPrefix(sid, "cs_") || !strings.Contains(string(all), "id: "+sid+":1\n") || !strings.HasSuffix(string(all), "data: [DONE]\n\n") {
+		t.Fatalf("resumable stream %q:\n%s", sid, all)
+	}
+	body := `{"model":"llama-8b","messages":[{"role":"user","content":"x"}],"stream":true}`
+	if st, b := call("POST", "/v1/chat/completions", other, body, "Last-Event-ID: "+sid+":1"); st != 404 {
+		t.Errorf("resume by another tenant: %d %s, want 404", st, b)
+	}
+	st, b = call("POST", "/v1/chat/completions", acme, body, "Last-Event-ID: "+sid+":1")
+	if st != 200 || strings.Contains(string(b), "id: "+sid+":1\n") || !strings.Contains(string(b), "id: "+sid+":2\n") {
+		t.Errorf("resume after 1 by its tenant: %d\n%s", st, b)
+	}
 }
