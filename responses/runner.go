@@ -80,6 +80,14 @@ func (r *Runner) Run(ctx context.Context) error {
 				return nil
 			}
 			<-sem
+			// NATS away (missed heartbeats and the like): the iterator
+			// recovers by itself; do not spin meanwhile.
+			r.cfg.Log.Debug("responses: work queue", "err", err)
+			select {
+			case <-time.After(250 * time.Millisecond):
+			case <-ctx.Done():
+				return nil
+			}
 			continue
 		}
 		go func() {
