@@ -296,7 +296,28 @@ func (g *Gateway) responseInputItems(c *fiber.Ctx) error {
 			items = append(items, rec.Input[i])
 		}
 	}
+	// Paging as OpenAI's: after an item id, limit 1..100 (default 20).
+	if after := c.Query("after"); after != "" {
+		for i, it := range items {
+			if it.ID == after {
+				items = items[i+1:]
+				break
+			}
+		}
+	}
+	limit := 20
+	if v := c.Query("limit"); v != "" {
+		n, err := parseInt(v)
+		if err != nil || n < 1 || n > 100 {
+			return schemas.ErrInvalidValue.At("limit", "limit", "expected an integer from 1 to 100")
+		}
+		limit = n
+	}
 	l := responses.ItemList{Object: "list", Data: items}
+	if len(items) > limit {
+		l.Data, l.HasMore = items[:limit], true
+	}
+	items = l.Data
 	if len(items) > 0 {
 		l.FirstID, l.LastID = items[0].ID, items[len(items)-1].ID
 	}

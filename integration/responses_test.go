@@ -286,6 +286,28 @@ func TestResponsesTenancyAndErrors(t *testing.T) {
 	if st, b := call("GET", "/v1/responses/"+r.ID, acme, ""); st != 200 {
 		t.Fatalf("the owner: %d %s", st, b)
 	}
+	// input_items pages as OpenAI's: newest first, limit, after.
+	st, b = call("POST", "/v1/responses", acme, `{"model":"llama-8b","max_output_tokens":2,"input":[{"role":"user","content":"1"},{"role":"assistant","content":"2"},{"role":"user","content":"3"}]}`)
+	if st != 200 || json.Unmarshal(b, &r) != nil {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	type page struct {
+		Data []struct {
+			ID      string
+			Content []struct{ Text string }
+		}
+		HasMore bool   `json:"has_more"`
+		LastID  string `json:"last_id"`
+	}
+	var p1, p2 page
+	if st, b := call("GET", "/v1/responses/"+r.ID+"/input_items?limit=2", acme, ""); st != 200 || json.Unmarshal(b, &p1) != nil ||
+		len(p1.Data) != 2 || !p1.HasMore || p1.Data[0].Content[0].Text != "3" {
+		t.Fatalf("page 1: %d %s", st, b)
+	}
+	if st, b := call("GET", "/v1/responses/"+r.ID+"/input_items?limit=2&after="+p1.LastID, acme, ""); st != 200 || json.Unmarshal(b, &p2) != nil ||
+		len(p2.Data) != 1 || p2.HasMore || p2.Data[0].Content[0].Text != "1" {
+		t.Fatalf("page 2: %d %s", st, b)
+	}
 	for _, tt := range []struct {
 		body, param string
 		status      int
