@@ -53,6 +53,12 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		if !isJSON(c.Get(fiber.HeaderContentType)) {
 			return errUnsupportedMediaType
 		}
+		resumable := kind == schemas.KindChat && !torchServe && g.cfg.Responses != nil
+		if resumable {
+			if rid, after, ok := resumeOf(c); ok {
+				return g.resumeChat(c, rid, after) // the body is the stream's: not read again
+			}
+		}
 		pathModel := ""
 		if torchServe {
 			pathModel = pathParam(c, "model")
@@ -92,6 +98,9 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 		if !known {
 			return schemas.ErrModelNotFound.New(req.Model)
+		}
+		if resumable && req.Stream && c.Get(HeaderResumable) == "true" {
+			return g.startResumable(c, req, caller)
 		}
 
 		deadline := start.Add(g.cfg.RequestTimeout)

@@ -145,5 +145,5 @@
 // recorded in the stream writer, after the handler has returned, with the
 // label's series looked up once per stream, never per token.
 //
-// Tokenbus imports: batch, client, fleet, gateway/httpstream, internal/tracing, schemas.
+// Tokenbus imports: batch, client, fleet, gateway/httpstream, internal/tracing, responses, schemas.
 package gateway

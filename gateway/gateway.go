@@ -21,6 +21,7 @@ import (
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/gateway/httpstream"
+	"github.com/tokenbus/tokenbus/responses"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -72,6 +73,11 @@ type Config struct {
 	// limit) and returns whom it is for: files and batches belong to the
 	// principal's tenant. nil: every caller is the tenant "".
 	Identify func(c *fiber.Ctx) (Principal, error)
+
+	// Responses, if set, keeps responses (store, previous_response_id) and
+	// runs background ones; nil serves /v1/responses with neither.
+	// Responses belong to the tenant Identify gives.
+	Responses *responses.Store
 }
 
 func (c *Config) defaults() {
@@ -192,6 +198,7 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	if g.cfg.Batches != nil {
 		g.filesRoutes(app)
 	}
+	g.responsesRoutes(app)
 	app.Get("/health", g.health)
 	app.Get("/ready", g.ready)
 	// A gathering error panics before anything is written, so the recover

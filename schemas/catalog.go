@@ -64,7 +64,7 @@ func (d *ErrorDef) Is(e *Error) bool {
 var Catalogue []*ErrorDef
 
 // Sections are the groups of docs/errors.md, in order.
-var Sections = []string{secRequest, secHTTP, secBus, secEngine, secControl, secBatch}
+var Sections = []string{secRequest, secHTTP, secBus, secEngine, secControl, secBatch, secResponses}
 
 const (
 	secRequest = "Request bodies"
@@ -73,6 +73,8 @@ const (
 	secEngine  = "Engines and LoRA adapters"
 	secControl = "API keys, limits and the admin API"
 	secBatch   = "Files and batches"
+
+	secResponses = "Responses"
 )
 
 func def(section string, d ErrorDef) *ErrorDef {
@@ -388,6 +390,22 @@ var (
 	ErrBatchesOff = def(secBatch, ErrorDef{Code: "batches_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Files and batches are unavailable: %s.",
 		When:    "JetStream could not be reached or refused an operation (its store is down, full, or still starting)."})
+)
+
+// --- Responses (the responses package, gateway/responses.go) ---
+var (
+	ErrResponseNotFound = def(secResponses, ErrorDef{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "id",
+		Message: "Response with id '%s' not found.",
+		When:    "An unknown response id, one stored with store:false, deleted, or a response of another tenant (the same answer)."})
+	ErrResponseInput = def(secResponses, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
+		Message: "Invalid '%s': %s.",
+		When:    "POST /v1/responses with an input item, content part or tool tokenbus cannot translate to the engine's chat API (images, files, built-in tools), or background without store."})
+	ErrResponseState = def(secResponses, ErrorDef{Status: s400, Type: TypeInvalidRequest,
+		Message: "%s",
+		When:    "Cancel of a response that is not a background one or has already ended; a stream of a response that was not created with background."})
+	ErrResponsesOff = def(secResponses, ErrorDef{Code: "responses_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "Stored responses are unavailable: %s.",
+		When:    "JetStream could not be reached or refused an operation; store:false requests without background still work."})
 )
 
 // FromUpstream is an error an engine answered, kept as the engine said it

@@ -51,6 +51,8 @@ func registerBatch(fs *pflag.FlagSet, b *program.BatchConfig) {
 	fs.DurationVar(&b.AckWait, "batch-ack-wait", b.AckWait, "a batch line taken by a runner that died runs again after this long")
 	fs.IntVar(&b.Replicas, "batch-replicas", b.Replicas, "replicas of the batch streams and buckets in JetStream (3 on a NATS cluster of 3 or more)")
 	fs.Float64Var(&b.Headroom, "batch-headroom", b.Headroom, "share of a model's worker slots batch lines leave free for interactive requests (0 to 1)")
+	fs.DurationVar(&b.ResponseRetention, "response-retention", b.ResponseRetention, "stored responses (/v1/responses) and background responses' events are kept this long")
+	fs.DurationVar(&b.ResponseAckWait, "response-ack-wait", b.ResponseAckWait, "a background response whose runner (gateway) died is continued by another runner after this long")
 }
 
 // registerLimits defines the flags of rate-limit admission on Redis (a

@@ -20,7 +20,7 @@ const module = "github.com/tokenbus/tokenbus/"
 var layers = map[string]int{
 	"schemas": 0,
 
-	"client": 1, "fleet": 1, "registry": 1, "usage": 1, "batch": 1,
+	"client": 1, "fleet": 1, "registry": 1, "usage": 1, "batch": 1, "responses": 1,
 	"internal/tracing": 1, "internal/tracing/otlp": 1, "internal/natsconn": 1, "internal/embedded": 1,
 	"internal/flagenv": 1,
 
@@ -39,6 +39,7 @@ var testOnly = []string{"internal/testenv", "internal/fakevllm", "workers/engine
 var allowed = map[string][]string{
 	"internal/tracing/otlp":        {"internal/tracing"},
 	"batch":                        {"client"}, // runs lines through the bus
+	"responses":                    {"client"}, // one chat request through the bus per response
 	"gateway":                      {"gateway/httpstream"},
 	"admin":                        {"gateway"}, // its errors and HTTP conventions
 	"auth":                         {"gateway"}, // the gateway's hooks

@@ -41,12 +41,17 @@ type BatchConfig struct {
 	// caps) batch lines leave free for interactive requests, so that one
 	// arriving finds a slot at once rather than wait for a line to end.
 	Headroom float64
+	// ResponseRetention: stored responses and their events are kept this
+	// long (default 30 days). ResponseAckWait: a background response whose
+	// runner died is continued by another after it (default 30s).
+	ResponseRetention, ResponseAckWait time.Duration
 }
 
 // DefaultBatch is BatchConfig as `tokenbus gateway` and `tokenbus dev` have it.
 func DefaultBatch() BatchConfig {
 	return BatchConfig{Enabled: true, Runner: true, FileLimit: 200 << 20, MaxLines: 50_000, MaxInFlight: 64, MaxPerBatch: 32,
-		Priority: 100, AckWait: 30 * time.Second, Replicas: 1, Headroom: 0.125}
+		Priority: 100, AckWait: 30 * time.Second, Replicas: 1, Headroom: 0.125,
+		ResponseRetention: 30 * 24 * time.Hour, ResponseAckWait: 30 * time.Second}
 }
 
 // startBatch opens the batch store and starts the runner as a part of the

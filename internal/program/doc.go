@@ -34,6 +34,6 @@
 // imports program but internal/cli and tests.
 //
 // Tokenbus imports: admin, auth, batch, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
-// registry, schemas, usage, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,
+// registry, responses, schemas, usage, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,
 // workers/engine/sim, workers/engine/sim/simserver, workers/engine/vllm.
 package program

@@ -306,6 +306,9 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 			gcfg.ModelAccess = gw.au.ModelAccess
 		}
 	}
+	if gcfg.Responses, err = gw.startResponses(ctx); err != nil {
+		return err
+	}
 	if gcfg.Batches, err = gw.startBatch(ctx, workers, store, reg); err != nil {
 		return err
 	}

@@ -1,0 +1,348 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/nats-io/nuid"
+
+	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/responses"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// The Responses API (POST /v1/responses, GET and DELETE /v1/responses/{id},
+// GET .../input_items, POST .../cancel), translated to one chat request on
+// the bus (the responses package). Stored responses and background mode
+// need Config.Responses (JetStream); without it store is ignored and
+// background refused.
+
+func (g *Gateway) responsesRoutes(app *fiber.App) {
+	app.Post("/v1/responses", g.createResponse)
+	app.Get("/v1/responses/:id", g.getResponse)
+	app.Delete("/v1/responses/:id", g.deleteResponse)
+	app.Get("/v1/responses/:id/input_items", g.responseInputItems)
+	app.Post("/v1/responses/:id/cancel", g.cancelResponse)
+}
+
+func (g *Gateway) createResponse(c *fiber.Ctx) error {
+	start := time.Now()
+	id, _ := c.Locals(localID).(string)
+	if !isJSON(c.Get(fiber.HeaderContentType)) {
+		return errUnsupportedMediaType
+	}
+	var req responses.CreateRequest
+	if err := json.Unmarshal(c.Body(), &req); err != nil {
+		return schemas.ErrBodyNotJSON.New(err.Error())
+	}
+	if req.Model == "" {
+		return schemas.ErrNoModel.New()
+	}
+	store := g.cfg.Responses
+	if req.Background && !req.Stored() {
+		return schemas.ErrResponseInput.At("background", "background", "background mode needs store: true")
+	}
+	if req.Background && store == nil {
+		return schemas.ErrResponsesOff.New("no JetStream")
+	}
+	input, err := responses.Items(req.Input)
+	if err != nil {
+		return err
+	}
+	var history []responses.Item
+	if req.PreviousResponseID != nil && *req.PreviousResponseID != "" {
+		if store == nil {
+			return schemas.ErrResponseNotFound.At("previous_response_id", *req.PreviousResponseID)
+		}
+		p, err := g.caller(c)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := g.storeCtx(c)
+		prev, _, err := store.Get(ctx, p.Tenant, *req.PreviousResponseID)
+		cancel()
+		if err != nil {
+			if schemas.ErrResponseNotFound.Is(schemas.AsError(err)) {
+				return schemas.ErrResponseNotFound.At("previous_response_id", *req.PreviousResponseID)
+			}
+			return err
+		}
+		history = prev.Conversation()
+	}
+	body, err := responses.ChatBody(&req, history, input)
+	if err != nil {
+		return err
+	}
+	// The chat request is what is authorised and rate-limited, as if the
+	// client had sent it.
+	view, perr := schemas.ReadRequestFor(schemas.KindChat, body, "")
+	if perr != nil {
+		return perr
+	}
+	c.Locals(localModel, req.Model)
+	var caller Principal
+	if g.cfg.Authorize != nil {
+		p, err := g.cfg.Authorize(c, view)
+		if err != nil {
+			return err
+		}
+		caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID), Reserved: p.Reserved, Window: p.Window}
+	}
+	if !g.cat.Known(req.Model) {
+		return schemas.ErrModelNotFound.New(req.Model)
+	}
+	resp := responses.New("resp_"+nuid.Next(), &req, start)
+	resp.Store = req.Stored() && store != nil
+	rec := &responses.Record{Response: *resp, Tenant: caller.Tenant, KeyID: caller.KeyID, Input: input, History: history,
+		Reserved: caller.Reserved, Window: caller.Window}
+
+	if req.Background {
+		rec.Body = body
+		ctx, cancel := g.storeCtx(c)
+		defer cancel()
+		if err := store.Submit(ctx, rec); err != nil {
+			return err
+		}
+		if req.Stream {
+			return g.followResponse(c, rec.Response.ID, -1)
+		}
+		return c.JSON(&rec.Response)
+	}
+
+	deadline := start.Add(g.cfg.RequestTimeout)
+	creq := &client.Request{ID: id, Kind: schemas.KindChat, Model: req.Model, Body: body, Deadline: deadline,
+		Tenant: caller.Tenant, Trace: traceParent(c.Get("traceparent"))}
+	ctx, cancel := context.WithDeadlineCause(g.base, deadline, g.errTimeout)
+	st, err := g.cl.Start(creq)
+	if err != nil {
+		cancel()
+		return err
+	}
+	// The first frame before anything is answered: errors before any
+	// token keep their HTTP status.
+	first, err := st.Next(ctx)
+	if err != nil {
+		st.Close()
+		cancel()
+		return schemas.AsError(err)
+	}
+	finish := func(gen *responses.Gen) {
+		g.responseUsage(id, caller, req.Model, gen.Resp)
+		if resp.Store {
+			rec.Response = *gen.Resp
+			sctx, scancel := context.WithTimeout(g.base, 10*time.Second)
+			defer scancel()
+			if err := store.Put(sctx, rec); err != nil {
+				g.log.Warn("responses: could not store a response", "id", rec.Response.ID, "err", err)
+			}
+		}
+	}
+	if !req.Stream {
+		defer cancel()
+		defer st.Close()
+		gen := responses.NewGen(resp, func(*responses.Event) error { return nil })
+		if err := gen.Begin(); err != nil {
+			return err
+		}
+		if err := gen.Consume(ctx, st, first); err != nil {
+			return schemas.AsError(err)
+		}
+		finish(gen)
+		return c.JSON(gen.Resp)
+	}
+	g.inflight.add()
+	c.Set(fiber.HeaderContentType, "text/event-stream")
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	c.Status(fiber.StatusOK)
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer g.inflight.done()
+		defer cancel()
+		defer st.Close()
+		gen := responses.NewGen(resp, sseEmit(w))
+		if gen.Begin() != nil {
+			return
+		}
+		if err := gen.Consume(ctx, st, first); err != nil {
+			g.log.Debug("responses: stream ended early", "id", resp.ID, "err", err)
+			return
+		}
+		finish(gen)
+	})
+	return nil
+}
+
+// sseEmit writes each event as OpenAI does ("event: <type>" then "data:"),
+// flushed: a write error (the client gone) ends the response.
+func sseEmit(w *bufio.Writer) func(*responses.Event) error {
+	return func(ev *responses.Event) error {
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return err
+		}
+		return writeSSE(w, ev.Type, b)
+	}
+}
+
+func writeSSE(w *bufio.Writer, typ string, data []byte) error {
+	_, _ = w.WriteString("event: ")
+	_, _ = w.WriteString(typ)
+	_, _ = w.WriteString("\ndata: ")
+	_, _ = w.Write(data)
+	_, _ = w.WriteString("\n\n")
+	return w.Flush()
+}
+
+// responseUsage hands a foreground response's usage to OnUsage.
+func (g *Gateway) responseUsage(id string, p Principal, model string, r *responses.Response) {
+	if g.cfg.OnUsage == nil || r.Usage == nil {
+		return
+	}
+	g.cfg.OnUsage(schemas.UsageRecord{RequestID: id, KeyID: p.KeyID, Tenant: p.Tenant, Model: model,
+		Usage:    schemas.Usage{PromptTokens: r.Usage.InputTokens, CompletionTokens: r.Usage.OutputTokens, TotalTokens: r.Usage.TotalTokens},
+		Reserved: p.Reserved, Window: p.Window})
+}
+
+// followResponse streams a background response's events after
+// sequence_number after, from the store: stored ones, then live ones,
+// written by whichever runner runs it.
+func (g *Gateway) followResponse(c *fiber.Ctx, id string, after int) error {
+	store := g.cfg.Responses
+	g.inflight.add()
+	c.Set(fiber.HeaderContentType, "text/event-stream")
+	c.Set(fiber.HeaderCacheControl, "no-cache")
+	c.Status(fiber.StatusOK)
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer g.inflight.done()
+		ctx, cancel := context.WithTimeout(g.base, g.cfg.RequestTimeout)
+		defer cancel()
+		err := store.Follow(ctx, id, after, func(ev *responses.Event, raw []byte) error {
+			return writeSSE(w, ev.Type, raw)
+		})
+		if err != nil {
+			g.log.Debug("responses: follow ended", "id", id, "err", err)
+		}
+	})
+	return nil
+}
+
+func (g *Gateway) storedResponse(c *fiber.Ctx) (*responses.Record, error) {
+	if g.cfg.Responses == nil {
+		return nil, schemas.ErrResponseNotFound.New(pathParam(c, "id"))
+	}
+	p, err := g.caller(c)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := g.storeCtx(c)
+	defer cancel()
+	rec, _, err := g.cfg.Responses.Get(ctx, p.Tenant, pathParam(c, "id"))
+	return rec, err
+}
+
+func (g *Gateway) getResponse(c *fiber.Ctx) error {
+	rec, err := g.storedResponse(c)
+	if err != nil {
+		return err
+	}
+	if c.Query("stream") != "true" {
+		return c.JSON(&rec.Response)
+	}
+	if !rec.Response.Background {
+		return schemas.ErrResponseState.New("Only background responses can be streamed with GET.")
+	}
+	after := -1
+	if v := c.Query("starting_after"); v != "" {
+		n, err := parseInt(v)
+		if err != nil {
+			return schemas.ErrInvalidType.At("starting_after", "starting_after", "an integer", "'"+v+"'")
+		}
+		after = n
+	}
+	return g.followResponse(c, rec.Response.ID, after)
+}
+
+func (g *Gateway) deleteResponse(c *fiber.Ctx) error {
+	if g.cfg.Responses == nil {
+		return schemas.ErrResponseNotFound.New(pathParam(c, "id"))
+	}
+	p, err := g.caller(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := g.storeCtx(c)
+	defer cancel()
+	id := pathParam(c, "id")
+	if err := g.cfg.Responses.Delete(ctx, p.Tenant, id); err != nil {
+		return err
+	}
+	return c.JSON(responses.Deleted{ID: id, Object: "response.deleted", Deleted: true})
+}
+
+func (g *Gateway) responseInputItems(c *fiber.Ctx) error {
+	rec, err := g.storedResponse(c)
+	if err != nil {
+		return err
+	}
+	// OpenAI lists them newest first by default (order=desc).
+	items := make([]responses.Item, 0, len(rec.Input))
+	if c.Query("order") == "asc" {
+		items = append(items, rec.Input...)
+	} else {
+		for i := len(rec.Input) - 1; i >= 0; i-- {
+			items = append(items, rec.Input[i])
+		}
+	}
+	// Paging as OpenAI's: after an item id, limit 1..100 (default 20).
+	if after := c.Query("after"); after != "" {
+		for i, it := range items {
+			if it.ID == after {
+				items = items[i+1:]
+				break
+			}
+		}
+	}
+	limit := 20
+	if v := c.Query("limit"); v != "" {
+		n, err := parseInt(v)
+		if err != nil || n < 1 || n > 100 {
+			return schemas.ErrInvalidValue.At("limit", "limit", "expected an integer from 1 to 100")
+		}
+		limit = n
+	}
+	l := responses.ItemList{Object: "list", Data: items}
+	if len(items) > limit {
+		l.Data, l.HasMore = items[:limit], true
+	}
+	items = l.Data
+	if len(items) > 0 {
+		l.FirstID, l.LastID = items[0].ID, items[len(items)-1].ID
+	}
+	return c.JSON(l)
+}
+
+func (g *Gateway) cancelResponse(c *fiber.Ctx) error {
+	if g.cfg.Responses == nil {
+		return schemas.ErrResponseNotFound.New(pathParam(c, "id"))
+	}
+	p, err := g.caller(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := g.storeCtx(c)
+	defer cancel()
+	r, err := g.cfg.Responses.Cancel(ctx, p.Tenant, pathParam(c, "id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(r)
+}
+
+func parseInt(s string) (int, error) {
+	var n int
+	err := json.Unmarshal([]byte(s), &n)
+	return n, err
+}

@@ -1,0 +1,86 @@
+package responses
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+func openStore(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(context.Background(), testenv.Connect(t, testenv.NATS(t)), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestTenancy: a response is its tenant's: another tenant gets 404 for
+// reading, deleting and cancelling it.
+func TestTenancy(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	rec := &Record{Response: *New("resp_abc", &CreateRequest{Model: "m", Background: true}, time.Now()), Tenant: "t1"}
+	if err := s.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Get(ctx, "t1", "resp_abc"); err != nil {
+		t.Fatal(err)
+	}
+	for name, err := range map[string]error{
+		"get":    func() error { _, _, err := s.Get(ctx, "t2", "resp_abc"); return err }(),
+		"delete": s.Delete(ctx, "t2", "resp_abc"),
+		"cancel": func() error { _, err := s.Cancel(ctx, "t2", "resp_abc"); return err }(),
+		"bad id": func() error { _, _, err := s.Get(ctx, "t1", "resp_a.b"); return err }(),
+	} {
+		if !schemas.ErrResponseNotFound.Is(schemas.AsError(err)) {
+			t.Errorf("%s by another tenant: %v, want response not found", name, err)
+		}
+	}
+	if _, _, err := s.Get(ctx, "t1", "resp_abc"); err != nil {
+		t.Fatalf("the owner lost it: %v", err)
+	}
+}
+
+// TestAppendOneWriter: events are appended after the last one a writer
+// knows; a second writer that did not see it fails, so no sequence is
+// written twice.
+func TestAppendOneWriter(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	last, err := s.append(ctx, "resp_x", &Event{Type: "response.created", SequenceNumber: 0}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.append(ctx, "resp_x", &Event{Type: "response.in_progress", SequenceNumber: 1}, 0); !errors.Is(err, errConflict) {
+		t.Fatalf("a stale writer: %v, want errConflict", err)
+	}
+	if _, err := s.append(ctx, "resp_x", &Event{Type: "response.in_progress", SequenceNumber: 1}, last); err != nil {
+		t.Fatal(err)
+	}
+	var got []int
+	done := make(chan error, 1)
+	go func() {
+		done <- s.Follow(ctx, "resp_x", 0, func(ev *Event, _ []byte) error { got = append(got, ev.SequenceNumber); return nil })
+	}()
+	// A live event ends the follow: terminal.
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		g := NewGen(&Response{}, nil)
+		l, err := s.replay(ctx, "resp_x", g)
+		if err != nil || g.Seq() != 2 {
+			return errors.New("not replayed yet")
+		}
+		_, err = s.append(ctx, "resp_x", &Event{Type: "response.completed", SequenceNumber: 2}, l)
+		return err
+	})
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0] != 1 || got[1] != 2 {
+		t.Fatalf("followed after 0: %v, want [1 2]", got)
+	}
+}

@@ -1,0 +1,316 @@
+package responses
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/nats-io/nuid"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// The Responses API is translated to the engine's chat API, which every
+// engine behind tokenbus serves (the sim, vLLM, SGLang, transformers
+// serve); vLLM's own /v1/responses would serve only vLLM workers, and its
+// background state is in one process's memory, which is what this package
+// replaces.
+
+// Items reads a request's input: a string (one user message) or a list of
+// items: messages (with a string or a list of text parts as content),
+// function calls and function call outputs. Each item gets an id.
+func Items(input json.RawMessage) ([]Item, error) {
+	in := bytes.TrimSpace(input)
+	if len(in) == 0 || string(in) == "null" {
+		return nil, schemas.ErrMissingParam.At("input", "input")
+	}
+	if in[0] == '"' {
+		var s string
+		if err := json.Unmarshal(in, &s); err != nil {
+			return nil, schemas.ErrInvalidType.At("input", "input", "a string or an array", "invalid JSON")
+		}
+		return []Item{{Type: "message", ID: "msg_" + nuid.Next(), Status: StatusCompleted, Role: "user",
+			Content: []Content{{Type: "input_text", Text: s}}}}, nil
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(in, &raw); err != nil {
+		return nil, schemas.ErrInvalidType.At("input", "input", "a string or an array", "another type")
+	}
+	if len(raw) == 0 {
+		return nil, schemas.ErrEmptyArray.At("input", "input")
+	}
+	items := make([]Item, 0, len(raw))
+	for i, r := range raw {
+		it, err := item(r, fmt.Sprintf("input[%d]", i))
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, it)
+	}
+	return items, nil
+}
+
+func item(raw json.RawMessage, param string) (Item, error) {
+	var v struct {
+		Type      string          `json:"type"`
+		ID        string          `json:"id"`
+		Role      string          `json:"role"`
+		Content   json.RawMessage `json:"content"`
+		CallID    string          `json:"call_id"`
+		Name      string          `json:"name"`
+		Arguments string          `json:"arguments"`
+		Output    json.RawMessage `json:"output"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return Item{}, schemas.ErrInvalidType.At(param, param, "an object", "another type")
+	}
+	id := v.ID
+	switch v.Type {
+	case "", "message":
+		switch v.Role {
+		case "user", "assistant", "system", "developer":
+		default:
+			return Item{}, schemas.ErrResponseInput.At(param+".role", param+".role", "expected user, assistant, system or developer")
+		}
+		parts, err := contentParts(v.Content, v.Role, param+".content")
+		if err != nil {
+			return Item{}, err
+		}
+		if id == "" {
+			id = "msg_" + nuid.Next()
+		}
+		return Item{Type: "message", ID: id, Status: StatusCompleted, Role: v.Role, Content: parts}, nil
+	case "function_call":
+		if id == "" {
+			id = "fc_" + nuid.Next()
+		}
+		return Item{Type: "function_call", ID: id, Status: StatusCompleted, CallID: v.CallID, Name: v.Name, Arguments: v.Arguments}, nil
+	case "function_call_output":
+		var out string
+		if json.Unmarshal(v.Output, &out) != nil {
+			out = string(v.Output) // a list of parts or an object: passed on as JSON
+		}
+		if id == "" {
+			id = "fco_" + nuid.Next()
+		}
+		return Item{Type: "function_call_output", ID: id, Status: StatusCompleted, CallID: v.CallID, Output: out}, nil
+	}
+	return Item{}, schemas.ErrResponseInput.At(param+".type", param+".type", "item type '"+v.Type+"' is not supported (message, function_call and function_call_output are)")
+}
+
+func contentParts(raw json.RawMessage, role, param string) ([]Content, error) {
+	textType := "input_text"
+	if role == "assistant" {
+		textType = "output_text"
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return []Content{textPart(textType, s)}, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return nil, schemas.ErrInvalidType.At(param, param, "a string or an array of content parts", "another type")
+	}
+	out := make([]Content, 0, len(parts))
+	for i, p := range parts {
+		switch p.Type {
+		case "input_text", "output_text", "text":
+			if p.Text == nil {
+				return nil, schemas.ErrMissingParam.At(fmt.Sprintf("%s[%d].text", param, i), fmt.Sprintf("%s[%d].text", param, i))
+			}
+			out = append(out, textPart(textType, *p.Text))
+		default:
+			return nil, schemas.ErrResponseInput.At(fmt.Sprintf("%s[%d].type", param, i), fmt.Sprintf("%s[%d].type", param, i),
+				"content of type '"+p.Type+"' is not supported (text only)")
+		}
+	}
+	return out, nil
+}
+
+func textPart(typ, text string) Content {
+	c := Content{Type: typ, Text: text}
+	if typ == "output_text" {
+		c.Annotations, c.Logprobs = json.RawMessage("[]"), json.RawMessage("[]")
+	}
+	return c
+}
+
+func text(parts []Content) string {
+	if len(parts) == 1 {
+		return parts[0].Text
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		b.WriteString(p.Text)
+	}
+	return b.String()
+}
+
+// chatMessage is one message of the chat API.
+type chatMessage struct {
+	Role       string     `json:"role"`
+	Content    *string    `json:"content"`
+	ToolCalls  []toolCall `json:"tool_calls,omitempty"`
+	ToolCallID string     `json:"tool_call_id,omitempty"`
+}
+
+type toolCall struct {
+	ID       string `json:"id"`
+	Type     string `json:"type"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// ChatBody is the chat completions request that generates the response of
+// req, whose conversation is history (the items of the responses before it,
+// by previous_response_id) and input. It streams, with usage.
+func ChatBody(req *CreateRequest, history, input []Item) ([]byte, error) {
+	var msgs []chatMessage
+	if req.Instructions != nil && *req.Instructions != "" {
+		s := *req.Instructions
+		msgs = append(msgs, chatMessage{Role: "system", Content: &s})
+	}
+	for _, it := range append(history[:len(history):len(history)], input...) {
+		switch it.Type {
+		case "message":
+			role := it.Role
+			if role == "developer" {
+				role = "system" // engines' chat templates know system, not always developer
+			}
+			s := text(it.Content)
+			msgs = append(msgs, chatMessage{Role: role, Content: &s})
+		case "function_call":
+			tc := toolCall{ID: it.CallID, Type: "function"}
+			tc.Function.Name, tc.Function.Arguments = it.Name, it.Arguments
+			// Consecutive calls are one assistant turn.
+			if n := len(msgs); n > 0 && msgs[n-1].Role == "assistant" && msgs[n-1].ToolCalls != nil {
+				msgs[n-1].ToolCalls = append(msgs[n-1].ToolCalls, tc)
+				continue
+			}
+			msgs = append(msgs, chatMessage{Role: "assistant", ToolCalls: []toolCall{tc}})
+		case "function_call_output":
+			s := it.Output
+			msgs = append(msgs, chatMessage{Role: "tool", Content: &s, ToolCallID: it.CallID})
+		}
+	}
+	body := map[string]any{
+		"model":          req.Model,
+		"messages":       msgs,
+		"stream":         true,
+		"stream_options": map[string]bool{"include_usage": true},
+	}
+	if req.MaxOutputTokens != nil {
+		if *req.MaxOutputTokens < 1 {
+			return nil, schemas.ErrBelowMin.At("max_output_tokens", "max_output_tokens", 1, *req.MaxOutputTokens)
+		}
+		body["max_tokens"] = *req.MaxOutputTokens
+	}
+	if req.Temperature != nil {
+		body["temperature"] = *req.Temperature
+	}
+	if req.TopP != nil {
+		body["top_p"] = *req.TopP
+	}
+	if req.User != "" {
+		body["user"] = req.User
+	}
+	if len(req.Tools) > 0 {
+		tools, err := chatTools(req.Tools)
+		if err != nil {
+			return nil, err
+		}
+		body["tools"] = tools
+		if tc := chatToolChoice(req.ToolChoice); tc != nil {
+			body["tool_choice"] = tc
+		}
+		if req.ParallelToolCalls != nil {
+			body["parallel_tool_calls"] = *req.ParallelToolCalls
+		}
+	}
+	return json.Marshal(body)
+}
+
+// chatTools turns Responses function tools ({type, name, description,
+// parameters, strict}) into chat tools ({type, function: {...}}).
+func chatTools(tools []json.RawMessage) ([]any, error) {
+	out := make([]any, 0, len(tools))
+	for i, raw := range tools {
+		var t struct {
+			Type        string          `json:"type"`
+			Name        string          `json:"name"`
+			Description string          `json:"description,omitempty"`
+			Parameters  json.RawMessage `json:"parameters,omitempty"`
+			Strict      *bool           `json:"strict,omitempty"`
+		}
+		param := fmt.Sprintf("tools[%d]", i)
+		if err := json.Unmarshal(raw, &t); err != nil {
+			return nil, schemas.ErrInvalidType.At(param, param, "an object", "another type")
+		}
+		if t.Type != "function" {
+			return nil, schemas.ErrResponseInput.At(param+".type", param+".type", "tool type '"+t.Type+"' is not supported (function tools are)")
+		}
+		if t.Name == "" {
+			return nil, schemas.ErrMissingParam.At(param+".name", param+".name")
+		}
+		out = append(out, map[string]any{"type": "function", "function": map[string]any{"name": t.Name,
+			"description": t.Description, "parameters": t.Parameters, "strict": t.Strict}})
+	}
+	return out, nil
+}
+
+// chatToolChoice: "auto", "none", "required" pass; {type:function, name}
+// becomes the chat form.
+func chatToolChoice(raw json.RawMessage) any {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var f struct {
+		Type string `json:"type"`
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(raw, &f) == nil && f.Type == "function" {
+		return map[string]any{"type": "function", "function": map[string]string{"name": f.Name}}
+	}
+	return nil
+}
+
+// continued is body continued after text (tokens of it), as the client's
+// mid-stream migration does: the partial answer as a final assistant
+// message with continue_final_message, and max_tokens less what is done.
+// done is true when there is nothing left to generate.
+func continued(body []byte, text string, tokens int) (out []byte, done bool, err error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, false, err
+	}
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(m["messages"], &msgs); err != nil {
+		return nil, false, err
+	}
+	msg, _ := json.Marshal(chatMessage{Role: "assistant", Content: &text})
+	msgs = append(msgs, msg)
+	m["messages"], _ = json.Marshal(msgs)
+	m["continue_final_message"] = json.RawMessage("true")
+	m["add_generation_prompt"] = json.RawMessage("false")
+	if v, ok := m["max_tokens"]; ok {
+		var limit int
+		if json.Unmarshal(v, &limit) == nil {
+			if limit-tokens <= 0 {
+				return nil, true, nil
+			}
+			m["max_tokens"], _ = json.Marshal(limit - tokens)
+		}
+	}
+	out, err = json.Marshal(m)
+	return out, false, err
+}
