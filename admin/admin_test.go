@@ -37,7 +37,7 @@ type world struct {
 	url   string
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T, configure ...func(*admin.Config)) *world {
 	t.Helper()
 	w := &world{t: t, redis: testenv.StartRedis(t), ns: testenv.NATS(t), fleet: fleet.New()}
 	w.nc = testenv.Connect(t, w.ns)
@@ -51,7 +51,11 @@ func newWorld(t *testing.T) *world {
 	if err := fleet.Watch(ctx, w.nc, w.fleet); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := admin.New(admin.Config{Token: token, Store: w.store, NC: w.nc, Fleet: w.fleet, CtlTimeout: time.Second})
+	cfg := admin.Config{Token: token, Store: w.store, NC: w.nc, Fleet: w.fleet, CtlTimeout: time.Second}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	srv, err := admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
