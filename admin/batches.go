@@ -53,14 +53,14 @@ func (s *Server) cancelBatch(c *fiber.Ctx) error {
 // tenant's batch's output (or error) file; 404 file_not_found while it has
 // none.
 func (s *Server) batchOutput(c *fiber.Ctx) error {
-	return s.batchFile(c, func(b batch.Batch) *string { return b.OutputFileID })
+	return s.batchFile(c, "output", func(b batch.Batch) *string { return b.OutputFileID })
 }
 
 func (s *Server) batchErrors(c *fiber.Ctx) error {
-	return s.batchFile(c, func(b batch.Batch) *string { return b.ErrorFileID })
+	return s.batchFile(c, "errors", func(b batch.Batch) *string { return b.ErrorFileID })
 }
 
-func (s *Server) batchFile(c *fiber.Ctx, which func(batch.Batch) *string) error {
+func (s *Server) batchFile(c *fiber.Ctx, what string, which func(batch.Batch) *string) error {
 	if s.cfg.Batches == nil {
 		return errBatchesOff()
 	}
@@ -77,7 +77,7 @@ func (s *Server) batchFile(c *fiber.Ctx, which func(batch.Batch) *string) error 
 	}
 	fid := which(b)
 	if fid == nil || *fid == "" {
-		return schemas.ErrFileNotFound.New(id + " (no such file yet)")
+		return schemas.ErrFileNotFound.New(id + " " + what)
 	}
 	// s.base, not ctx: the body is written after the handler returns, for as
 	// long as the client takes to read it; shutdown cuts it.
