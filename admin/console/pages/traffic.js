@@ -35,7 +35,9 @@ export async function traffic(ctx) {
   const render = () => {
     for (const {c, svg, now} of figs) {
       const series = c.series.map(([, f]) => points.map((p) => p[f]));
-      draw(svg, series, CAPACITY, c.unit);
+      // The window grows from a minute to CAPACITY, so that a page just
+      // opened is not a sliver at the right edge.
+      draw(svg, series, Math.min(CAPACITY, Math.max(60, points.length)), c.unit);
       const last = points[points.length - 1] || {};
       now.replaceChildren(...c.series.flatMap(([label, f], k) => [h("span", {class: "s" + k}, `${label} ${fmt(last[f])}`), " "]));
     }
