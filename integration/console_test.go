@@ -112,12 +112,12 @@ func TestConsole(t *testing.T) {
 		chromedp.SetValue(`#register-adapter input[name=path]`, "sim://console-lora"),
 		chromedp.Click(`#register-adapter button[type=submit]`))
 	waitFor("the new adapter listed", `document.getElementById("models").innerText.includes("console-lora")`)
-	shot("models")
 	r := post(t, d.URL, "/v1/chat/completions", `{"model":"console-lora","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`)
 	if r.Status != 200 || !strings.Contains(r.Body, `"model":"console-lora"`) {
 		t.Fatalf("chat with the adapter registered from the console: %d %s", r.Status, r.Body)
 	}
 	waitFor("the adapter loaded on a worker", `document.getElementById("models").innerText.includes("loaded")`)
+	shot("models")
 
 	// Keys: create one (shown once), usage listed.
 	page("keys")
