@@ -35,6 +35,7 @@ type world struct {
 	store *registry.Store
 	fleet *fleet.Fleet
 	url   string
+	srv   *admin.Server
 }
 
 func newWorld(t *testing.T, configure ...func(*admin.Config)) *world {
@@ -63,6 +64,7 @@ func newWorld(t *testing.T, configure ...func(*admin.Config)) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.srv = srv
 	go srv.Serve(ln)
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
 	w.url = "http://" + ln.Addr().String()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -102,5 +103,28 @@ func TestTrafficStream(t *testing.T) {
 	}
 	if e["ttft_p50_ms"] != nil {
 		t.Fatalf("ttft with no observations: %v", e["ttft_p50_ms"])
+	}
+}
+
+// Shutdown ends open traffic streams rather than waiting for their clients.
+func TestTrafficStreamShutdown(t *testing.T) {
+	w := newWorld(t, func(c *admin.Config) { c.Metrics = prometheus.NewRegistry() })
+	req, _ := http.NewRequest("GET", w.url+"/events/traffic", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil { // the stream is open
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := w.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with a traffic stream open: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		t.Fatalf("the stream did not end cleanly: %v", err)
 	}
 }
