@@ -18,6 +18,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/fleet"
@@ -47,6 +48,13 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 	// Batches, if set, lists every tenant's batches (GET /batches).
 	Batches *batch.Store
+
+	// The console (/console/): APIAddr is the OpenAI API's listen address
+	// (the playground calls it from the browser), APIAuth whether it needs
+	// API keys, Metrics the process's registry the traffic events read.
+	APIAddr string
+	APIAuth bool
+	Metrics prometheus.Gatherer
 }
 
 // Server is the admin HTTP server.
@@ -55,6 +63,11 @@ type Server struct {
 	log   *slog.Logger
 	app   *fiber.App
 	token [sha256.Size]byte
+	// base ends at Shutdown: it bounds what outlives a handler (file
+	// bodies, the traffic stream).
+	base    context.Context
+	endBase context.CancelFunc
+	streams chan struct{} // traffic streams open, bounded
 }
 
 // New builds the admin server.
@@ -74,7 +87,8 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Redactor == nil {
 		cfg.Redactor = gateway.NewRedactor(cfg.Token)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token))}
+	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token)), streams: make(chan struct{}, maxTrafficStreams)}
+	s.base, s.endBase = context.WithCancel(context.Background())
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -96,7 +110,12 @@ func (s *Server) routes() {
 	app := s.app
 	app.Use(recover.New())
 	app.Use(gateway.CheckFraming) // smuggling shapes: 400, connection closed
+	// The console's files before the token check: the page holds no data,
+	// it asks for the token and sends it with every call below.
+	s.consoleRoutes()
 	app.Use(s.authenticate)
+	app.Get("/console/config", s.consoleConfig)
+	app.Get("/events/traffic", s.traffic)
 	app.Get("/models", s.listModels)
 	app.Post("/models", s.putModel)
 	app.Get("/models/*", s.getModel)
@@ -110,6 +129,9 @@ func (s *Server) routes() {
 	app.Delete("/keys/:id", s.deleteKey)
 	app.Get("/usage", s.usage)
 	app.Get("/batches", s.listBatches)
+	app.Post("/batches/:id/cancel", s.cancelBatch)
+	app.Get("/batches/:id/output", s.batchOutput)
+	app.Get("/batches/:id/errors", s.batchErrors)
 }
 
 // App is the Fiber application, for tests.
@@ -119,7 +141,10 @@ func (s *Server) App() *fiber.App { return s.app }
 func (s *Server) Serve(ln net.Listener) error { return s.app.Listener(ln) }
 
 // Shutdown stops the server, letting open requests finish until ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.app.ShutdownWithContext(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.endBase() // traffic streams end, so that open connections can close
+	return s.app.ShutdownWithContext(ctx)
+}
 
 // authenticate checks the admin token in constant time (comparing hashes, so
 // not even the token's length leaks). A client address with too many wrong

@@ -35,9 +35,10 @@ type world struct {
 	store *registry.Store
 	fleet *fleet.Fleet
 	url   string
+	srv   *admin.Server
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t *testing.T, configure ...func(*admin.Config)) *world {
 	t.Helper()
 	w := &world{t: t, redis: testenv.StartRedis(t), ns: testenv.NATS(t), fleet: fleet.New()}
 	w.nc = testenv.Connect(t, w.ns)
@@ -51,7 +52,11 @@ func newWorld(t *testing.T) *world {
 	if err := fleet.Watch(ctx, w.nc, w.fleet); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := admin.New(admin.Config{Token: token, Store: w.store, NC: w.nc, Fleet: w.fleet, CtlTimeout: time.Second})
+	cfg := admin.Config{Token: token, Store: w.store, NC: w.nc, Fleet: w.fleet, CtlTimeout: time.Second}
+	for _, c := range configure {
+		c(&cfg)
+	}
+	srv, err := admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +64,7 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.srv = srv
 	go srv.Serve(ln)
 	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
 	w.url = "http://" + ln.Addr().String()

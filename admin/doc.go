@@ -7,6 +7,11 @@
 // client's address (gateway.Throttle), 404 unknown, 409 conflicts, 503 when
 // Redis cannot be reached (Retry-After: 1). docs/admin-api.md has the routes.
 //
+// It also serves the web console (/console/, console.go: embedded static
+// files, no token needed for them), the console's config, live traffic as
+// Server-Sent Events (traffic.go, read from the process's metrics registry)
+// and batch cancel and download for any tenant (batches.go). docs/console.md.
+//
 // Every registry change is announced on tokenbus.v1.events.* before the
 // response is sent, so gateway and dispatcher caches follow at once.
 //

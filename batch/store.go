@@ -586,6 +586,17 @@ func (s *Store) AdminBatches(ctx context.Context, active bool) ([]AdminBatch, er
 	return out, nil
 }
 
+// BatchTenant is the tenant of batch id, for the admin API (which acts for
+// every tenant through the tenant-scoped methods); ErrBatchNotFound if
+// there is none.
+func (s *Store) BatchTenant(ctx context.Context, id string) (string, error) {
+	rec, _, err := s.get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return rec.Tenant, nil
+}
+
 // Queued counts the lines of every batch waiting in the work queue (taken
 // by no runner yet, or taken and not yet acknowledged).
 func (s *Store) Queued(ctx context.Context) (uint64, error) {

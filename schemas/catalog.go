@@ -365,6 +365,9 @@ var (
 	ErrBadWorkerReply = def(secControl, ErrorDef{Code: "bad_worker_reply", Status: http.StatusBadGateway, Type: TypeServer,
 		Message: "The worker %s answered %s with something that is not a control reply.",
 		When:    "Admin API: a malformed control reply."})
+	ErrTooManyTrafficStreams = def(secControl, ErrorDef{Code: "too_many_streams", Status: http.StatusTooManyRequests, Type: TypeRateLimit, RetryAfter: 1,
+		Message: "Too many traffic streams are open (at most %d); close one and try again.",
+		When:    "Admin API: GET /events/traffic with its limit of open streams reached (each console page holds one)."})
 	ErrInternal = def(secControl, ErrorDef{Code: "internal_error", Status: http.StatusInternalServerError, Type: TypeServer,
 		Message: "Internal error: %s.",
 		When:    "A fault of tokenbus itself; it is logged."})

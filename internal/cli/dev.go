@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,6 +97,9 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 	}
 	if admin != "" {
 		fmt.Fprintf(w, "  admin API    http://%s   (token %s)\n", admin, d.AdminToken())
+		// The token rides in the fragment: browsers never send it to the
+		// server (nor to its logs); the page moves it to session storage.
+		fmt.Fprintf(w, "  console      %s\n", ConsoleURL(admin, d.AdminToken()))
 	}
 	fmt.Fprintf(w, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(w, "  NATS         %s\n", d.NATSURL())
@@ -117,6 +121,11 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 		fmt.Fprintf(w, "  curl http://%s/models -H 'Authorization: Bearer %s'\n", admin, d.AdminToken())
 	}
 	fmt.Fprintln(w, "Ctrl-C to stop.")
+}
+
+// ConsoleURL is the web console's link that signs in at once.
+func ConsoleURL(adminAddr, token string) string {
+	return "http://" + adminAddr + "/console/#token=" + url.QueryEscape(token)
 }
 
 func firstOr(s []string, def string) string {

@@ -50,12 +50,15 @@ func TestDevBanner(t *testing.T) {
 	admin := find(`admin API\s+(http://127\.0\.0\.1:\d+)\s+\(token adm-`)
 	token := find(`curl http://127\.0\.0\.1:\d+/models -H 'Authorization: Bearer (adm-\S+)'`)
 	natsURL := find(`NATS\s+(nats://127\.0\.0\.1:\d+)`)
+	if console := find(`console\s+(http://127\.0\.0\.1:\d+/console/#token=adm-\S+)\n`); console != admin+"/console/#token="+token {
+		t.Fatalf("console link %q, want %s/console/#token=<the admin token>", console, admin)
+	}
 	find(`store\s+(redis://127\.0\.0\.1:\d+)`)
 	if strings.HasSuffix(api, ":0") || strings.HasSuffix(admin, ":0") || strings.HasSuffix(natsURL, ":-1") {
 		t.Fatalf("the banner shows the configured ports, not the bound ones:\n%s", out)
 	}
 
-	for _, c := range []struct{ url, token string }{{api + "/ready", ""}, {admin + "/models", token}} {
+	for _, c := range []struct{ url, token string }{{api + "/ready", ""}, {admin + "/models", token}, {admin + "/console/", ""}} {
 		req, _ := http.NewRequest("GET", c.url, nil)
 		if c.token != "" {
 			req.Header.Set("Authorization", "Bearer "+c.token)

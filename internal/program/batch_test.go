@@ -513,3 +513,43 @@ func TestBatchEmbeddings(t *testing.T) {
 		t.Fatalf("%d custom_ids, want %d", len(seen), n)
 	}
 }
+
+// The console's batch routes on the admin API act for any tenant: cancel a
+// running batch, then download its output and error files, the same bytes
+// as the tenant gets from /v1/files/{id}/content.
+func TestAdminBatchRoutes(t *testing.T) {
+	d, api := startBatchDev(t, func(cfg *DevConfig) {
+		cfg.HTTP.Admin = "127.0.0.1:0"
+		cfg.SimWorkers = 1
+		cfg.HTTP.Batch.MaxInFlight, cfg.HTTP.Batch.MaxPerBatch = 4, 4
+		cfg.Engine.Sim.DecodeBase, cfg.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	})
+	adm := batchAPI{t: t, base: "http://" + d.AdminAddr(), key: d.AdminToken()}
+	const n = 100
+	b := api.create(api.upload("in.jsonl", chatLines(n, d.Models()[0])).ID, "/v1/chat/completions")
+	var body []byte
+	if st := adm.do("GET", "/batches/"+b.ID+"/output", "", nil, &body); st != 404 || !bytes.Contains(body, []byte("No such File object: "+b.ID+" output")) {
+		t.Fatalf("output before there is one: %d %s", st, body)
+	}
+	if st := adm.do("POST", "/batches/batch_nope/cancel", "", nil, &body); st != 404 || !bytes.Contains(body, []byte("No batch found with id")) {
+		t.Fatalf("cancel of no batch: %d %s", st, body)
+	}
+	api.wait(b.ID, func(b batch.Batch) bool { return b.RequestCounts.Completed > 0 })
+	var c batch.Batch
+	if st := adm.do("POST", "/batches/"+b.ID+"/cancel", "", nil, &c); st != 200 || c.Status != batch.StatusCancelling {
+		t.Fatalf("admin cancel: %d %+v", st, c)
+	}
+	b = api.wait(b.ID, func(b batch.Batch) bool { return b.Status == batch.StatusCancelled })
+	if b.OutputFileID == nil || b.ErrorFileID == nil {
+		t.Fatalf("cancelled %+v: want an output and an error file", b)
+	}
+	for _, f := range []struct{ route, id string }{{"output", *b.OutputFileID}, {"errors", *b.ErrorFileID}} {
+		var viaAdmin, viaAPI []byte
+		if st := adm.do("GET", "/batches/"+b.ID+"/"+f.route, "", nil, &viaAdmin); st != 200 || len(viaAdmin) == 0 {
+			t.Fatalf("admin %s: %d %s", f.route, st, viaAdmin)
+		}
+		if st := api.do("GET", "/v1/files/"+f.id+"/content", "", nil, &viaAPI); st != 200 || !bytes.Equal(viaAdmin, viaAPI) {
+			t.Fatalf("%s: admin gave %d bytes, /v1/files %d (status %d)", f.route, len(viaAdmin), len(viaAPI), st)
+		}
+	}
+}

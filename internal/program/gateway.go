@@ -322,9 +322,14 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	}
 	gw.g = gateway.New(gcfg, gw.cl, gateway.NewCatalog(workers, models), gw.nc, reg, log)
 
+	// The OpenAI API's listener first: the console needs its address.
+	if gw.ln, err = net.Listen("tcp", cfg.HTTP.Listen); err != nil {
+		return fmt.Errorf("gateway listen: %w", err)
+	}
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
 			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
+			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: reg,
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
@@ -332,9 +337,6 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 			return fmt.Errorf("admin listen: %w", err)
 		}
 		gw.part("admin API", func() error { return gw.adm.Serve(gw.admLn) })
-	}
-	if gw.ln, err = net.Listen("tcp", cfg.HTTP.Listen); err != nil {
-		return fmt.Errorf("gateway listen: %w", err)
 	}
 	gw.part("gateway", func() error { return gw.g.Serve(gw.ln) })
 	return nil
