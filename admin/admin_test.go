@@ -521,6 +521,9 @@ func TestKeysAndUsage(t *testing.T) {
 		{"?key_id=" + k.ID + "&model=llama-8b", []row{{k.ID, "llama-8b", 2, 11, 6}}},
 		{"?model=llama-8b", []row{{k.ID, "llama-8b", 2, 11, 6}, {open.ID, "llama-8b", 1, 2, 2}}},
 		{"?key_id=key_nobody", []row{}},
+		// per hour: all of it was this hour
+		{"?by=hour", []row{{k.ID, "llama-8b", 2, 11, 6}, {k.ID, "other", 1, 3, 4}, {open.ID, "llama-8b", 1, 2, 2}}},
+		{"?by=hour&hours=1&model=other", []row{{k.ID, "other", 1, 3, 4}}},
 	} {
 		var got struct {
 			Object string `json:"object"`
@@ -533,6 +536,9 @@ func TestKeysAndUsage(t *testing.T) {
 		if got.Object != "list" || fmt.Sprint(got.Data) != fmt.Sprint(want) {
 			t.Fatalf("usage%s = %+v, want %+v", tc.query, got.Data, want)
 		}
+	}
+	for _, q := range []string{"?by=day", "?by=hour&hours=0", "?by=hour&hours=193", "?by=hour&hours=x"} {
+		w.do("GET", "/usage"+q, "").expect(t, "usage "+q, 400, "invalid_value", "")
 	}
 }
 

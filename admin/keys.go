@@ -1,11 +1,15 @@
 package admin
 
 import (
+	"context"
 	"net/http"
+	"strconv"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // keyView is an API key as the admin API shows it: never its secret, except
@@ -66,7 +70,33 @@ func (s *Server) deleteKey(c *fiber.Ctx) error {
 func (s *Server) usage(c *fiber.Ctx) error {
 	ctx, cancel := s.ctx()
 	defer cancel()
+	switch c.Query("by") {
+	case "":
+	case "hour":
+		return s.usageHourly(c, ctx)
+	default:
+		return schemas.ErrInvalidValue.At("by", "by", `expected "hour" or nothing`)
+	}
 	rows, err := s.cfg.Store.Usage(ctx, c.Query("key_id"), c.Query("model"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(newList(rows))
+}
+
+// usageHourly is GET /usage?by=hour[&hours=N]: usage per hour of the last N
+// hours (default 24, at most the 192 the store keeps), this one included.
+func (s *Server) usageHourly(c *fiber.Ctx, ctx context.Context) error {
+	hours := 24
+	if v := c.Query("hours"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > int(registry.UsageHourlyTTL/time.Hour) {
+			return schemas.ErrInvalidValue.At("hours", "hours", "expected an integer from 1 to 192")
+		}
+		hours = n
+	}
+	now := time.Now()
+	rows, err := s.cfg.Store.UsageHourly(ctx, c.Query("key_id"), c.Query("model"), now.Add(-time.Duration(hours-1)*time.Hour), now)
 	if err != nil {
 		return err
 	}

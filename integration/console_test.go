@@ -128,6 +128,7 @@ func TestConsole(t *testing.T) {
 	waitFor("the new key", `(document.getElementById("new-key") || {textContent: ""}).textContent.startsWith("tb-")`)
 	waitFor("the key listed", `document.querySelectorAll("#keys tbody tr").length === 1`)
 	waitFor("usage", `(document.getElementById("usage") || {innerText: ""}).innerText.includes("console-lora")`)
+	waitFor("usage per hour", `(document.getElementById("usage-hourly") || {innerText: ""}).innerText.includes("console-lora")`)
 	shot("keys")
 
 	// Batches: one made on the OpenAI API shows with its progress.

@@ -163,11 +163,12 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 }
 
 // recordScript: KEYS[1] the key's rate hash, KEYS[2] its usage hash, KEYS[3]
-// the usage index, KEYS[4] the record's seen marker; ARGV now (ms or ""),
-// tokens used (0: none to count), key id, model, prompt tokens, completion
-// tokens, tokens reserved (0: none), the reservation's window, whether to
-// check and set the seen marker ("1"), the marker's lifetime (ms). Returns 1
-// for a record already counted.
+// the usage index, KEYS[4] the record's seen marker, KEYS[5] the key's hourly
+// usage of the day; ARGV now (ms or ""), tokens used (0: none to count), key
+// id, model, prompt tokens, completion tokens, tokens reserved (0: none), the
+// reservation's window, whether to check and set the seen marker ("1"), the
+// marker's lifetime (ms), the hour (unix hours), the hourly hash's lifetime
+// (ms). Returns 1 for a record already counted.
 var recordScript = redis.NewScript(nowLua + `
 if ARGV[9] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
   return 1
@@ -191,6 +192,11 @@ redis.call('HINCRBY', KEYS[2], 'requests|' .. m, 1)
 redis.call('HINCRBY', KEYS[2], 'prompt_tokens|' .. m, ARGV[5])
 redis.call('HINCRBY', KEYS[2], 'completion_tokens|' .. m, ARGV[6])
 redis.call('SADD', KEYS[3], ARGV[3])
+local h = ARGV[11]
+redis.call('HINCRBY', KEYS[5], h .. '|requests|' .. m, 1)
+redis.call('HINCRBY', KEYS[5], h .. '|prompt_tokens|' .. m, ARGV[5])
+redis.call('HINCRBY', KEYS[5], h .. '|completion_tokens|' .. m, ARGV[6])
+redis.call('PEXPIRE', KEYS[5], ARGV[12])
 if ARGV[9] == '1' then
   -- Last: a script that failed above left no marker, so its retry counts.
   redis.call('SET', KEYS[4], '1', 'PX', ARGV[10])
@@ -223,13 +229,18 @@ func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool
 	if rec.RequestID != "" {
 		check = "1"
 	}
+	clock := time.Now
+	if l.Now != nil {
+		clock = l.Now
+	}
+	hour := clock().Unix() / 3600
 	var n int64
 	err = l.store.br.Do(ctx, func(ctx context.Context) error {
 		var err error
 		n, err = recordScript.Run(ctx, l.store.rdb,
-			[]string{rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID)},
+			[]string{rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID), hourlyKey(id, hour/24)},
 			l.now(), tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
-			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds()).Int64()
+			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds()).Int64()
 		return storeErr(err)
 	})
 	return n == 1, err

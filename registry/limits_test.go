@@ -2,11 +2,14 @@ package registry_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -203,5 +206,63 @@ func TestUsage(t *testing.T) {
 				t.Fatalf("Usage(%q, %q) = %+v, want %+v", tc.key, tc.model, got, tc.want)
 			}
 		}
+	}
+}
+
+// Usage per hour: each record counts in its hour, across a day's end; a
+// window and a key or model narrow it; a redelivered record counts once.
+func TestUsageHourly(t *testing.T) {
+	s, rds := openStore(t)
+	l, clock := newLimiter(s)
+	ctx := context.Background()
+	start := clock.now().Truncate(time.Hour)
+	rec := func(id, model string, p, c int, reqID string) {
+		t.Helper()
+		if _, err := l.Record(ctx, schemas.UsageRecord{RequestID: reqID, KeyID: id, Model: model, Usage: schemas.Usage{PromptTokens: p, CompletionTokens: c}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec("key_a", "m", 10, 5, "r1")
+	rec("key_a", "m", 10, 5, "r1") // redelivered: once
+	rec("key_a", "org/x|y", 1, 1, "r2")
+	clock.add(time.Hour)
+	rec("key_a", "m", 3, 3, "r3")
+	rec("key_b", "m", 2, 0, "r4")
+	clock.add(24 * time.Hour) // the next day's hash
+	rec("key_a", "m", 1, 1, "r5")
+	h := func(n int64, id, m string, req, p, c int64) registry.HourlyUsageRow {
+		return registry.HourlyUsageRow{Hour: start.Unix() + n*3600, UsageRow: registry.UsageRow{KeyID: id, Model: m,
+			Requests: req, PromptTokens: p, CompletionTokens: c, TotalTokens: p + c}}
+	}
+	for _, tc := range []struct {
+		name       string
+		key, model string
+		since      time.Time
+		want       []registry.HourlyUsageRow
+	}{
+		{"all", "", "", start, []registry.HourlyUsageRow{h(0, "key_a", "m", 1, 10, 5), h(0, "key_a", "org/x|y", 1, 1, 1),
+			h(1, "key_a", "m", 1, 3, 3), h(1, "key_b", "m", 1, 2, 0), h(25, "key_a", "m", 1, 1, 1)}},
+		{"one key and model", "key_a", "m", start, []registry.HourlyUsageRow{h(0, "key_a", "m", 1, 10, 5),
+			h(1, "key_a", "m", 1, 3, 3), h(25, "key_a", "m", 1, 1, 1)}},
+		{"since an hour", "", "", start.Add(time.Hour + time.Minute), []registry.HourlyUsageRow{h(1, "key_a", "m", 1, 3, 3),
+			h(1, "key_b", "m", 1, 2, 0), h(25, "key_a", "m", 1, 1, 1)}},
+		{"nothing", "key_none", "", start, []registry.HourlyUsageRow{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := s.UsageHourly(ctx, tc.key, tc.model, tc.since, clock.now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+	// kept for UsageHourlyTTL, not for ever
+	rdb := goredis.NewClient(&goredis.Options{Addr: rds.Addr})
+	defer rdb.Close()
+	ttl, err := rdb.PTTL(ctx, fmt.Sprintf("{tokenbus}:usage:hourly:key_a:%d", start.Unix()/3600/24)).Result()
+	if err != nil || ttl <= 0 || ttl > registry.UsageHourlyTTL {
+		t.Fatalf("hourly hash TTL %v %v", ttl, err)
 	}
 }

@@ -3,7 +3,7 @@ import {h, table, field, when} from "../dom.js";
 
 // keys: API keys (create, shown once; revoke) and usage per key and model.
 export async function keys(ctx) {
-  const body = h("div"), usage = h("div"), shown = h("div", {"aria-live": "polite"});
+  const body = h("div"), usage = h("div"), hourly = h("div"), shown = h("div", {"aria-live": "polite"});
   const name = h("input", {name: "name", autocomplete: "off"});
   const tenant = h("input", {name: "tenant", required: true, autocomplete: "off"});
   const models = h("input", {name: "models", placeholder: "every model", autocomplete: "off"});
@@ -15,11 +15,13 @@ export async function keys(ctx) {
     h("button", {type: "submit", class: "primary"}, "Create key"));
   ctx.root.append(h("h1", {id: "title"}, "API keys and usage"), h("h2", null, "Create a key"), form, shown,
     h("h2", null, "Keys"), body, h("h2", null, "Usage per key and model"),
-    h("p", null, "Totals of finished requests since the store began (requests without a key count as anonymous)."), usage);
+    h("p", null, "Totals of finished requests since the store began (requests without a key count as anonymous)."), usage,
+    h("h2", null, "Usage per hour, last 24 hours"), hourly);
 
   const load = async () => {
     try {
-      const [k, u] = await Promise.all([admin("/keys", {signal: ctx.signal}), admin("/usage", {signal: ctx.signal})]);
+      const [k, u, hu] = await Promise.all([admin("/keys", {signal: ctx.signal}), admin("/usage", {signal: ctx.signal}),
+        admin("/usage?by=hour&hours=24", {signal: ctx.signal})]);
       const names = Object.fromEntries(k.data.map((x) => [x.id, x.name]));
       body.replaceChildren(table("keys", "API keys", ["Name", "Id", "Tenant", "Models", {name: "RPM", num: true}, {name: "TPM", num: true},
         "Key", "Created", "Actions"], k.data.map((x) => [
@@ -31,6 +33,12 @@ export async function keys(ctx) {
         {name: "Completion tokens", num: true}, {name: "Total tokens", num: true}], u.data.map((x) => [
         names[x.key_id] ? `${names[x.key_id]} (${x.key_id})` : x.key_id, x.model, x.requests, x.prompt_tokens, x.completion_tokens, x.total_tokens,
       ]), "No usage yet."));
+      hourly.replaceChildren(table("usage-hourly", "Usage per hour", ["Hour", "Key", "Model", {name: "Requests", num: true},
+        {name: "Prompt tokens", num: true}, {name: "Completion tokens", num: true}, {name: "Total tokens", num: true}],
+        hu.data.slice().reverse().map((x) => [
+          when(x.hour), names[x.key_id] ? `${names[x.key_id]} (${x.key_id})` : x.key_id, x.model, x.requests,
+          x.prompt_tokens, x.completion_tokens, x.total_tokens,
+        ]), "No usage in the last 24 hours."));
     } catch (e) {
       if (!ctx.signal.aborted) ctx.say(e.message, true);
     }
