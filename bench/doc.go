@@ -30,6 +30,11 @@
 //	tokenbus bench --url http://gw:8080/v1 --compare-url http://vllm:8000/v1 --request-rate 20 \
 //	    --shared-prefix 256 --warmup 8
 //
+// --adapters N spreads the requests over N LoRA adapters named
+// <model>-lora-1 … <model>-lora-N (registered beforehand), adapter k drawn
+// with weight 1/k^S (--adapter-zipf S, > 1), for adapter placement
+// (docs/routing.md).
+//
 // Every flag also reads TOKENBUS_<FLAG> (flag > environment > default).
 //
 // # Comparing two endpoints

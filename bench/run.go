@@ -31,6 +31,8 @@ type config struct {
 	dataset                string
 	sharedPrefix           int
 	prefixGroups           int
+	adapters               int
+	adapterZipf            float64
 	apiKey                 string
 	seed                   uint64
 	timeout                time.Duration
@@ -57,6 +59,8 @@ func newFlags(cfg *config) *pflag.FlagSet {
 	fs.StringVar(&cfg.dataset, "dataset", "", `JSONL file: {"prompt": "...", "output_len": N} or {"messages": [...]} per line`)
 	fs.IntVar(&cfg.sharedPrefix, "shared-prefix", 0, "every prompt begins with the same N-token prefix (prefix caching)")
 	fs.IntVar(&cfg.prefixGroups, "prefix-groups", 0, "with --shared-prefix: G different prefixes (system messages in chat), prompt i gets prefix i mod G, sent in shuffled order; G = --num-prompts gives the same load with no prefix to reuse")
+	fs.IntVar(&cfg.adapters, "adapters", 0, "spread the requests over N LoRA adapters named <model>-lora-1 … <model>-lora-N (register them first), drawn Zipf-distributed: adapter k with weight 1/k^S (warmup requests go to --model)")
+	fs.Float64Var(&cfg.adapterZipf, "adapter-zipf", 1.1, "with --adapters: the Zipf exponent S (> 1; larger: a few adapters take more of the load)")
 	fs.StringVar(&cfg.apiKey, "api-key", "", "sent as Authorization: Bearer")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed for prompts and arrivals")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "per-request timeout")
@@ -88,6 +92,10 @@ func (cfg *config) validate() error {
 		return errors.New("--input-len, --output-len, --shared-prefix and --prefix-groups must be >= 0")
 	case cfg.prefixGroups > 0 && (cfg.dataset != "" || cfg.sharedPrefix == 0):
 		return errors.New("--prefix-groups needs --shared-prefix and no --dataset")
+	case cfg.adapters < 0 || (cfg.adapters > 0 && !(cfg.adapterZipf > 1)):
+		return errors.New("--adapters must be >= 0, and --adapter-zipf > 1 with it")
+	case cfg.adapters > 0 && cfg.endpoint == "embeddings":
+		return errors.New("--adapters works with chat and completions only")
 	case cfg.timeout <= 0:
 		return errors.New("--timeout must be positive")
 	case cfg.rounds < 1:
@@ -275,6 +283,21 @@ func makePrompts(cfg *config) ([]promptSpec, error) {
 	return takePrompts(all, cfg.numPrompts), nil
 }
 
+// adapterPicks draws, for each of n requests, the adapter (1..cfg.adapters)
+// it goes to, Zipf-distributed; nil without --adapters. Seeded apart from
+// the prompts, so that the same prompts go with the same adapters.
+func adapterPicks(cfg *config, n int) []int {
+	if cfg.adapters <= 0 {
+		return nil
+	}
+	z := rand.NewZipf(rand.New(rand.NewPCG(cfg.seed, 3)), cfg.adapterZipf, 1, uint64(cfg.adapters-1))
+	out := make([]int, n)
+	for i := range out {
+		out[i] = int(z.Uint64()) + 1
+	}
+	return out
+}
+
 func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSpec, prog *progress) *endpoint {
 	path := "/chat/completions"
 	switch cfg.endpoint {
@@ -305,8 +328,13 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 		},
 		recs: make([]record, len(prompts)),
 	}
+	picks := adapterPicks(cfg, len(prompts))
 	for i, p := range prompts {
-		e.bodies = append(e.bodies, buildBody(p, model, cfg.endpoint, cfg.stream, cfg.usage, cfg.ignEOS))
+		m := model
+		if picks != nil {
+			m = fmt.Sprintf("%s-lora-%d", model, picks[i])
+		}
+		e.bodies = append(e.bodies, buildBody(p, m, cfg.endpoint, cfg.stream, cfg.usage, cfg.ignEOS))
 		e.recs[i] = record{Prompt: i, Start: -1}
 	}
 	for _, p := range warm {
@@ -420,7 +448,7 @@ func (cfg *config) asMap() map[string]any {
 		"url": cfg.url, "model": cfg.model, "endpoint": cfg.endpoint,
 		"concurrency": cfg.concurrency, "num_prompts": cfg.numPrompts,
 		"duration_s": cfg.duration.Seconds(), "input_len": cfg.inputLen, "output_len": cfg.outputLen,
-		"dataset": cfg.dataset, "shared_prefix": cfg.sharedPrefix, "prefix_groups": cfg.prefixGroups, "seed": cfg.seed,
+		"dataset": cfg.dataset, "shared_prefix": cfg.sharedPrefix, "prefix_groups": cfg.prefixGroups, "adapters": cfg.adapters, "adapter_zipf": cfg.adapterZipf, "seed": cfg.seed,
 		"timeout_s": cfg.timeout.Seconds(), "stream": cfg.stream, "usage": cfg.usage,
 		"ignore_eos": cfg.ignEOS, "warmup": cfg.warmup,
 	}

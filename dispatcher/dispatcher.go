@@ -82,6 +82,8 @@ type Config struct {
 	Keys       Keys
 	Admit      Admitter
 	KeyTimeout time.Duration
+	// Placement: adapter placement by demand (placement.go); off by default.
+	Placement PlacementConfig
 }
 
 func (c *Config) defaults() {
@@ -106,6 +108,7 @@ func (c *Config) defaults() {
 	if c.AdapterSpill <= 0 {
 		c.AdapterSpill = 0.5
 	}
+	c.Placement.defaults()
 	if c.KeyTimeout <= 0 {
 		c.KeyTimeout = defaultKeyTimeout
 	}
@@ -130,6 +133,7 @@ type Dispatcher struct {
 	log    *slog.Logger
 	fleet  *fleet.Fleet
 	m      *metrics
+	demand *demand // requests per adapter, for placement; nil when Placement is off
 
 	ready   chan struct{} // closed once Run has subscribed
 	started time.Time     // when Run subscribed: the fleet fills in the first heartbeat interval
@@ -154,6 +158,9 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
+	if cfg.Placement.On {
+		d.demand = newDemand(cfg.Placement)
+	}
 	d.fleet.CacheWeight, d.fleet.KVWeight = cfg.CacheWeight, cfg.KVWeight
 	d.fleet.BlockTokens = max(cfg.PrefixBlockBytes/bytesPerToken, 1)
 	d.register(reg)
@@ -217,6 +224,12 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	close(d.ready)
 	d.log.Info("dispatcher up")
+	if d.demand != nil {
+		placed := make(chan struct{})
+		pctx, stop := context.WithCancel(ctx)
+		go func() { defer close(placed); d.place(pctx) }()
+		defer func() { stop(); <-placed }()
+	}
 	t := time.NewTicker(d.cfg.SweepEvery)
 	defer t.Stop()
 	for {
@@ -358,6 +371,9 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 		return nil, schemas.ErrModelMismatch.New(r.model, "the "+schemas.HdrModel+" header", hm)
 	}
 	r.adapter = d.resolve(r.model)
+	if r.adapter != nil && d.demand != nil && r.attempt == 0 {
+		d.demand.observe(r.model, r.adapter, time.Now())
+	}
 	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
 		r.hashes = promptHashes(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
 	}

@@ -4,7 +4,10 @@
 // request to a worker serving its model, the least loaded or, for a prompt
 // whose prefix a worker probably holds in its KV cache, that one when it is
 // not much busier (prefix.go, docs/routing.md), and queues it
-// (bounded, priority then FIFO) when every such worker is full. Its per-model
+// (bounded, priority then FIFO) when every such worker is full. With
+// Config.Placement on it also places LoRA adapters by demand: it counts
+// requests per adapter and loads hot ones onto more workers, unloading cold
+// spare replicas (placement.go). Its per-model
 // gauges (queue depth, workers, running) are read at each scrape for every
 // model it knows, so an autoscaler reads 0, not nothing, while it is idle.
 //

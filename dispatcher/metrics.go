@@ -11,6 +11,8 @@ type metrics struct {
 	// adapterRouted counts requests for LoRA adapters by placement: holder,
 	// free_slot (the worker loads it), evict (the worker evicts one to load it).
 	adapterRouted *prometheus.CounterVec
+	// adapterPlaced counts adapter placement by demand's control requests.
+	adapterPlaced *prometheus.CounterVec
 	bounces       prometheus.Counter
 	rejected      *prometheus.CounterVec
 	queueWait     prometheus.Histogram
@@ -45,6 +47,10 @@ func newMetrics() *metrics {
 	return &metrics{
 		routed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_routed_total", Help: "Requests forwarded to a worker."}),
+		adapterPlaced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_adapter_placements_total",
+			Help: "Adapter placement by demand: loads of hot adapters onto one more worker (load), unloads of a cold adapter's spare replica (unload), unloads of a cold adapter to free a slot for a hot one (evict), by result (ok, error)."},
+			[]string{"action", "result"}),
 		adapterRouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_adapter_routed_total",
 			Help: "Requests for LoRA adapters routed, by placement: holder (had it loaded or loading), free_slot (loads it), evict (evicts one to load it)."},
@@ -90,7 +96,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 		return
 	}
 	m := d.m
-	reg.MustRegister(m.routed, m.adapterRouted, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
+	reg.MustRegister(m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
 		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, modelCollector{d})
 }
 

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"io"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -21,6 +22,10 @@ func registerDispatcher(fs *pflag.FlagSet, c *dispatcher.Config) {
 	fs.StringSliceVar(&c.ReplyPrefixes, "reply-prefix", c.ReplyPrefixes, "subject prefixes a request's reply subject must have (others are dropped)")
 	fs.BoolVar(&c.NoPrefixRouting, "no-prefix-routing", c.NoPrefixRouting, "route by load only, not also to the worker that holds the prompt's prefix in its KV cache (docs/routing.md)")
 	fs.Float64Var(&c.CacheWeight, "prefix-cache-weight", cmp.Or(c.CacheWeight, 1), "prefix-aware routing: how much load ratio (in flight over max concurrency) a fully cached prompt is worth")
+	fs.BoolVar(&c.Placement.On, "adapter-placement", c.Placement.On, "place LoRA adapters by demand: load hot adapters onto more workers ahead of requests, unload cold spare replicas (docs/routing.md); best on one dispatcher")
+	fs.Float64Var(&c.Placement.Up, "adapter-placement-up", cmp.Or(c.Placement.Up, 4), "adapter placement: add a replica while an adapter's requests/s per replica (as this dispatcher sees them) are above this")
+	fs.Float64Var(&c.Placement.Down, "adapter-placement-down", cmp.Or(c.Placement.Down, 1), "adapter placement: unload a spare replica while requests/s per remaining replica would be below this (at most half of --adapter-placement-up)")
+	fs.DurationVar(&c.Placement.MinInterval, "adapter-placement-interval", cmp.Or(c.Placement.MinInterval, 30*time.Second), "adapter placement: least time between two changes of one adapter's replicas")
 	fs.IntVar(&c.PrefixBlockBytes, "prefix-block-bytes", cmp.Or(c.PrefixBlockBytes, 64), "prefix-aware routing: bytes of prompt text per hashed block (about 16 tokens at 64); must match the workers' KV events")
 }
 
