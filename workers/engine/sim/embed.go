@@ -148,7 +148,6 @@ func (e *Engine) responseID(id string) string {
 	return strconv.FormatUint(e.nextID.Add(1), 36)
 }
 
-
 // EmbedText is the sim's embedding of text: a dims-long unit vector,
 // deterministic, in which texts that share words and word pieces are close
 // (cosine) and unrelated texts nearly orthogonal. Its features are every
