@@ -97,6 +97,27 @@ func (a batchAPI) wait(id string, until func(batch.Batch) bool) batch.Batch {
 	return b
 }
 
+// eachOutputLine checks every line of an output file with check, which
+// returns the line's custom_id: n lines, each custom_id once.
+func (a batchAPI) eachOutputLine(fileID string, n int, check func(line []byte) string) {
+	a.t.Helper()
+	var out []byte
+	if st := a.do("GET", "/v1/files/"+fileID+"/content", "", nil, &out); st != 200 {
+		a.t.Fatalf("output content: %d %s", st, out)
+	}
+	seen := map[string]bool{}
+	for _, line := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
+		id := check(line)
+		if seen[id] {
+			a.t.Fatalf("custom_id %q twice in the output", id)
+		}
+		seen[id] = true
+	}
+	if len(seen) != n {
+		a.t.Fatalf("%d custom_ids in the output, want %d", len(seen), n)
+	}
+}
+
 // startBatchDev starts tokenbus dev on free ports, no admin listener unless
 // edit sets one, stopped with the test.
 func startBatchDev(t *testing.T, edit func(*DevConfig)) (*Dev, batchAPI) {
@@ -161,12 +182,7 @@ func TestBatchRunsThroughDev(t *testing.T) {
 		!bytes.Contains(metrics, []byte("tokenbus_batch_lines_queued 0")) {
 		t.Fatalf("metrics: %d\n%s", st, metrics)
 	}
-	var out []byte
-	if st := api.do("GET", "/v1/files/"+*b.OutputFileID+"/content", "", nil, &out); st != 200 {
-		t.Fatalf("output content: %d %s", st, out)
-	}
-	seen := map[string]bool{}
-	for _, line := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
+	api.eachOutputLine(*b.OutputFileID, n, func(line []byte) string {
 		var ol struct {
 			ID       string `json:"id"`
 			CustomID string `json:"custom_id"`
@@ -180,15 +196,12 @@ func TestBatchRunsThroughDev(t *testing.T) {
 		if err := json.Unmarshal(line, &ol); err != nil {
 			t.Fatalf("output line %s: %v", line, err)
 		}
-		if seen[ol.CustomID] || !strings.HasPrefix(ol.ID, "batch_req_") || ol.Response.StatusCode != 200 ||
+		if !strings.HasPrefix(ol.ID, "batch_req_") || ol.Response.StatusCode != 200 ||
 			string(ol.Error) != "null" || !bytes.Contains(ol.Response.Body, []byte(`"chat.completion"`)) {
 			t.Fatalf("output line %s", line)
 		}
-		seen[ol.CustomID] = true
-	}
-	if len(seen) != n {
-		t.Fatalf("%d custom_ids in the output, want %d", len(seen), n)
-	}
+		return ol.CustomID
+	})
 }
 
 // Cancelling a running batch: lines running finish, lines not started are
@@ -481,12 +494,7 @@ func TestBatchEmbeddings(t *testing.T) {
 	if b.Status != batch.StatusCompleted || b.RequestCounts != (batch.RequestCounts{Total: n, Completed: n}) || b.OutputFileID == nil {
 		t.Fatalf("ended %+v errors %+v", b, b.Errors)
 	}
-	var out []byte
-	if st := api.do("GET", "/v1/files/"+*b.OutputFileID+"/content", "", nil, &out); st != 200 {
-		t.Fatalf("output content: %d %s", st, out)
-	}
-	seen := map[string]bool{}
-	for _, line := range bytes.Split(bytes.TrimSpace(out), []byte("\n")) {
+	api.eachOutputLine(*b.OutputFileID, n, func(line []byte) string {
 		var ol struct {
 			CustomID string `json:"custom_id"`
 			Response struct {
@@ -507,11 +515,8 @@ func TestBatchEmbeddings(t *testing.T) {
 		if r.StatusCode != 200 || r.Body.Object != "list" || len(r.Body.Data) != 1 || r.Body.Data[0].Object != "embedding" || len(r.Body.Data[0].Embedding) == 0 {
 			t.Fatalf("output line %s", line)
 		}
-		seen[ol.CustomID] = true
-	}
-	if len(seen) != n {
-		t.Fatalf("%d custom_ids, want %d", len(seen), n)
-	}
+		return ol.CustomID
+	})
 }
 
 // The console's batch routes on the admin API act for any tenant: cancel a
