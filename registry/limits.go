@@ -162,46 +162,55 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 	return d, nil
 }
 
-// recordScript: KEYS[1] the key's rate hash, KEYS[2] its usage hash, KEYS[3]
-// the usage index, KEYS[4] the record's seen marker, KEYS[5] the key's hourly
-// usage of the day; ARGV now (ms or ""), tokens used (0: none to count), key
-// id, model, prompt tokens, completion tokens, tokens reserved (0: none), the
-// reservation's window, whether to check and set the seen marker ("1"), the
-// marker's lifetime (ms), the hour (unix hours), the hourly hash's lifetime
-// (ms). Returns 1 for a record already counted.
+// recordScript records many requests' usage in one call, each as described
+// here with its own offsets (record i, from 0: KEYS[5i+1..5i+5], ARGV
+// [11i+3..11i+13]). KEYS: the key's rate hash, its usage hash, the usage
+// index, the record's seen marker, the key's hourly usage of the day. ARGV[1]
+// now (ms or ""), ARGV[2] the number of records; per record: tokens used (0:
+// none to count), key id, model, prompt tokens, completion tokens, tokens
+// reserved (0: none), the reservation's window, whether to check and set the
+// seen marker ("1"), the marker's lifetime (ms), the hour (unix hours), the
+// hourly hash's lifetime (ms). Returns one flag per record: 1 for a record
+// already counted.
 var recordScript = redis.NewScript(nowLua + `
-if ARGV[9] == '1' and redis.call('EXISTS', KEYS[4]) == 1 then
-  return 1
-end
-local tokens, reserved = tonumber(ARGV[2]), tonumber(ARGV[7])
-if reserved > 0 then
-  if tonumber(ARGV[8]) == win and tonumber(redis.call('HGET', KEYS[1], 'w')) == win then
-    local t = redis.call('HINCRBY', KEYS[1], 't', tokens - reserved)
-    if t < 0 then redis.call('HSET', KEYS[1], 't', 0) end
-  end
-elseif tokens > 0 then
-  if tonumber(redis.call('HGET', KEYS[1], 'w')) == win then
-    redis.call('HINCRBY', KEYS[1], 't', tokens)
+local dups = {}
+for i = 0, tonumber(ARGV[2]) - 1 do
+  local k, a = i * 5, 2 + i * 11
+  if ARGV[a+8] == '1' and redis.call('EXISTS', KEYS[k+4]) == 1 then
+    dups[i+1] = 1
   else
-    redis.call('HSET', KEYS[1], 'w', win, 'r', 0, 't', tokens)
+    local tokens, reserved = tonumber(ARGV[a+1]), tonumber(ARGV[a+6])
+    if reserved > 0 then
+      if tonumber(ARGV[a+7]) == win and tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
+        local t = redis.call('HINCRBY', KEYS[k+1], 't', tokens - reserved)
+        if t < 0 then redis.call('HSET', KEYS[k+1], 't', 0) end
+      end
+    elseif tokens > 0 then
+      if tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
+        redis.call('HINCRBY', KEYS[k+1], 't', tokens)
+      else
+        redis.call('HSET', KEYS[k+1], 'w', win, 'r', 0, 't', tokens)
+      end
+      redis.call('PEXPIRE', KEYS[k+1], reset + 60000)
+    end
+    local m = ARGV[a+3]
+    redis.call('HINCRBY', KEYS[k+2], 'requests|' .. m, 1)
+    redis.call('HINCRBY', KEYS[k+2], 'prompt_tokens|' .. m, ARGV[a+4])
+    redis.call('HINCRBY', KEYS[k+2], 'completion_tokens|' .. m, ARGV[a+5])
+    redis.call('SADD', KEYS[k+3], ARGV[a+2])
+    local h = ARGV[a+10]
+    redis.call('HINCRBY', KEYS[k+5], h .. '|requests|' .. m, 1)
+    redis.call('HINCRBY', KEYS[k+5], h .. '|prompt_tokens|' .. m, ARGV[a+4])
+    redis.call('HINCRBY', KEYS[k+5], h .. '|completion_tokens|' .. m, ARGV[a+5])
+    redis.call('PEXPIRE', KEYS[k+5], ARGV[a+11])
+    if ARGV[a+8] == '1' then
+      -- Last: a script that failed above left no marker, so its retry counts.
+      redis.call('SET', KEYS[k+4], '1', 'PX', ARGV[a+9])
+    end
+    dups[i+1] = 0
   end
-  redis.call('PEXPIRE', KEYS[1], reset + 60000)
 end
-local m = ARGV[4]
-redis.call('HINCRBY', KEYS[2], 'requests|' .. m, 1)
-redis.call('HINCRBY', KEYS[2], 'prompt_tokens|' .. m, ARGV[5])
-redis.call('HINCRBY', KEYS[2], 'completion_tokens|' .. m, ARGV[6])
-redis.call('SADD', KEYS[3], ARGV[3])
-local h = ARGV[11]
-redis.call('HINCRBY', KEYS[5], h .. '|requests|' .. m, 1)
-redis.call('HINCRBY', KEYS[5], h .. '|prompt_tokens|' .. m, ARGV[5])
-redis.call('HINCRBY', KEYS[5], h .. '|completion_tokens|' .. m, ARGV[6])
-redis.call('PEXPIRE', KEYS[5], ARGV[12])
-if ARGV[9] == '1' then
-  -- Last: a script that failed above left no marker, so its retry counts.
-  redis.call('SET', KEYS[4], '1', 'PX', ARGV[10])
-end
-return 0
+return dups
 `)
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
@@ -221,29 +230,47 @@ func seenKey(keyID, requestID string) string {
 // again (dup true): redelivered records count once. An empty KeyID (no API
 // key: auth off) is counted as AnonymousKey, with no window.
 func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool, err error) {
-	id, tokens, reserved := rec.KeyID, Tokens(rec.Usage), rec.Reserved
-	if id == "" {
-		id, tokens, reserved = AnonymousKey, 0, 0
-	}
-	check := "0"
-	if rec.RequestID != "" {
-		check = "1"
+	dups, err := l.RecordBatch(ctx, []schemas.UsageRecord{rec})
+	return dups == 1, err
+}
+
+// RecordBatch is Record for many records in one Redis call (one script run:
+// the usage consumer's records come in batches). dups counts the records
+// already counted. On an error, the records recorded before it are marked
+// seen, so that sending the whole batch again counts each once.
+func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error) {
+	if len(recs) == 0 {
+		return 0, nil
 	}
 	clock := time.Now
 	if l.Now != nil {
 		clock = l.Now
 	}
 	hour := clock().Unix() / 3600
-	var n int64
+	keys := make([]string, 0, 5*len(recs))
+	args := make([]any, 0, 2+11*len(recs))
+	args = append(args, l.now(), len(recs))
+	for _, rec := range recs {
+		id, tokens, reserved := rec.KeyID, Tokens(rec.Usage), rec.Reserved
+		if id == "" {
+			id, tokens, reserved = AnonymousKey, 0, 0
+		}
+		check := "0"
+		if rec.RequestID != "" {
+			check = "1"
+		}
+		keys = append(keys, rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID), hourlyKey(id, hour/24))
+		args = append(args, tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
+			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds())
+	}
 	err = l.store.br.Do(ctx, func(ctx context.Context) error {
-		var err error
-		n, err = recordScript.Run(ctx, l.store.rdb,
-			[]string{rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID), hourlyKey(id, hour/24)},
-			l.now(), tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
-			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds()).Int64()
+		flags, err := recordScript.Run(ctx, l.store.rdb, keys, args...).Int64Slice()
+		for _, f := range flags {
+			dups += int(f)
+		}
 		return storeErr(err)
 	})
-	return n == 1, err
+	return dups, err
 }
 
 // Tokens is what a request's usage counts against a TPM limit: prompt plus

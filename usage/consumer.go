@@ -2,7 +2,6 @@ package usage
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"time"
 
@@ -13,11 +12,12 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Recorder writes a record where usage is counted; registry.Limiter is
-// the one. dup reports a record it had already counted. It must be
-// idempotent by request id: a record may be delivered more than once.
+// Recorder writes records where usage is counted; registry.Limiter is the
+// one. dups counts records it had already counted. It must be idempotent by
+// request id: a record may be delivered more than once, and a batch that
+// failed is sent again whole.
 type Recorder interface {
-	Record(ctx context.Context, rec schemas.UsageRecord) (dup bool, err error)
+	RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error)
 }
 
 // ConsumerConfig configures Consume. Zero values take the defaults shown.
@@ -153,28 +153,29 @@ func (c *consumer) run(ctx context.Context, cons jetstream.Consumer) error {
 	}
 }
 
-// handle records one message; false when Redis did not take it.
+// handle records one message (the records of one or more requests); false
+// when Redis did not take them.
 func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) bool {
-	var rec schemas.UsageRecord
-	if err := json.Unmarshal(msg.Data(), &rec); err != nil || rec.RequestID == "" {
-		c.m.bad.Inc()
-		c.log.Error("usage consumer: not a usage record; removed", "subject", msg.Subject(), "err", err)
+	recs, bad := DecodeRecords(msg.Data())
+	if len(bad) > 0 {
+		c.m.bad.Add(float64(len(bad)))
+		c.log.Error("usage consumer: lines that are no usage record; removed", "subject", msg.Subject(),
+			"lines", len(bad), "err", bad[0])
+	}
+	if len(recs) == 0 {
 		_ = msg.Term()
 		return true
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	dup, err := c.rec.Record(rctx, rec)
+	dups, err := c.rec.RecordBatch(rctx, recs)
 	cancel()
 	if err != nil {
-		c.m.retried.Inc()
+		c.m.retried.Add(float64(len(recs)))
 		_ = msg.NakWithDelay(c.cfg.Retry)
 		return false
 	}
-	if dup {
-		c.m.duplicates.Inc()
-	} else {
-		c.m.recorded.Inc()
-	}
+	c.m.duplicates.Add(float64(dups))
+	c.m.recorded.Add(float64(len(recs) - dups))
 	_ = msg.Ack()
 	return true
 }

@@ -1,7 +1,10 @@
 package usage
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -62,3 +65,39 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, cfg StreamConfig)
 // msgID is the record's Nats-Msg-Id: a publish retried within the stream's
 // duplicate window is stored once.
 func msgID(rec schemas.UsageRecord) string { return rec.KeyID + ":" + rec.RequestID }
+
+// EncodeRecords appends recs to dst as one usage message: JSON Lines, one
+// schemas.UsageRecord per line (a single record is the same, one line).
+func EncodeRecords(dst []byte, recs []schemas.UsageRecord) []byte {
+	for i, rec := range recs {
+		if i > 0 {
+			dst = append(dst, '\n')
+		}
+		b, _ := json.Marshal(rec) // a struct of strings and numbers: no error
+		dst = append(dst, b...)
+	}
+	return dst
+}
+
+// DecodeRecords reads a usage message: the records of its lines, and the
+// lines that are no usage record (bad JSON, or no request id), each with
+// why. Blank lines are skipped.
+func DecodeRecords(data []byte) (recs []schemas.UsageRecord, bad []error) {
+	for line := range bytes.SplitSeq(data, []byte{'\n'}) {
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		var rec schemas.UsageRecord
+		switch err := json.Unmarshal(line, &rec); {
+		case err != nil:
+			bad = append(bad, err)
+		case rec.RequestID == "":
+			bad = append(bad, errNoRequestID)
+		default:
+			recs = append(recs, rec)
+		}
+	}
+	return recs, bad
+}
+
+var errNoRequestID = errors.New("a usage record without request_id")

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
@@ -31,19 +33,22 @@ func newRecorder() *recorder { return &recorder{seen: map[string]int{}} }
 
 var errDown = errors.New("redis down")
 
-func (r *recorder) Record(_ context.Context, rec schemas.UsageRecord) (bool, error) {
+func (r *recorder) RecordBatch(_ context.Context, recs []schemas.UsageRecord) (dups int, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
 	if r.down {
-		return false, errDown
+		return 0, errDown
 	}
-	r.seen[rec.RequestID]++
-	if r.seen[rec.RequestID] > 1 {
-		return true, nil
+	for _, rec := range recs {
+		r.seen[rec.RequestID]++
+		if r.seen[rec.RequestID] > 1 {
+			dups++
+			continue
+		}
+		r.tokens += rec.Usage.TotalTokens
 	}
-	r.tokens += rec.Usage.TotalTokens
-	return false, nil
+	return dups, nil
 }
 
 func (r *recorder) setDown(down bool) {
@@ -83,8 +88,9 @@ func record(i int) schemas.UsageRecord {
 }
 
 // Records published while the recorder (Redis) is down wait in the stream
-// and are written once it is back, each exactly once, though publishes are
-// repeated and deliveries retried; two consumers (two gateways) share them.
+// and are written once it is back, each exactly once, though deliveries are
+// retried; two consumers (two gateways) share them. They travel in batches:
+// far fewer messages than records.
 func TestRecordsWaitForRedis(t *testing.T) {
 	ns := testenv.NATS(t)
 	rec := newRecorder()
@@ -120,9 +126,6 @@ func TestRecordsWaitForRedis(t *testing.T) {
 		pub.Publish(record(i))
 		want += 1 + i
 	}
-	for i := range 20 { // published again (a retried publish): stored once
-		pub.Publish(record(i))
-	}
 	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer fcancel()
 	if err := pub.Flush(fctx); err != nil {
@@ -152,6 +155,92 @@ func TestRecordsWaitForRedis(t *testing.T) {
 		}
 	}
 	rec.mu.Unlock()
+	// 300 records published at once, at most 256 a message: a few messages
+	// (each taken by one of the 4 publishing goroutines as it came due).
+	js, err := jetstream.New(testenv.Connect(t, ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := js.Stream(ctx, usage.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msgs := info.State.LastSeq; msgs < 2 || msgs > 8 {
+		t.Fatalf("%d records went in %d messages; want them batched (2 to 8 messages)", n, msgs)
+	}
+}
+
+// A usage message is JSON Lines of records; a line that is no record is
+// reported, the others are read.
+func TestRecordsEncoding(t *testing.T) {
+	recs := []schemas.UsageRecord{record(1), record(2), record(3)}
+	b := usage.EncodeRecords(nil, recs)
+	got, bad := usage.DecodeRecords(b)
+	if len(bad) != 0 || !reflect.DeepEqual(got, recs) {
+		t.Fatalf("round trip: %+v, bad %v", got, bad)
+	}
+	tests := []struct {
+		name      string
+		in        string
+		recs, bad int
+	}{
+		{"one record, as older publishers send", `{"request_id":"r1","model":"m"}`, 1, 0},
+		{"blank lines skipped", "\n" + `{"request_id":"r1"}` + "\n\n" + `{"request_id":"r2"}` + "\n", 2, 0},
+		{"bad JSON among good", `{"request_id":"r1"}` + "\n{oops\n" + `{"request_id":"r2"}`, 2, 1},
+		{"no request id", `{"model":"m"}`, 0, 1},
+		{"empty", "", 0, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			recs, bad := usage.DecodeRecords([]byte(tc.in))
+			if len(recs) != tc.recs || len(bad) != tc.bad {
+				t.Fatalf("%d records, %d bad; want %d, %d", len(recs), len(bad), tc.recs, tc.bad)
+			}
+		})
+	}
+}
+
+// A trickle of records waits out the linger and goes in one message; Flush
+// does not wait for the linger.
+func TestPublisherLinger(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	s, err := usage.EnsureStream(ctx, js, usage.StreamConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := usage.NewPublisher(nc, usage.PublisherConfig{Linger: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { pub.Run(pctx); close(done) }()
+	defer func() { stop(); <-done }()
+	for i := range 5 {
+		pub.Publish(record(i))
+	}
+	fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pub.Flush(fctx); err != nil {
+		t.Fatalf("Flush waited for the hour's linger: %v", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != 1 {
+		t.Fatalf("5 records in %d messages; want 1", info.State.Msgs)
+	}
 }
 
 // Without JetStream a publisher hands records to its fallback; without a
@@ -176,7 +265,10 @@ func TestPublisherWithoutJetStream(t *testing.T) {
 		rec := newRecorder()
 		reg := prometheus.NewRegistry()
 		pub, err := usage.NewPublisher(nc, usage.PublisherConfig{Timeout: 200 * time.Millisecond, Metrics: reg,
-			Fallback: func(ctx context.Context, r schemas.UsageRecord) error { _, err := rec.Record(ctx, r); return err }})
+			Fallback: func(ctx context.Context, r []schemas.UsageRecord) error {
+				_, err := rec.RecordBatch(ctx, r)
+				return err
+			}})
 		if err != nil {
 			t.Fatal(err)
 		}
