@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"strconv"
 	"time"
@@ -162,55 +163,52 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 	return d, nil
 }
 
-// recordScript records many requests' usage in one call, each as described
-// here with its own offsets (record i, from 0: KEYS[5i+1..5i+5], ARGV
-// [11i+3..11i+13]). KEYS: the key's rate hash, its usage hash, the usage
-// index, the record's seen marker, the key's hourly usage of the day. ARGV[1]
-// now (ms or ""), ARGV[2] the number of records; per record: tokens used (0:
-// none to count), key id, model, prompt tokens, completion tokens, tokens
-// reserved (0: none), the reservation's window, whether to check and set the
-// seen marker ("1"), the marker's lifetime (ms), the hour (unix hours), the
-// hourly hash's lifetime (ms). Returns one flag per record: 1 for a record
-// already counted.
+// recordScript records a batch of usage, counted once: KEYS[1] the batch's
+// seen marker, KEYS[2] the usage index; per group g (from 0: the batch's
+// records summed by key, model and reservation window) KEYS[3g+3..3g+5]: the
+// key's rate hash, its usage hash, its hourly usage of the day. ARGV[1] now
+// (ms or ""), ARGV[2] whether to check and set the marker ("1"), ARGV[3] the
+// marker's lifetime (ms), ARGV[4] the hour (unix hours), ARGV[5] the hourly
+// hash's lifetime (ms), ARGV[6] the number of groups; per group
+// ARGV[8g+7..8g+14]: key id, model, requests, prompt tokens, completion
+// tokens, tokens used (0: none to count), tokens reserved (0: none), the
+// reservation's window. Returns 1 for a batch already counted.
 var recordScript = redis.NewScript(nowLua + `
-local dups = {}
-for i = 0, tonumber(ARGV[2]) - 1 do
-  local k, a = i * 5, 2 + i * 11
-  if ARGV[a+8] == '1' and redis.call('EXISTS', KEYS[k+4]) == 1 then
-    dups[i+1] = 1
-  else
-    local tokens, reserved = tonumber(ARGV[a+1]), tonumber(ARGV[a+6])
-    if reserved > 0 then
-      if tonumber(ARGV[a+7]) == win and tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
-        local t = redis.call('HINCRBY', KEYS[k+1], 't', tokens - reserved)
-        if t < 0 then redis.call('HSET', KEYS[k+1], 't', 0) end
-      end
-    elseif tokens > 0 then
-      if tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
-        redis.call('HINCRBY', KEYS[k+1], 't', tokens)
-      else
-        redis.call('HSET', KEYS[k+1], 'w', win, 'r', 0, 't', tokens)
-      end
-      redis.call('PEXPIRE', KEYS[k+1], reset + 60000)
-    end
-    local m = ARGV[a+3]
-    redis.call('HINCRBY', KEYS[k+2], 'requests|' .. m, 1)
-    redis.call('HINCRBY', KEYS[k+2], 'prompt_tokens|' .. m, ARGV[a+4])
-    redis.call('HINCRBY', KEYS[k+2], 'completion_tokens|' .. m, ARGV[a+5])
-    redis.call('SADD', KEYS[k+3], ARGV[a+2])
-    local h = ARGV[a+10]
-    redis.call('HINCRBY', KEYS[k+5], h .. '|requests|' .. m, 1)
-    redis.call('HINCRBY', KEYS[k+5], h .. '|prompt_tokens|' .. m, ARGV[a+4])
-    redis.call('HINCRBY', KEYS[k+5], h .. '|completion_tokens|' .. m, ARGV[a+5])
-    redis.call('PEXPIRE', KEYS[k+5], ARGV[a+11])
-    if ARGV[a+8] == '1' then
-      -- Last: a script that failed above left no marker, so its retry counts.
-      redis.call('SET', KEYS[k+4], '1', 'PX', ARGV[a+9])
-    end
-    dups[i+1] = 0
-  end
+if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
+  return 1
 end
-return dups
+local h = ARGV[4]
+for g = 0, tonumber(ARGV[6]) - 1 do
+  local k, a = 2 + g * 3, 6 + g * 8
+  local tokens, reserved = tonumber(ARGV[a+6]), tonumber(ARGV[a+7])
+  if reserved > 0 then
+    if tonumber(ARGV[a+8]) == win and tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
+      local t = redis.call('HINCRBY', KEYS[k+1], 't', tokens - reserved)
+      if t < 0 then redis.call('HSET', KEYS[k+1], 't', 0) end
+    end
+  elseif tokens > 0 then
+    if tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
+      redis.call('HINCRBY', KEYS[k+1], 't', tokens)
+    else
+      redis.call('HSET', KEYS[k+1], 'w', win, 'r', 0, 't', tokens)
+    end
+    redis.call('PEXPIRE', KEYS[k+1], reset + 60000)
+  end
+  local m = ARGV[a+2]
+  redis.call('HINCRBY', KEYS[k+2], 'requests|' .. m, ARGV[a+3])
+  redis.call('HINCRBY', KEYS[k+2], 'prompt_tokens|' .. m, ARGV[a+4])
+  redis.call('HINCRBY', KEYS[k+2], 'completion_tokens|' .. m, ARGV[a+5])
+  redis.call('SADD', KEYS[2], ARGV[a+1])
+  redis.call('HINCRBY', KEYS[k+3], h .. '|requests|' .. m, ARGV[a+3])
+  redis.call('HINCRBY', KEYS[k+3], h .. '|prompt_tokens|' .. m, ARGV[a+4])
+  redis.call('HINCRBY', KEYS[k+3], h .. '|completion_tokens|' .. m, ARGV[a+5])
+  redis.call('PEXPIRE', KEYS[k+3], ARGV[5])
+end
+if ARGV[2] == '1' then
+  -- Last: a script that failed above left no marker, so its retry counts.
+  redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+end
+return 0
 `)
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
@@ -220,9 +218,8 @@ return dups
 // to 10 minutes of requests (about 60 MB at 1,000 requests/s).
 const UsageSeenTTL = 10 * time.Minute
 
-func seenKey(keyID, requestID string) string {
-	return "{tokenbus}:usage:seen:" + keyID + ":" + requestID
-}
+// usageSeenPrefix + a batch's id is its marker.
+const usageSeenPrefix = "{tokenbus}:usage:seen:"
 
 // Record adds one finished request's usage to its key's counters for its
 // model and settles its reservation (see Admit), in one atomic step. A
@@ -230,47 +227,92 @@ func seenKey(keyID, requestID string) string {
 // again (dup true): redelivered records count once. An empty KeyID (no API
 // key: auth off) is counted as AnonymousKey, with no window.
 func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool, err error) {
-	dups, err := l.RecordBatch(ctx, []schemas.UsageRecord{rec})
-	return dups == 1, err
+	id := ""
+	if rec.RequestID != "" {
+		id = cmp.Or(rec.KeyID, AnonymousKey) + ":" + rec.RequestID
+	}
+	return l.RecordBatch(ctx, id, []schemas.UsageRecord{rec})
 }
 
-// RecordBatch is Record for many records in one Redis call (one script run:
-// the usage consumer's records come in batches). dups counts the records
-// already counted. On an error, the records recorded before it are marked
-// seen, so that sending the whole batch again counts each once.
-func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error) {
+// RecordBatch is Record for a batch of records (the usage consumer's come in
+// batches), in one Redis call and counted once by the batch's id: a batch
+// whose id was recorded within UsageSeenTTL counts nothing again (dup true;
+// "" turns the check off). Records of one key, model and reservation window
+// are summed first, so the call grows with the keys and models in the
+// batch, not with its requests.
+func (l *Limiter) RecordBatch(ctx context.Context, id string, recs []schemas.UsageRecord) (dup bool, err error) {
 	if len(recs) == 0 {
-		return 0, nil
+		return false, nil
 	}
 	clock := time.Now
 	if l.Now != nil {
 		clock = l.Now
 	}
 	hour := clock().Unix() / 3600
-	keys := make([]string, 0, 5*len(recs))
-	args := make([]any, 0, 2+11*len(recs))
-	args = append(args, l.now(), len(recs))
-	for _, rec := range recs {
-		id, tokens, reserved := rec.KeyID, Tokens(rec.Usage), rec.Reserved
-		if id == "" {
-			id, tokens, reserved = AnonymousKey, 0, 0
-		}
-		check := "0"
-		if rec.RequestID != "" {
-			check = "1"
-		}
-		keys = append(keys, rateKey(id), usageKey(id), keyUsageIndex, seenKey(id, rec.RequestID), hourlyKey(id, hour/24))
-		args = append(args, tokens, id, rec.Model, rec.Usage.PromptTokens, rec.Usage.CompletionTokens,
-			max(reserved, 0), rec.Window, check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds())
+	groups := sumUsage(recs)
+	check := "0"
+	if id != "" {
+		check = "1"
 	}
+	keys := make([]string, 0, 2+3*len(groups))
+	keys = append(keys, usageSeenPrefix+id, keyUsageIndex)
+	args := make([]any, 0, 6+8*len(groups))
+	args = append(args, l.now(), check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds(), len(groups))
+	for _, g := range groups {
+		keys = append(keys, rateKey(g.key), usageKey(g.key), hourlyKey(g.key, hour/24))
+		args = append(args, g.key, g.model, g.requests, g.prompt, g.completion, g.tokens, g.reserved, g.window)
+	}
+	var n int64
 	err = l.store.br.Do(ctx, func(ctx context.Context) error {
-		flags, err := recordScript.Run(ctx, l.store.rdb, keys, args...).Int64Slice()
-		for _, f := range flags {
-			dups += int(f)
-		}
+		var err error
+		n, err = recordScript.Run(ctx, l.store.rdb, keys, args...).Int64()
 		return storeErr(err)
 	})
-	return dups, err
+	return n == 1, err
+}
+
+// usageSum is the usage of a batch's records of one key, model and
+// reservation window.
+type usageSum struct {
+	key, model                                     string
+	window                                         int64
+	requests, prompt, completion, tokens, reserved int
+}
+
+// sumUsage groups recs by key (AnonymousKey for none: counted, never
+// limited), model and the window a reservation was made in, keeping the
+// records' order of first appearance.
+func sumUsage(recs []schemas.UsageRecord) []usageSum {
+	type group struct {
+		key, model string
+		window     int64
+		reserved   bool
+	}
+	var sums []usageSum
+	at := make(map[group]int, 4)
+	for _, rec := range recs {
+		key, tokens, reserved, window := rec.KeyID, Tokens(rec.Usage), max(rec.Reserved, 0), rec.Window
+		if key == "" {
+			key, tokens, reserved = AnonymousKey, 0, 0
+		}
+		if reserved == 0 {
+			window = 0 // counted in the current window, whichever
+		}
+		g := group{key, rec.Model, window, reserved > 0}
+		i, ok := at[g]
+		if !ok {
+			i = len(sums)
+			at[g] = i
+			sums = append(sums, usageSum{key: key, model: rec.Model, window: window})
+		}
+		s := &sums[i]
+		s.requests++
+		s.prompt += rec.Usage.PromptTokens
+		s.completion += rec.Usage.CompletionTokens
+		s.tokens += tokens
+		s.reserved += reserved
+	}
+	return sums
 }
 
 // Tokens is what a request's usage counts against a TPM limit: prompt plus

@@ -223,3 +223,77 @@ func TestKeyCacheMaxStale(t *testing.T) {
 		return nil
 	})
 }
+
+// A batch counts as its records recorded one by one would (summed by key,
+// model and reservation window: a reservation of a past window settles
+// nothing, one of the current window does), and a batch id counts once.
+func TestRecordBatchSumsAsSingles(t *testing.T) {
+	ctx := context.Background()
+	k := registry.Key{ID: "key_b1", KeySpec: registry.KeySpec{TPM: 10_000}}
+	// state: usage rows of every key and the tokens k's current window holds.
+	state := func(s *registry.Store, l *registry.Limiter, now time.Time) ([]registry.UsageRow, []registry.HourlyUsageRow, int) {
+		rows, err := s.Usage(ctx, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		hourly, err := s.UsageHourly(ctx, "", "", now.Add(-time.Hour), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := l.Admit(ctx, k, registry.Admission{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rows, hourly, d.Tokens
+	}
+	run := func(batch bool) ([]registry.UsageRow, []registry.HourlyUsageRow, int) {
+		s, _ := openStore(t)
+		l, clock := newLimiter(s)
+		old, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock.add(time.Minute) // old's window is past
+		cur, err := l.Admit(ctx, k, registry.Admission{Requests: 2, Tokens: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := func(p, c int) schemas.Usage { return schemas.Usage{PromptTokens: p, CompletionTokens: c} }
+		recs := []schemas.UsageRecord{
+			{RequestID: "r1", KeyID: k.ID, Model: "m", Usage: u(10, 20), Reserved: 50, Window: cur.Window},
+			{RequestID: "r2", KeyID: k.ID, Model: "m", Usage: u(5, 5), Reserved: 50, Window: cur.Window},
+			{RequestID: "r3", KeyID: k.ID, Model: "m", Usage: u(7, 7), Reserved: 40, Window: old.Window},
+			{RequestID: "r4", KeyID: k.ID, Model: "m", Usage: u(1, 2)},
+			{RequestID: "r5", KeyID: k.ID, Model: "other", Usage: u(3, 3)},
+			{RequestID: "r6", KeyID: "key_b2", Model: "m", Usage: u(4, 4)},
+			{RequestID: "r7", Model: "m", Usage: u(9, 9)}, // no key: anonymous
+		}
+		if batch {
+			for i, want := range []bool{false, true} { // delivered twice: counted once
+				if dup, err := l.RecordBatch(ctx, "batch-1", recs); err != nil || dup != want {
+					t.Fatalf("batch, delivery %d: dup %v, %v", i+1, dup, err)
+				}
+			}
+		} else {
+			for _, rec := range recs {
+				if _, err := l.Record(ctx, rec); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return state(s, l, clock.now())
+	}
+	rows1, hourly1, tokens1 := run(false)
+	rows2, hourly2, tokens2 := run(true)
+	// 100 reserved, settled to 30 + 10; r3's old window settles nothing here;
+	// r4 and r5 (no reservation) add 3 + 6.
+	if tokens1 != 49 || tokens2 != tokens1 {
+		t.Fatalf("window tokens: one by one %d, as a batch %d; want 49", tokens1, tokens2)
+	}
+	if fmt.Sprint(rows1) != fmt.Sprint(rows2) || len(rows1) != 4 {
+		t.Fatalf("usage one by one %+v\nas a batch %+v", rows1, rows2)
+	}
+	if fmt.Sprint(hourly1) != fmt.Sprint(hourly2) || len(hourly1) != 4 {
+		t.Fatalf("hourly one by one %+v\nas a batch %+v", hourly1, hourly2)
+	}
+}
