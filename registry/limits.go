@@ -163,63 +163,108 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 	return d, nil
 }
 
-// recordScript records a batch of usage, counted once: KEYS[1] the batch's
-// seen marker, KEYS[2] the usage index; per group g (from 0: the batch's
-// records summed by key, model and reservation window) KEYS[3g+3..3g+5]: the
-// key's rate hash, its usage hash, its hourly usage of the day. ARGV[1] now
-// (ms or ""), ARGV[2] whether to check and set the marker ("1"), ARGV[3] the
-// marker's lifetime (ms), ARGV[4] the hour (unix hours), ARGV[5] the hourly
-// hash's lifetime (ms), ARGV[6] the number of groups; per group
-// ARGV[8g+7..8g+14]: key id, model, requests, prompt tokens, completion
-// tokens, tokens used (0: none to count), tokens reserved (0: none), the
-// reservation's window. Returns 1 for a batch already counted.
+// recordScript records a batch of usage records, each counted once by its
+// request id. KEYS[1] this period's set of recorded request ids, KEYS[2] the
+// last period's, KEYS[3] the usage index; per group g (from 0: the records
+// of one key, model and reservation window) KEYS[3g+4..3g+6]: the key's rate
+// hash, its usage hash, its hourly usage of the day. ARGV[1] now (ms or ""),
+// ARGV[2] the sets' lifetime (ms), ARGV[3] the hour (unix hours), ARGV[4]
+// the hourly hash's lifetime (ms), ARGV[5] groups G, ARGV[6] records N; per
+// group ARGV[3g+7..3g+9]: key id, model, the reservation's window (0: none
+// reserved); per record i ARGV[6+3G+6i+1..+6]: its id in the sets ("": not
+// checked), its group (from 1), prompt tokens, completion tokens, tokens
+// used (0: none to count), tokens reserved. Returns the records already
+// counted. The checks cost two calls per batch, not two per record: the
+// embedded store of tokenbus dev makes buffers for every call.
 var recordScript = redis.NewScript(nowLua + `
-if ARGV[2] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then
-  return 1
-end
-local h = ARGV[4]
-for g = 0, tonumber(ARGV[6]) - 1 do
-  local k, a = 2 + g * 3, 6 + g * 8
-  local tokens, reserved = tonumber(ARGV[a+6]), tonumber(ARGV[a+7])
-  if reserved > 0 then
-    if tonumber(ARGV[a+8]) == win and tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
-      local t = redis.call('HINCRBY', KEYS[k+1], 't', tokens - reserved)
-      if t < 0 then redis.call('HSET', KEYS[k+1], 't', 0) end
-    end
-  elseif tokens > 0 then
-    if tonumber(redis.call('HGET', KEYS[k+1], 'w')) == win then
-      redis.call('HINCRBY', KEYS[k+1], 't', tokens)
-    else
-      redis.call('HSET', KEYS[k+1], 'w', win, 'r', 0, 't', tokens)
-    end
-    redis.call('PEXPIRE', KEYS[k+1], reset + 60000)
+local G, N = tonumber(ARGV[5]), tonumber(ARGV[6])
+local base = 6 + 3 * G
+local ids, at, skip, fresh = {}, {}, {}, {}
+for i = 0, N - 1 do
+  local id = ARGV[base + 6 * i + 1]
+  if id ~= '' then
+    ids[#ids + 1] = id
+    at[#ids] = i
   end
-  local m = ARGV[a+2]
-  redis.call('HINCRBY', KEYS[k+2], 'requests|' .. m, ARGV[a+3])
-  redis.call('HINCRBY', KEYS[k+2], 'prompt_tokens|' .. m, ARGV[a+4])
-  redis.call('HINCRBY', KEYS[k+2], 'completion_tokens|' .. m, ARGV[a+5])
-  redis.call('SADD', KEYS[2], ARGV[a+1])
-  redis.call('HINCRBY', KEYS[k+3], h .. '|requests|' .. m, ARGV[a+3])
-  redis.call('HINCRBY', KEYS[k+3], h .. '|prompt_tokens|' .. m, ARGV[a+4])
-  redis.call('HINCRBY', KEYS[k+3], h .. '|completion_tokens|' .. m, ARGV[a+5])
-  redis.call('PEXPIRE', KEYS[k+3], ARGV[5])
 end
-if ARGV[2] == '1' then
-  -- Last: a script that failed above left no marker, so its retry counts.
-  redis.call('SET', KEYS[1], '1', 'PX', ARGV[3])
+if #ids > 0 then
+  for _, set in ipairs({KEYS[1], KEYS[2]}) do
+    local seen = redis.call('SMISMEMBER', set, unpack(ids))
+    for j = 1, #ids do
+      if seen[j] == 1 then skip[at[j]] = true end
+    end
+  end
 end
-return 0
+local req, p, c, t, res = {}, {}, {}, {}, {}
+for g = 1, G do req[g], p[g], c[g], t[g], res[g] = 0, 0, 0, 0, 0 end
+local dups, once = 0, {}
+for i = 0, N - 1 do
+  local r = base + 6 * i
+  local id = ARGV[r + 1]
+  if skip[i] or (id ~= '' and once[id]) then
+    dups = dups + 1
+  else
+    if id ~= '' then
+      once[id] = true
+      fresh[#fresh + 1] = id
+    end
+    local g = tonumber(ARGV[r + 2])
+    req[g] = req[g] + 1
+    p[g] = p[g] + tonumber(ARGV[r + 3])
+    c[g] = c[g] + tonumber(ARGV[r + 4])
+    t[g] = t[g] + tonumber(ARGV[r + 5])
+    res[g] = res[g] + tonumber(ARGV[r + 6])
+  end
+end
+local h = ARGV[3]
+for g = 1, G do
+  if req[g] > 0 then
+    local k, a = 3 * g, 6 + 3 * (g - 1)
+    local tokens, reserved = t[g], res[g]
+    if reserved > 0 then
+      if tonumber(ARGV[a + 3]) == win and tonumber(redis.call('HGET', KEYS[k + 1], 'w')) == win then
+        local n = redis.call('HINCRBY', KEYS[k + 1], 't', tokens - reserved)
+        if n < 0 then redis.call('HSET', KEYS[k + 1], 't', 0) end
+      end
+    elseif tokens > 0 then
+      if tonumber(redis.call('HGET', KEYS[k + 1], 'w')) == win then
+        redis.call('HINCRBY', KEYS[k + 1], 't', tokens)
+      else
+        redis.call('HSET', KEYS[k + 1], 'w', win, 'r', 0, 't', tokens)
+      end
+      redis.call('PEXPIRE', KEYS[k + 1], reset + 60000)
+    end
+    local m = ARGV[a + 2]
+    redis.call('HINCRBY', KEYS[k + 2], 'requests|' .. m, req[g])
+    redis.call('HINCRBY', KEYS[k + 2], 'prompt_tokens|' .. m, p[g])
+    redis.call('HINCRBY', KEYS[k + 2], 'completion_tokens|' .. m, c[g])
+    redis.call('SADD', KEYS[3], ARGV[a + 1])
+    redis.call('HINCRBY', KEYS[k + 3], h .. '|requests|' .. m, req[g])
+    redis.call('HINCRBY', KEYS[k + 3], h .. '|prompt_tokens|' .. m, p[g])
+    redis.call('HINCRBY', KEYS[k + 3], h .. '|completion_tokens|' .. m, c[g])
+    redis.call('PEXPIRE', KEYS[k + 3], ARGV[4])
+  end
+end
+if #fresh > 0 then
+  -- Last: a script that failed above left no ids, so its retry counts.
+  redis.call('SADD', KEYS[1], unpack(fresh))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return dups
 `)
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
 // delivered again within it is not counted twice. A record is delivered
 // again when the ack of a recorded one is lost: after the usage consumer's
-// AckWait (30 s), so 10 minutes is a wide margin, and it bounds the markers
-// to 10 minutes of requests (about 60 MB at 1,000 requests/s).
+// AckWait (30 s), so 10 minutes is a wide margin. The ids are kept in one
+// set per 10 minutes, each set for 20: every id is remembered for 10 to 20
+// minutes, which bounds them to 20 minutes of requests (about 80 MB at 1,000
+// requests/s).
 const UsageSeenTTL = 10 * time.Minute
 
-// usageSeenPrefix + a batch's id is its marker.
-const usageSeenPrefix = "{tokenbus}:usage:seen:"
+// seenSet is the set of the request ids (<key id>:<request id>) recorded in
+// a period of UsageSeenTTL.
+func seenSet(period int64) string { return "{tokenbus}:usage:seen:" + strconv.FormatInt(period, 10) }
 
 // Record adds one finished request's usage to its key's counters for its
 // model and settles its reservation (see Admit), in one atomic step. A
@@ -227,40 +272,48 @@ const usageSeenPrefix = "{tokenbus}:usage:seen:"
 // again (dup true): redelivered records count once. An empty KeyID (no API
 // key: auth off) is counted as AnonymousKey, with no window.
 func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool, err error) {
-	id := ""
-	if rec.RequestID != "" {
-		id = cmp.Or(rec.KeyID, AnonymousKey) + ":" + rec.RequestID
-	}
-	return l.RecordBatch(ctx, id, []schemas.UsageRecord{rec})
+	dups, err := l.RecordBatch(ctx, []schemas.UsageRecord{rec})
+	return dups == 1, err
 }
 
-// RecordBatch is Record for a batch of records (the usage consumer's come in
-// batches), in one Redis call and counted once by the batch's id: a batch
-// whose id was recorded within UsageSeenTTL counts nothing again (dup true;
-// "" turns the check off). Records of one key, model and reservation window
-// are summed first, so the call grows with the keys and models in the
-// batch, not with its requests.
-func (l *Limiter) RecordBatch(ctx context.Context, id string, recs []schemas.UsageRecord) (dup bool, err error) {
+// RecordBatch is Record for many records (the usage consumer's come in
+// batches) in one Redis call; dups counts those already counted. Records of
+// one key, model and reservation window are summed, so the call's Redis
+// commands grow with the keys and models in the batch, not its requests.
+// On an error nothing is counted: the batch may be sent again whole.
+func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error) {
 	if len(recs) == 0 {
-		return false, nil
+		return 0, nil
 	}
 	clock := time.Now
 	if l.Now != nil {
 		clock = l.Now
 	}
-	hour := clock().Unix() / 3600
-	groups := sumUsage(recs)
-	check := "0"
-	if id != "" {
-		check = "1"
-	}
-	keys := make([]string, 0, 2+3*len(groups))
-	keys = append(keys, usageSeenPrefix+id, keyUsageIndex)
-	args := make([]any, 0, 6+8*len(groups))
-	args = append(args, l.now(), check, UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds(), len(groups))
+	now := clock()
+	hour := now.Unix() / 3600
+	groups, of := sumUsage(recs)
+	// A request id stays in this period's set or the last one's: counted
+	// once for at least UsageSeenTTL.
+	period := now.UnixMilli() / UsageSeenTTL.Milliseconds()
+	keys := make([]string, 0, 3+3*len(groups))
+	keys = append(keys, seenSet(period), seenSet(period-1), keyUsageIndex)
+	args := make([]any, 0, 6+3*len(groups)+6*len(recs))
+	args = append(args, l.now(), 2*UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds(), len(groups), len(recs))
 	for _, g := range groups {
 		keys = append(keys, rateKey(g.key), usageKey(g.key), hourlyKey(g.key, hour/24))
-		args = append(args, g.key, g.model, g.requests, g.prompt, g.completion, g.tokens, g.reserved, g.window)
+		args = append(args, g.key, g.model, g.window)
+	}
+	for i, rec := range recs {
+		g := groups[of[i]]
+		id := ""
+		if rec.RequestID != "" {
+			id = g.key + ":" + rec.RequestID
+		}
+		tokens, reserved := Tokens(rec.Usage), max(rec.Reserved, 0)
+		if g.key == AnonymousKey && rec.KeyID == "" {
+			tokens, reserved = 0, 0 // counted, never limited
+		}
+		args = append(args, id, of[i]+1, rec.Usage.PromptTokens, rec.Usage.CompletionTokens, tokens, reserved)
 	}
 	var n int64
 	err = l.store.br.Do(ctx, func(ctx context.Context) error {
@@ -268,51 +321,41 @@ func (l *Limiter) RecordBatch(ctx context.Context, id string, recs []schemas.Usa
 		n, err = recordScript.Run(ctx, l.store.rdb, keys, args...).Int64()
 		return storeErr(err)
 	})
-	return n == 1, err
+	return int(n), err
 }
 
-// usageSum is the usage of a batch's records of one key, model and
-// reservation window.
-type usageSum struct {
-	key, model                                     string
-	window                                         int64
-	requests, prompt, completion, tokens, reserved int
+// usageGroup is the records of a batch of one key, model and reservation
+// window.
+type usageGroup struct {
+	key, model string
+	window     int64 // 0: nothing reserved
 }
 
-// sumUsage groups recs by key (AnonymousKey for none: counted, never
-// limited), model and the window a reservation was made in, keeping the
-// records' order of first appearance.
-func sumUsage(recs []schemas.UsageRecord) []usageSum {
+// sumUsage groups recs by key (AnonymousKey for none), model and the window
+// a reservation was made in, in order of first appearance; of[i] is recs[i]'s
+// group.
+func sumUsage(recs []schemas.UsageRecord) (groups []usageGroup, of []int) {
 	type group struct {
-		key, model string
-		window     int64
-		reserved   bool
+		usageGroup
+		reserved bool
 	}
-	var sums []usageSum
 	at := make(map[group]int, 4)
-	for _, rec := range recs {
-		key, tokens, reserved, window := rec.KeyID, Tokens(rec.Usage), max(rec.Reserved, 0), rec.Window
-		if key == "" {
-			key, tokens, reserved = AnonymousKey, 0, 0
-		}
-		if reserved == 0 {
+	of = make([]int, len(recs))
+	for i, rec := range recs {
+		key, window, reserved := cmp.Or(rec.KeyID, AnonymousKey), rec.Window, rec.Reserved > 0 && rec.KeyID != ""
+		if !reserved {
 			window = 0 // counted in the current window, whichever
 		}
-		g := group{key, rec.Model, window, reserved > 0}
-		i, ok := at[g]
+		g := group{usageGroup{key, rec.Model, window}, reserved}
+		n, ok := at[g]
 		if !ok {
-			i = len(sums)
-			at[g] = i
-			sums = append(sums, usageSum{key: key, model: rec.Model, window: window})
+			n = len(groups)
+			at[g] = n
+			groups = append(groups, g.usageGroup)
 		}
-		s := &sums[i]
-		s.requests++
-		s.prompt += rec.Usage.PromptTokens
-		s.completion += rec.Usage.CompletionTokens
-		s.tokens += tokens
-		s.reserved += reserved
+		of[i] = n
 	}
-	return sums
+	return groups, of
 }
 
 // Tokens is what a request's usage counts against a TPM limit: prompt plus

@@ -226,7 +226,7 @@ func TestKeyCacheMaxStale(t *testing.T) {
 
 // A batch counts as its records recorded one by one would (summed by key,
 // model and reservation window: a reservation of a past window settles
-// nothing, one of the current window does), and a batch id counts once.
+// nothing, one of the current window does), each record once by its id.
 func TestRecordBatchSumsAsSingles(t *testing.T) {
 	ctx := context.Background()
 	k := registry.Key{ID: "key_b1", KeySpec: registry.KeySpec{TPM: 10_000}}
@@ -269,9 +269,11 @@ func TestRecordBatchSumsAsSingles(t *testing.T) {
 			{RequestID: "r7", Model: "m", Usage: u(9, 9)}, // no key: anonymous
 		}
 		if batch {
-			for i, want := range []bool{false, true} { // delivered twice: counted once
-				if dup, err := l.RecordBatch(ctx, "batch-1", recs); err != nil || dup != want {
-					t.Fatalf("batch, delivery %d: dup %v, %v", i+1, dup, err)
+			// Delivered twice, and with a record in it twice (a request run
+			// again): each counted once.
+			for i, want := range []int{1, len(recs) + 1} {
+				if dups, err := l.RecordBatch(ctx, append(recs, recs[0])); err != nil || dups != want {
+					t.Fatalf("batch, delivery %d: %d dups, %v; want %d", i+1, dups, err, want)
 				}
 			}
 		} else {

@@ -3,7 +3,6 @@ package usage
 import (
 	"context"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -13,12 +12,13 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// Recorder writes a batch of records where usage is counted;
-// registry.Limiter is the one. It must count a batch id once (dup true for
-// one it had counted): a message may be delivered more than once, and a
-// batch that failed is sent again whole.
+// Recorder writes records where usage is counted; registry.Limiter is the
+// one. dups counts records it had already counted. It must be idempotent by
+// request id: a record may be delivered more than once (a message whose ack
+// was lost, a request run again), and a batch that failed is sent again
+// whole.
 type Recorder interface {
-	RecordBatch(ctx context.Context, id string, recs []schemas.UsageRecord) (dup bool, err error)
+	RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error)
 }
 
 // ConsumerConfig configures Consume. Zero values take the defaults shown.
@@ -168,33 +168,17 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) bool {
 		return true
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-	dup, err := c.rec.RecordBatch(rctx, batchID(msg), recs)
+	dups, err := c.rec.RecordBatch(rctx, recs)
 	cancel()
 	if err != nil {
 		c.m.retried.Add(float64(len(recs)))
 		_ = msg.NakWithDelay(c.cfg.Retry)
 		return false
 	}
-	if dup {
-		c.m.duplicates.Add(float64(len(recs)))
-	} else {
-		c.m.recorded.Add(float64(len(recs)))
-	}
+	c.m.duplicates.Add(float64(dups))
+	c.m.recorded.Add(float64(len(recs) - dups))
 	_ = msg.Ack()
 	return true
-}
-
-// batchID is what a message's records are counted once by: its Nats-Msg-Id
-// (the publisher's, which its Fallback uses too), else its place in the
-// stream, which a redelivery keeps.
-func batchID(msg jetstream.Msg) string {
-	if id := msg.Headers().Get(jetstream.MsgIDHeader); id != "" {
-		return id
-	}
-	if md, err := msg.Metadata(); err == nil {
-		return "seq:" + strconv.FormatUint(md.Sequence.Stream, 10)
-	}
-	return ""
 }
 
 // sleep waits d or until ctx ends; false if ctx ended.

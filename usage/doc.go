@@ -4,14 +4,14 @@
 // consumer in every process that has Redis (the gateways, sharing it as a
 // work queue) writes each record to Redis and acks it only once Redis took
 // it. A Redis outage leaves the records in the stream until Redis is back;
-// a message delivered twice counts once (the recorder is idempotent by the
-// message's id).
+// a record delivered twice counts once (the recorder is idempotent by
+// request id, registry.Limiter.RecordBatch).
 //
 // Records travel in batches: a publisher holds a record up to
 // PublisherConfig.Linger (200 ms) for others to share its message (JSON
 // Lines, at most 256 records), and the consumer writes a message's records
-// in one Redis call, summed by key, model and reservation window and counted
-// once by the message's id (registry.Limiter.RecordBatch). One JetStream
+// in one Redis call, summed by key, model and reservation window
+// (registry.Limiter.RecordBatch). One JetStream
 // publish, ack and Redis script per request was most of the CPU the gateway
 // spent per request on usage; in `tokenbus dev`, whose embedded store makes
 // a Lua state and buffers for every script and every redis.call in it, it

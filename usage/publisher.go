@@ -38,10 +38,8 @@ type PublisherConfig struct {
 	MaxBatch int
 	// Fallback, if set, is tried when JetStream refuses a batch of records:
 	// e.g. a gateway's registry.Limiter.RecordBatch, writing them straight
-	// to Redis. id is the batch's message id, which the consumer counts it
-	// by too (a publish that timed out may have been stored). Records it
-	// took are done.
-	Fallback func(ctx context.Context, id string, recs []schemas.UsageRecord) error
+	// to Redis. Records it took are done.
+	Fallback func(ctx context.Context, recs []schemas.UsageRecord) error
 	Log      *slog.Logger
 	Metrics  prometheus.Registerer // may be nil
 }
@@ -258,7 +256,7 @@ func (p *Publisher) deliver(ctx context.Context, batch []schemas.UsageRecord) bo
 		}
 		if p.cfg.Fallback != nil {
 			fctx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-			ferr := p.cfg.Fallback(fctx, id, batch)
+			ferr := p.cfg.Fallback(fctx, batch)
 			cancel()
 			if ferr == nil {
 				p.fallback.Add(float64(len(batch)))

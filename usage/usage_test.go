@@ -22,37 +22,33 @@ import (
 // recorder is an in-memory usage.Recorder, idempotent by request id as
 // registry.Limiter is, that can be made to fail like a Redis that is down.
 type recorder struct {
-	mu      sync.Mutex
-	down    bool
-	seen    map[string]int  // request id -> times counted
-	batches map[string]bool // batch ids counted
-	tokens  int
-	calls   int
+	mu     sync.Mutex
+	down   bool
+	seen   map[string]int // request id -> times delivered
+	tokens int
+	calls  int
 }
 
-func newRecorder() *recorder { return &recorder{seen: map[string]int{}, batches: map[string]bool{}} }
+func newRecorder() *recorder { return &recorder{seen: map[string]int{}} }
 
 var errDown = errors.New("redis down")
 
-func (r *recorder) RecordBatch(_ context.Context, id string, recs []schemas.UsageRecord) (dup bool, err error) {
+func (r *recorder) RecordBatch(_ context.Context, recs []schemas.UsageRecord) (dups int, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++
 	if r.down {
-		return false, errDown
+		return 0, errDown
 	}
-	if id == "" {
-		return false, errors.New("a batch without an id")
-	}
-	if r.batches[id] { // as Redis does: counted once
-		return true, nil
-	}
-	r.batches[id] = true
 	for _, rec := range recs {
 		r.seen[rec.RequestID]++
+		if r.seen[rec.RequestID] > 1 {
+			dups++
+			continue
+		}
 		r.tokens += rec.Usage.TotalTokens
 	}
-	return false, nil
+	return dups, nil
 }
 
 func (r *recorder) setDown(down bool) {
@@ -155,7 +151,7 @@ func TestRecordsWaitForRedis(t *testing.T) {
 	rec.mu.Lock()
 	for id, times := range rec.seen {
 		if times != 1 {
-			t.Errorf("%s counted %d times", id, times)
+			t.Errorf("%s delivered %d times after the outage", id, times)
 		}
 	}
 	rec.mu.Unlock()
@@ -269,8 +265,8 @@ func TestPublisherWithoutJetStream(t *testing.T) {
 		rec := newRecorder()
 		reg := prometheus.NewRegistry()
 		pub, err := usage.NewPublisher(nc, usage.PublisherConfig{Timeout: 200 * time.Millisecond, Metrics: reg,
-			Fallback: func(ctx context.Context, id string, r []schemas.UsageRecord) error {
-				_, err := rec.RecordBatch(ctx, id, r)
+			Fallback: func(ctx context.Context, r []schemas.UsageRecord) error {
+				_, err := rec.RecordBatch(ctx, r)
 				return err
 			}})
 		if err != nil {

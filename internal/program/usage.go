@@ -17,8 +17,8 @@ import (
 // run until stopUsageAfter, after the last request's usage was published.
 func (gw *Gateway) startUsage(limiter *registry.Limiter, reg prometheus.Registerer) error {
 	lim := gw.cfg.HTTP.Limits
-	record := func(ctx context.Context, id string, recs []schemas.UsageRecord) error {
-		_, err := limiter.RecordBatch(ctx, id, recs)
+	record := func(ctx context.Context, recs []schemas.UsageRecord) error {
+		_, err := limiter.RecordBatch(ctx, recs)
 		return err
 	}
 	pub, err := usage.NewPublisher(gw.nc, usage.PublisherConfig{Source: "gateway", MaxBuffered: lim.UsageBuffer,
