@@ -5,20 +5,18 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 
 	"github.com/tokenbus/tokenbus/internal/cli"
+	"github.com/tokenbus/tokenbus/internal/gctune"
 )
 
 func main() {
-	// Streaming makes short-lived garbage at every token; the default GOGC
-	// (100) spent a quarter of the gateway's CPU in the collector. 400
-	// trades heap headroom for CPU. GOGC and GOMEMLIMIT in the environment
-	// still win.
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(400)
-	}
+	// Streaming makes short-lived garbage at every token: GOGC is set from
+	// the live heap after each collection (up to 400 for a small heap, for
+	// the collector's CPU; 100 from 64 MiB live up, for memory). GOGC and
+	// GOMEMLIMIT in the environment still win.
+	gctune.Start(gctune.Default)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
