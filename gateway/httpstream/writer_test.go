@@ -47,7 +47,8 @@ func testStream(conn net.Conn, chunked bool, head string) *Stream {
 // In chunked mode the bytes are a valid chunked body (checked by net/http's
 // decoder) whose content is exactly what was written, with one chunk per
 // flush; in plain mode they are the content itself. The head goes first, in
-// the same write as the first burst.
+// the same write as the first burst. Between bursts the stream holds no
+// buffer.
 func TestWriterFraming(t *testing.T) {
 	bursts := [][]string{
 		{"data: a\n\n"},
@@ -77,6 +78,9 @@ func TestWriterFraming(t *testing.T) {
 				}
 				if err != nil {
 					t.Fatal(err)
+				}
+				if i < len(bursts)-1 && len(b) > 0 && w.pooled != nil {
+					t.Fatalf("chunked=%v: the stream holds its buffer between bursts", chunked)
 				}
 			}
 			w.release()

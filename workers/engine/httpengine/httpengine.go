@@ -217,8 +217,13 @@ func newTransport(cfg *Config) *http.Transport {
 		TLSHandshakeTimeout: 10 * time.Second,
 		// SSE must not sit in a gzip reader's buffer.
 		DisableCompression: true,
-		ReadBufferSize:     32 << 10,
-		WriteBufferSize:    32 << 10,
+		// Every connection holds both while its stream runs: 10,000 streams
+		// held 640 MB at 32 KiB each. A fast engine's events (a chunk each)
+		// are read through the read buffer, a syscall per buffer full:
+		// 16 KiB took 12 % less CPU per token than 4 KiB on a zero-latency
+		// engine. Request bodies are written in one go.
+		ReadBufferSize:  16 << 10,
+		WriteBufferSize: 4 << 10,
 	}
 }
 
