@@ -239,7 +239,10 @@ func (st *Stream) flush(last bool) error {
 	if st.err != nil {
 		return st.err
 	}
-	if st.pooled == nil {
+	if st.pooled == nil { // nothing added since the last flush
+		if !last {
+			return nil
+		}
 		st.take()
 	}
 	if !st.live && !last {
