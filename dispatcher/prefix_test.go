@@ -182,7 +182,7 @@ func TestPrefixPredictionHeader(t *testing.T) {
 		want []string // the header on each of two identical requests
 	}{
 		{"routed by prefix", false, body, []string{fmt.Sprintf("0/%d", span), fmt.Sprintf("%d/%d", full, span)}},
-		{"short prompt", false, chatBody("m", "hi", "q"), []string{"", ""}},
+		{"prompt under a block", false, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, []string{"", ""}},
 		{"prefix routing off", true, body, []string{"", ""}},
 	}
 	for _, tt := range tests {
