@@ -84,8 +84,13 @@ var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBas
 	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken, HdrPrefixCached}
 
 // FormatPrefixCached writes the HdrPrefixCached value: cached of total bytes.
+// One allocation (the string): a dispatcher writes it on every request it
+// routes by prefix.
 func FormatPrefixCached(cached, total int) string {
-	return strconv.Itoa(cached) + "/" + strconv.Itoa(total)
+	var buf [41]byte
+	b := strconv.AppendInt(buf[:0], int64(cached), 10)
+	b = append(b, '/')
+	return string(strconv.AppendInt(b, int64(total), 10))
 }
 
 // ParsePrefixCached reads a HdrPrefixCached value; ok is false unless it is
