@@ -39,6 +39,8 @@ type record struct {
 	FromUsage    bool          // Tokens came from a usage object
 	PromptTokens int           // usage.prompt_tokens, else the prompt's estimate
 	CachedTokens int           // usage.prompt_tokens_details.cached_tokens
+	Turn         int           // a session's turn, 1-based; 0 outside --sessions
+	Text         []byte        // with caller.collect: the answer's content, raw JSON string contents
 	Err          string        // "" or the failure kind
 	ErrMsg       string        // detail for the first failures of a kind
 	Cancelled    bool          // cut by --duration or ctx; neither completed nor failed
@@ -72,6 +74,7 @@ type caller struct {
 	client    *http.Client
 	onChunk   func() // progress hook, per content chunk; may be nil
 	maxChunks int    // capacity hint for Chunks
+	collect   bool   // keep the answer's text in record.Text (--sessions builds the next turn on it)
 }
 
 func newTransport(concurrency int) *http.Transport {
@@ -265,6 +268,9 @@ func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFu
 		for i := range ch.Choices {
 			if len(ch.Choices[i].Content) > 0 {
 				rec.Chunks = append(rec.Chunks, uint32(now/time.Microsecond))
+				if c.collect {
+					rec.Text = append(rec.Text, ch.Choices[i].Content...)
+				}
 				if c.onChunk != nil {
 					c.onChunk()
 				}
@@ -334,6 +340,9 @@ func (c *caller) readJSON(parent, ctx context.Context, t0 time.Time, resp *http.
 	if !chk.finished {
 		rec.fail("protocol_missing_finish_reason", "choice 0 has no finish_reason")
 		return
+	}
+	if c.collect {
+		rec.Text = append(rec.Text, ch.Choices[0].Content...)
 	}
 	if ch.Usage != nil {
 		rec.Tokens, rec.PromptTokens, rec.FromUsage = ch.Usage.CompletionTokens, ch.Usage.PromptTokens, true

@@ -35,6 +35,18 @@
 // with weight 1/k^S (--adapter-zipf S, > 1), for adapter placement
 // (docs/routing.md).
 //
+// --sessions S --turns T (chat only) runs S multi-turn conversations instead
+// of --num-prompts requests (which it ignores: the run is S×T requests): a
+// system message of --shared-prefix words (one for all sessions, or with
+// --prefix-groups G, G of them) and T user turns of --input-len words. Turn k
+// sends the whole history — system, user 1, assistant 1, …, user k — where
+// assistant i is the text the endpoint streamed on turn i, so each endpoint
+// of a --compare-url run builds on its own answers. A session's turns are
+// sequential; at most --concurrency sessions run at once, started in an order
+// shuffled by --seed (and paced by --request-rate); a failed turn ends its
+// session. The report adds TTFT and prefix-cache hits by turn and for turns
+// ≥ 2, where the history can be reused (sessions.go).
+//
 // Every flag also reads TOKENBUS_<FLAG> (flag > environment > default).
 //
 // # Comparing two endpoints

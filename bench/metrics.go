@@ -100,6 +100,11 @@ type Summary struct {
 	// chunks of every request (completed or not).
 	Timeline []float64 `json:"timeline_tokens_per_s"`
 
+	// Turns and LaterTurns (turns ≥ 2 together) break a --sessions run
+	// down by turn; absent otherwise.
+	Turns      []TurnStats `json:"turns,omitempty"`
+	LaterTurns *TurnStats  `json:"later_turns,omitempty"`
+
 	// samples kept for the plot
 	ttftSamples []float64
 	itlSamples  []float64
@@ -257,6 +262,10 @@ func compare(t, b *Summary) *Comparison {
 		row(m.name+" p90", "ms", m.t.P90, m.b.P90, true)
 		row(m.name+" p99", "ms", m.t.P99, m.b.P99, true)
 		row(m.name+" max", "ms", m.t.Max, m.b.Max, true)
+	}
+	if t.LaterTurns != nil && b.LaterTurns != nil {
+		row("TTFT turns>=2 p50", "ms", t.LaterTurns.TTFT.P50, b.LaterTurns.TTFT.P50, true)
+		row("TTFT turns>=2 p99", "ms", t.LaterTurns.TTFT.P99, b.LaterTurns.TTFT.P99, true)
 	}
 	return c
 }

@@ -71,6 +71,7 @@ func writeSummary(w io.Writer, s *Summary) {
 	dist("E2E latency (ms)", s.E2E)
 	dist("Per-request tok/s", s.PerRequestTokPerS)
 	tw.Flush()
+	writeTurns(w, s)
 
 	if len(s.Errors) > 0 {
 		fmt.Fprintln(w, "Errors:")
@@ -84,6 +85,38 @@ func writeSummary(w io.Writer, s *Summary) {
 		}
 	}
 	fmt.Fprintln(w)
+}
+
+// writeTurns prints a --sessions run by turn: TTFT and the share of input
+// tokens served from the prefix cache, turn by turn and for turns ≥ 2 (where
+// the conversation's history can be reused).
+func writeTurns(w io.Writer, s *Summary) {
+	if len(s.Turns) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "By turn (TTFT in ms; cached: input tokens from the prefix cache):")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "%-18s\tn\tcached\tmean\tp50\tp90\tp99\tmax\t\n", "")
+	row := func(name string, t TurnStats) {
+		name = fmt.Sprintf("%-18s", name)
+		cached := "-"
+		if t.InputTokens > 0 {
+			cached = fmt.Sprintf("%.1f%%", 100*float64(t.CachedTokens)/float64(t.InputTokens))
+		}
+		d := t.TTFT
+		if d.N == 0 {
+			fmt.Fprintf(tw, "%s\t0\t%s\t-\t-\t-\t-\t-\t\n", name, cached)
+			return
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", name, d.N, cached, num(d.Mean), num(d.P50), num(d.P90), num(d.P99), num(d.Max))
+	}
+	for _, t := range s.Turns {
+		row(fmt.Sprintf("turn %d", t.Turn), t)
+	}
+	if s.LaterTurns != nil {
+		row("turns >= 2", *s.LaterTurns)
+	}
+	tw.Flush()
 }
 
 func writeComparison(w io.Writer, rep *Report) {
@@ -156,11 +189,13 @@ func oneLine(s string) string {
 type RequestJSON struct {
 	Endpoint     string    `json:"endpoint"` // target or baseline
 	Prompt       int       `json:"prompt"`
-	StartS       float64   `json:"start_s"` // on the endpoint's load clock
+	Turn         int       `json:"turn,omitempty"` // --sessions: the session is prompt / turns
+	StartS       float64   `json:"start_s"`        // on the endpoint's load clock
 	TTFTms       float64   `json:"ttft_ms"`
 	E2Ems        float64   `json:"e2e_ms"`
 	OutputTokens int       `json:"output_tokens"`
 	PromptTokens int       `json:"prompt_tokens"`
+	CachedTokens int       `json:"cached_tokens,omitempty"`
 	ITLms        []float64 `json:"itl_ms,omitempty"`
 	Error        string    `json:"error,omitempty"`
 	ErrorMessage string    `json:"error_message,omitempty"`
@@ -179,6 +214,7 @@ func writeJSON(path string, rep *Report, withRequests bool) error {
 				rj := RequestJSON{
 					Endpoint: name, Prompt: r.Prompt, StartS: r.Start.Seconds(),
 					TTFTms: ms(r.TTFT()), E2Ems: ms(r.E2E), OutputTokens: r.Tokens, PromptTokens: r.PromptTokens,
+					Turn: r.Turn, CachedTokens: r.CachedTokens,
 					Error: r.Err, ErrorMessage: r.ErrMsg, Cancelled: r.Cancelled,
 				}
 				rj.ITLms = appendITLs(nil, r.Chunks)

@@ -33,6 +33,7 @@ type config struct {
 	prefixGroups           int
 	adapters               int
 	adapterZipf            float64
+	sessions, turns        int
 	apiKey                 string
 	seed                   uint64
 	timeout                time.Duration
@@ -58,9 +59,11 @@ func newFlags(cfg *config) *pflag.FlagSet {
 	fs.IntVar(&cfg.outputLen, "output-len", 128, "max_tokens per request, with ignore_eos so engines produce exactly that many")
 	fs.StringVar(&cfg.dataset, "dataset", "", `JSONL file: {"prompt": "...", "output_len": N} or {"messages": [...]} per line`)
 	fs.IntVar(&cfg.sharedPrefix, "shared-prefix", 0, "every prompt begins with the same N-token prefix (prefix caching)")
-	fs.IntVar(&cfg.prefixGroups, "prefix-groups", 0, "with --shared-prefix: G different prefixes (system messages in chat), prompt i gets prefix i mod G, sent in shuffled order; G = --num-prompts gives the same load with no prefix to reuse")
+	fs.IntVar(&cfg.prefixGroups, "prefix-groups", 0, "with --shared-prefix: G different prefixes (system messages in chat), prompt i gets prefix i mod G, sent in shuffled order; G = --num-prompts gives the same load with no prefix to reuse; with --sessions, session i gets system message i mod G")
 	fs.IntVar(&cfg.adapters, "adapters", 0, "spread the requests over N LoRA adapters named <model>-lora-1 … <model>-lora-N (register them first), drawn Zipf-distributed: adapter k with weight 1/k^S (warmup requests go to --model)")
 	fs.Float64Var(&cfg.adapterZipf, "adapter-zipf", 1.1, "with --adapters: the Zipf exponent S (> 1; larger: a few adapters take more of the load)")
+	fs.IntVar(&cfg.sessions, "sessions", 0, "chat only: run S multi-turn conversations instead of --num-prompts requests (S × --turns requests): a system message of --shared-prefix words (one for all, or --prefix-groups G of them), user turns of --input-len words; each turn resends the whole history with the endpoint's own earlier answers; --num-prompts is ignored")
+	fs.IntVar(&cfg.turns, "turns", 4, "with --sessions: user turns per conversation")
 	fs.StringVar(&cfg.apiKey, "api-key", "", "sent as Authorization: Bearer")
 	fs.Uint64Var(&cfg.seed, "seed", 0, "random seed for prompts and arrivals")
 	fs.DurationVar(&cfg.timeout, "timeout", 10*time.Minute, "per-request timeout")
@@ -86,16 +89,22 @@ func (cfg *config) validate() error {
 		return errors.New("--concurrency must be at least 1")
 	case cfg.requestRate < 0 || math.IsNaN(cfg.requestRate):
 		return errors.New("--request-rate must be >= 0")
-	case cfg.numPrompts < 0 || (cfg.numPrompts == 0 && cfg.dataset == ""):
+	case cfg.sessions == 0 && (cfg.numPrompts < 0 || (cfg.numPrompts == 0 && cfg.dataset == "")):
 		return errors.New("--num-prompts must be at least 1")
 	case cfg.inputLen < 0 || cfg.outputLen < 0 || cfg.sharedPrefix < 0 || cfg.prefixGroups < 0:
 		return errors.New("--input-len, --output-len, --shared-prefix and --prefix-groups must be >= 0")
-	case cfg.prefixGroups > 0 && (cfg.dataset != "" || cfg.sharedPrefix == 0):
+	case cfg.prefixGroups > 0 && cfg.sessions == 0 && (cfg.dataset != "" || cfg.sharedPrefix == 0):
 		return errors.New("--prefix-groups needs --shared-prefix and no --dataset")
 	case cfg.adapters < 0 || (cfg.adapters > 0 && !(cfg.adapterZipf > 1)):
 		return errors.New("--adapters must be >= 0, and --adapter-zipf > 1 with it")
 	case cfg.adapters > 0 && cfg.endpoint == "embeddings":
 		return errors.New("--adapters works with chat and completions only")
+	case cfg.sessions < 0 || (cfg.sessions > 0 && cfg.turns < 1):
+		return errors.New("--sessions must be >= 0, and --turns >= 1 with it")
+	case cfg.sessions > 0 && (cfg.endpoint != "chat" || cfg.dataset != "" || cfg.adapters > 0):
+		return errors.New("--sessions works with --endpoint chat only, without --dataset or --adapters")
+	case cfg.prefixGroups > 0 && cfg.sessions > 0 && cfg.sharedPrefix == 0:
+		return errors.New("--prefix-groups needs --shared-prefix")
 	case cfg.timeout <= 0:
 		return errors.New("--timeout must be positive")
 	case cfg.rounds < 1:
@@ -169,7 +178,7 @@ type endpoint struct {
 
 	bodies   [][]byte // one per prompt
 	warmup   [][]byte
-	recs     []record      // one per prompt, filled by its phases
+	recs     []record      // one per prompt (session turn), filled by its phases
 	loadTime time.Duration // sum of its phases' durations
 }
 
@@ -184,9 +193,18 @@ type Report struct {
 }
 
 func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
+	var sess []sessionSpec
 	prompts, err := makePrompts(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.sessions > 0 {
+		sess = makeSessions(cfg.seed, cfg.sessions, cfg.turns, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen, cfg.prefixGroups)
+		prompts = sessionPlaceholders(sess)
+	}
+	units := len(prompts) // what rounds split and arrivals pace: prompts, or sessions
+	if sess != nil {
+		units = len(sess)
 	}
 	var warm []promptSpec
 	if cfg.warmup > 0 {
@@ -218,7 +236,7 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 	// order when r is even, reversed when odd; both get the same arrivals.
 	rounds := 1
 	if len(eps) > 1 {
-		rounds = min(cfg.rounds, len(prompts))
+		rounds = min(cfg.rounds, units)
 	}
 	var budget time.Duration
 	if cfg.duration > 0 {
@@ -226,7 +244,7 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 	}
 	prog.start(len(prompts) * len(eps))
 	for r := 0; r < rounds && ctx.Err() == nil; r++ {
-		lo, hi := r*len(prompts)/rounds, (r+1)*len(prompts)/rounds
+		lo, hi := r*units/rounds, (r+1)*units/rounds
 		arr := arrivals(hi-lo, cfg.requestRate, rand.New(rand.NewPCG(cfg.seed, 1000+uint64(r))))
 		order := eps
 		if r%2 == 1 {
@@ -237,7 +255,11 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 				break
 			}
 			prog.phase(e.name, r, rounds)
-			runPhase(ctx, e, cfg, lo, hi, arr, budget, prog)
+			if sess != nil {
+				runSessionPhase(ctx, e, cfg, sess, lo, hi, arr, budget, prog)
+			} else {
+				runPhase(ctx, e, cfg, lo, hi, arr, budget, prog)
+			}
 		}
 	}
 	prog.stop()
@@ -252,6 +274,9 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 			}
 		}
 		summarizeRecords(s, recs, e.loadTime)
+		if sess != nil {
+			s.Turns, s.LaterTurns = turnStats(recs, cfg.turns)
+		}
 		rep.Summaries = append(rep.Summaries, s)
 		rep.requests = append(rep.requests, recs)
 	}
@@ -273,6 +298,9 @@ func sentOnly(recs []record) []record {
 }
 
 func makePrompts(cfg *config) ([]promptSpec, error) {
+	if cfg.sessions > 0 {
+		return nil, nil // run makes the sessions
+	}
 	if cfg.dataset == "" {
 		return randomPrompts(cfg.seed, 1, cfg.numPrompts, cfg.sharedPrefix, cfg.inputLen, cfg.outputLen, cfg.prefixGroups, cfg.endpoint), nil
 	}
@@ -325,17 +353,22 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 			client:    &http.Client{Transport: newTransport(cfg.concurrency)},
 			onChunk:   prog.chunk,
 			maxChunks: maxChunks,
+			collect:   cfg.sessions > 0,
 		},
 		recs: make([]record, len(prompts)),
 	}
 	picks := adapterPicks(cfg, len(prompts))
 	for i, p := range prompts {
+		e.recs[i] = record{Prompt: i, Start: -1}
+		if cfg.sessions > 0 { // bodies are built turn by turn, on the answers
+			e.recs[i].Turn = i%cfg.turns + 1
+			continue
+		}
 		m := model
 		if picks != nil {
 			m = fmt.Sprintf("%s-lora-%d", model, picks[i])
 		}
 		e.bodies = append(e.bodies, buildBody(p, m, cfg.endpoint, cfg.stream, cfg.usage, cfg.ignEOS))
-		e.recs[i] = record{Prompt: i, Start: -1}
 	}
 	for _, p := range warm {
 		e.warmup = append(e.warmup, buildBody(p, model, cfg.endpoint, cfg.stream, cfg.usage, cfg.ignEOS))
@@ -451,6 +484,9 @@ func (cfg *config) asMap() map[string]any {
 		"dataset": cfg.dataset, "shared_prefix": cfg.sharedPrefix, "prefix_groups": cfg.prefixGroups, "adapters": cfg.adapters, "adapter_zipf": cfg.adapterZipf, "seed": cfg.seed,
 		"timeout_s": cfg.timeout.Seconds(), "stream": cfg.stream, "usage": cfg.usage,
 		"ignore_eos": cfg.ignEOS, "warmup": cfg.warmup,
+	}
+	if cfg.sessions > 0 {
+		m["sessions"], m["turns"], m["num_prompts"] = cfg.sessions, cfg.turns, cfg.sessions*cfg.turns
 	}
 	if math.IsInf(cfg.requestRate, 1) || cfg.requestRate == 0 {
 		m["request_rate"] = "inf"

@@ -30,3 +30,23 @@ func BenchmarkTakeNATSNative(b *testing.B) {
 		d.take(&nats.Msg{Subject: "tokenbus.v1.req.m", Reply: "_INBOX.abc.1", Header: h, Data: body}, true)
 	}
 }
+
+// BenchmarkTakeNATSNativePrefix is BenchmarkTakeNATSNative for a chat
+// request with a system prompt of about 1100 bytes: keyed and routed by
+// prefix, and forwarded with the prediction header (Tb-Prefix-Cached).
+func BenchmarkTakeNATSNativePrefix(b *testing.B) {
+	ns := testenv.NATS(b)
+	nc := testenv.Connect(b, ns)
+	d := New(Config{}, nc, knownModels{"m": true}, nil, nil)
+	hb := []byte(`{"worker":"w","models":["m"],"max_concurrency":1000000000,"healthy":true,"interval_ms":1000}`)
+	if _, _, ok := d.fleet.Heartbeat(hb, time.Now()); !ok {
+		b.Fatal("heartbeat")
+	}
+	body := []byte(chatBody("m", longSystem, "Tell me a story about a cat."))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		h := nats.Header{schemas.HdrRequestID: {"r-1"}, schemas.HdrKind: {"chat"}, schemas.HdrMux: {"1"}}
+		d.take(&nats.Msg{Subject: "tokenbus.v1.req.m", Reply: "_INBOX.abc.1", Header: h, Data: body}, true)
+	}
+}

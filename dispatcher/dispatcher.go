@@ -310,6 +310,7 @@ type request struct {
 	adapter  *adapterRef // a registered LoRA adapter: its base and path
 	span     trace.Span  // the dispatch span (startSpan)
 	hashes   []uint64    // the prompt's chained block hashes (prefix.go); nil: route by load
+	text     int         // with hashes: the prompt text's length in bytes (for the prediction)
 }
 
 // bytesPerToken is how many bytes of prompt text a token stands for, on
@@ -332,8 +333,7 @@ func (d *Dispatcher) resolve(model string) *adapterRef {
 
 // acquire picks a worker for a request: adapter-aware for an adapter,
 // prefix-aware for a prompt with hashes.
-func (d *Dispatcher) acquire(model string, ad *adapterRef, hashes []uint64, exclude string) (id string, serving int, ok bool) {
-	var cached int
+func (d *Dispatcher) acquire(model string, ad *adapterRef, hashes []uint64, exclude string) (id string, serving, cached int, ok bool) {
 	if ad == nil {
 		id, serving, cached, ok = d.fleet.AcquirePrefix(model, exclude, hashes)
 	} else {
@@ -346,7 +346,16 @@ func (d *Dispatcher) acquire(model string, ad *adapterRef, hashes []uint64, excl
 	if ok && len(hashes) > 0 {
 		d.m.prefixRouted(cached, len(hashes), d.cfg.PrefixBlockBytes)
 	}
-	return id, serving, ok
+	return id, serving, cached, ok
+}
+
+// predict is the prediction for a request routed with hashes (none for one
+// routed by load alone).
+func (d *Dispatcher) predict(cached int, hashes []uint64, text int) prediction {
+	if len(hashes) == 0 {
+		return prediction{}
+	}
+	return predict(cached, d.cfg.PrefixBlockBytes, text)
 }
 
 // parse reads the headers of a request for model: the model its subject
@@ -375,7 +384,7 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 		d.demand.observe(r.model, r.adapter, time.Now())
 	}
 	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
-		r.hashes = promptHashes(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
+		r.hashes, r.text = promptKey(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
 	}
 	return r, nil
 }
@@ -542,10 +551,10 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		d.drain([]string{r.model})
 		return
 	}
-	id, serving, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
+	id, serving, cached, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
 	if ok {
 		d.mu.Unlock()
-		d.forward(r.msg, id, r.adapter, r.span)
+		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text))
 		return
 	}
 	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) {
@@ -611,7 +620,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		expires = r.deadline
 	}
 	e := &queued{msg: r.msg, id: qk, model: r.model, priority: r.priority, seq: d.seq,
-		enqueued: time.Now(), expires: expires, adapter: r.adapter, hashes: r.hashes, span: r.span}
+		enqueued: time.Now(), expires: expires, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span}
 	q.push(e)
 	d.byID[qk] = e
 	spanQueued(r.span, q.Len())
@@ -635,6 +644,7 @@ func (d *Dispatcher) drain(models []string) {
 		worker  string
 		adapter *adapterRef
 		span    trace.Span
+		pred    prediction
 	}
 	var out []fwd
 	now := time.Now()
@@ -654,29 +664,32 @@ func (d *Dispatcher) drain(models []string) {
 		q := d.queues[model]
 		for q != nil && q.Len() > 0 {
 			e := (*q)[0] // the head of the heap: the next to go
-			id, _, ok := d.acquire(model, e.adapter, e.hashes, "")
+			id, _, cached, ok := d.acquire(model, e.adapter, e.hashes, "")
 			if !ok {
 				break
 			}
 			q.pop()
 			delete(d.byID, e.id)
-			out = append(out, fwd{e.msg, id, e.adapter, e.span})
+			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
 			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
 		}
 	}
 	d.mu.Unlock()
 	for _, f := range out {
-		d.forward(f.msg, f.worker, f.adapter, f.span)
+		d.forward(f.msg, f.worker, f.adapter, f.span, f.pred)
 	}
 }
 
 // forward sends a request to a worker, keeping the client's reply subject.
 // A request for an adapter carries its base and path; any other request has
 // those headers removed (only the registry may name weights to load). The
-// traceparent header is rewritten to the dispatch span, which ends here.
-func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span trace.Span) {
+// traceparent header is rewritten to the dispatch span, which ends here. A
+// request routed by prefix carries the prediction of what the worker holds
+// of its prompt (HdrPrefixCached); any other has that header removed.
+func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span trace.Span, pred prediction) {
 	m.Header.Set(schemas.HdrBounce, schemas.BounceSubject(d.cfg.ID))
 	m.Header.Set(schemas.HdrWorker, worker)
+	pred.setHeader(m.Header)
 	if ad != nil {
 		m.Header.Set(schemas.HdrAdapterBase, ad.base)
 		m.Header.Set(schemas.HdrAdapterPath, ad.path)

@@ -3,7 +3,8 @@
 // the workers (a fleet.Fleet) from heartbeats and done notices, forwards every
 // request to a worker serving its model, the least loaded or, for a prompt
 // whose prefix a worker probably holds in its KV cache, that one when it is
-// not much busier (prefix.go, docs/routing.md), and queues it
+// not much busier (prefix.go, docs/routing.md; the request then carries what
+// the dispatcher predicts that worker holds, schemas.HdrPrefixCached), and queues it
 // (bounded, priority then FIFO) when every such worker is full. With
 // Config.Placement on it also places LoRA adapters by demand: it counts
 // requests per adapter and loads hot ones onto more workers, unloading cold

@@ -22,5 +22,40 @@ import "github.com/tokenbus/tokenbus/schemas"
 // promptHashes appends to dst the chained hashes of the full blocks of the
 // prompt text in body, with model as the root (schemas.PromptBlockHashes).
 func promptHashes(dst []uint64, model string, body []byte, block int) []uint64 {
-	return schemas.PromptBlockHashes(dst, model, schemas.PromptSpan(body), block)
+	h, _ := promptKey(dst, model, body, block)
+	return h
+}
+
+// promptKey is promptHashes, and the length of the prompt text in bytes.
+func promptKey(dst []uint64, model string, body []byte, block int) ([]uint64, int) {
+	span := schemas.PromptSpan(body)
+	return schemas.PromptBlockHashes(dst, model, span, block), len(span)
+}
+
+// prediction is what a dispatcher predicts the worker it chose holds of a
+// prompt routed by prefix: cached of total bytes of the prompt text (the
+// leading blocks the worker holds by the record). It travels to the worker
+// as schemas.HdrPrefixCached, which compares it with the cached tokens its
+// engine reports (workers/prefixcache.go). total 0: no prediction (the
+// request was routed by load alone).
+type prediction struct{ cached, total int }
+
+// predict is the prediction for cached of the prompt's leading blocks of
+// block bytes, of a prompt text of total bytes.
+func predict(cached, block, total int) prediction {
+	if total <= 0 {
+		return prediction{}
+	}
+	return prediction{cached: min(cached*block, total), total: total}
+}
+
+// setHeader writes the prediction on a request to its worker, or removes
+// any there: only a dispatcher may set it, and a client's would skew the
+// worker's comparison.
+func (p prediction) setHeader(h map[string][]string) {
+	if p.total == 0 {
+		delete(h, schemas.HdrPrefixCached)
+		return
+	}
+	h[schemas.HdrPrefixCached] = []string{schemas.FormatPrefixCached(p.cached, p.total)}
 }

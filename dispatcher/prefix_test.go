@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -162,5 +164,55 @@ func TestPrefixFromKVEvents(t *testing.T) {
 	testenv.WaitFor(t, 2*time.Second, wantCount(a, 1))
 	if c.count() != 0 {
 		t.Fatal("c got it")
+	}
+}
+
+// The prediction a dispatcher sends with a request routed by prefix: none
+// cached on its first sight, all of its full blocks on a repeat to the same
+// worker; a client's forged header is overwritten, or removed where the
+// request is routed by load alone (a short prompt, prefix routing off).
+func TestPrefixPredictionHeader(t *testing.T) {
+	body := chatBody("m", longSystem, "What is a cat?")
+	span := len(schemas.PromptSpan([]byte(body)))
+	full := span / 64 * 64
+	tests := []struct {
+		name string
+		off  bool
+		body string
+		want []string // the header on each of two identical requests
+	}{
+		{"routed by prefix", false, body, []string{fmt.Sprintf("0/%d", span), fmt.Sprintf("%d/%d", full, span)}},
+		{"prompt under a block", false, `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, []string{"", ""}},
+		{"prefix routing off", true, body, []string{"", ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := testenv.NATS(t)
+			nc := testenv.Connect(t, ns)
+			d := startDispatcher(t, nc, Config{NoPrefixRouting: tt.off})
+			w := newFakeWorker(t, nc, "a", 100)
+			testenv.WaitFor(t, 2*time.Second, func() error {
+				if n := d.Fleet().Serving("m"); n != 1 {
+					return fmt.Errorf("%d workers", n)
+				}
+				return nil
+			})
+			for i := range tt.want {
+				h := nats.Header{}
+				h.Set(schemas.HdrRequestID, fmt.Sprintf("r%d", i))
+				h.Set(schemas.HdrKind, "chat")
+				h.Set(schemas.HdrPrefixCached, "999/1000") // forged
+				if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: nats.NewInbox(), Header: h, Data: []byte(tt.body)}); err != nil {
+					t.Fatal(err)
+				}
+				testenv.WaitFor(t, 2*time.Second, wantCount(w, i+1))
+				w.mu.Lock()
+				got := w.got[i].Header.Values(schemas.HdrPrefixCached)
+				w.mu.Unlock()
+				if tt.want[i] == "" && len(got) != 0 || tt.want[i] != "" && !slices.Equal(got, []string{tt.want[i]}) {
+					t.Errorf("request %d: %s %q, want %q", i, schemas.HdrPrefixCached, got, tt.want[i])
+				}
+			}
+		})
 	}
 }

@@ -19,6 +19,7 @@ type queued struct {
 	expires  time.Time // queue timeout or the request's deadline, whichever is first
 	adapter  *adapterRef
 	hashes   []uint64   // the prompt's block hashes (request.hashes)
+	text     int        // request.text
 	span     trace.Span // the dispatch span, ended when the request leaves the queue
 	index    int        // in the heap; -1 once removed
 }

@@ -49,6 +49,13 @@ const (
 	// (overwriting what a client sent): the secret a cancel must carry
 	// (CancelBody). queued and accepted frames hand it to the requester.
 	HdrCancelToken = "Tb-Cancel-Token"
+
+	// HdrPrefixCached is set by a dispatcher on a request it routed by
+	// prefix (and removed from every other): how much of the prompt it
+	// predicts the chosen worker holds in its prefix cache, as
+	// "<cached>/<total>" bytes of the prompt text (FormatPrefixCached). The
+	// worker sets it against the cached tokens its engine reports.
+	HdrPrefixCached = "Tb-Prefix-Cached"
 )
 
 // DispatcherOnly reports whether a request header is one only dispatchers
@@ -74,7 +81,32 @@ func DispatcherOnly(name string, tenant bool) bool {
 }
 
 var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBase, HdrAdapterPath,
-	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken}
+	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken, HdrPrefixCached}
+
+// FormatPrefixCached writes the HdrPrefixCached value: cached of total bytes.
+// One allocation (the string): a dispatcher writes it on every request it
+// routes by prefix.
+func FormatPrefixCached(cached, total int) string {
+	var buf [41]byte
+	b := strconv.AppendInt(buf[:0], int64(cached), 10)
+	b = append(b, '/')
+	return string(strconv.AppendInt(b, int64(total), 10))
+}
+
+// ParsePrefixCached reads a HdrPrefixCached value; ok is false unless it is
+// "<cached>/<total>" with 0 <= cached <= total and total > 0.
+func ParsePrefixCached(v string) (cached, total int, ok bool) {
+	c, t, found := strings.Cut(v, "/")
+	if !found {
+		return 0, 0, false
+	}
+	cached, err1 := strconv.Atoi(c)
+	total, err2 := strconv.Atoi(t)
+	if err1 != nil || err2 != nil || cached < 0 || total <= 0 || cached > total {
+		return 0, 0, false
+	}
+	return cached, total, true
+}
 
 // Kind is the OpenAI (or vLLM) endpoint a request is for.
 type Kind string

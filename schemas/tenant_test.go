@@ -35,6 +35,7 @@ func TestDispatcherOnly(t *testing.T) {
 		{HdrAdapterPath, false, true}, {HdrAttempt, false, true}, {HdrReserved, false, true},
 		{HdrTenant, false, false}, {HdrTenant, true, true}, {"tb-tenant", true, true},
 		{HdrModel, true, false}, {HdrRequestID, true, false}, {HdrTrace, true, false}, {"X", true, false},
+		{HdrPrefixCached, false, true}, {"tb-prefix-cached", false, true},
 	} {
 		if got := DispatcherOnly(tc.name, tc.tenant); got != tc.want {
 			t.Errorf("DispatcherOnly(%q, %v) = %v", tc.name, tc.tenant, got)

@@ -27,6 +27,7 @@ type call struct {
 	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
 	cancelToken              string // HdrCancelToken: a cancel must carry it
 	usage                    usageMark
+	prefix                   prefixPrediction // HdrPrefixCached: what the dispatcher predicts the engine holds of the prompt
 
 	start      time.Time // admission
 	firstChunk bool      // a chunk was sent (for TTFT)
@@ -66,6 +67,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	c.adapterBase, c.adapterPath = h.Get(schemas.HdrAdapterBase), h.Get(schemas.HdrAdapterPath)
 	c.cancelToken = h.Get(schemas.HdrCancelToken)
 	c.usage = readUsageMark(h)
+	c.prefix = readPrefixPrediction(h)
 	parent := w.startSpan(c, m)
 	var stop context.CancelFunc = func() {}
 	if !c.req.Deadline.IsZero() {

@@ -19,6 +19,7 @@ type metrics struct {
 	// publishErrors: reply frames (or a multiplexed message of them) NATS
 	// would not take; each fails its request.
 	publishErrors prometheus.Counter
+	prefix        prefixMetrics // predicted against actual cached prompt tokens (prefixcache.go)
 }
 
 // Latency buckets for LLM serving, the gateway's (gateway/metrics.go,
@@ -44,6 +45,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 		cancelsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_worker_cancels_ignored_total",
 			Help: "Cancels ignored: a wrong or missing cancel token, or a request not (or no longer) running here."}),
+		prefix: newPrefixMetrics(),
 	}
 	w.m = m
 	if reg == nil {
@@ -56,6 +58,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 	counter := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
+	reg.MustRegister(m.prefix.collectors()...)
 	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored, m.publishErrors,
 		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),
 		gauge("tokenbus_worker_max_concurrency", "The worker's admission cap.", func() float64 { return float64(w.cfg.MaxConcurrency) }),

@@ -71,14 +71,19 @@ func (w *Worker) bounceSpan(m *nats.Msg, reason string) trace.Span {
 // a line per request at Debug, at Warn for a server-side failure.
 func (c *call) record(outcome string, err error, res *engine.Result) {
 	var usage *schemas.Usage
+	var pc prefixComparison
 	if res != nil {
 		usage = &res.Usage
+		pc = c.comparePrefix(res)
 	}
 	span := c.span
 	if span.IsRecording() {
 		span.SetAttributes(attribute.String(tracing.AttrOutcome, outcome))
 		if res != nil {
 			setUsage(span, res)
+		}
+		if pc.ok {
+			span.SetAttributes(attribute.Int(tracing.AttrPrefixPredicted, pc.predicted), attribute.Int(tracing.AttrPrefixCached, pc.actual))
 		}
 		tracing.Fail(span, err)
 	}
@@ -101,6 +106,9 @@ func (c *call) record(outcome string, err error, res *engine.Result) {
 		if res.UsageEstimated {
 			attrs = append(attrs, slog.Bool("usage_estimated", true))
 		}
+	}
+	if pc.ok {
+		attrs = append(attrs, slog.Int("cached_tokens_predicted", pc.predicted), slog.Int("cached_tokens", pc.actual))
 	}
 	if err != nil {
 		attrs = append(attrs, slog.String("err", err.Error()))

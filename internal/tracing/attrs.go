@@ -15,20 +15,24 @@ const (
 	// engine's estimate (an HTTP engine's stream without a usage object:
 	// one token per chunk, prompt unknown), absent when they are counted.
 	AttrUsageEstimated = "tokenbus.usage.estimated"
-	AttrErrorStatus    = "tokenbus.error.status" // the HTTP status of a tokenbus error
-	AttrModel          = "gen_ai.request.model"
-	AttrOperation      = "gen_ai.operation.name" // chat or text_completion
-	AttrInputTokens    = "gen_ai.usage.input_tokens"
-	AttrOutputTokens   = "gen_ai.usage.output_tokens"
-	AttrMsgSystem      = "messaging.system" // nats
-	AttrMsgDest        = "messaging.destination.name"
-	AttrMsgOperation   = "messaging.operation.type"
-	AttrHTTPMethod     = "http.request.method"
-	AttrHTTPRoute      = "http.route"
-	AttrHTTPStatus     = "http.response.status_code"
-	AttrServerAddr     = "server.address"
-	AttrServerPort     = "server.port"
-	AttrURLFull        = "url.full"
+	// The cached prompt tokens a dispatcher predicted for a request routed
+	// by prefix, and those its engine reported (a worker's span).
+	AttrPrefixPredicted = "tokenbus.prefix_cache.predicted_tokens"
+	AttrPrefixCached    = "tokenbus.prefix_cache.cached_tokens"
+	AttrErrorStatus     = "tokenbus.error.status" // the HTTP status of a tokenbus error
+	AttrModel           = "gen_ai.request.model"
+	AttrOperation       = "gen_ai.operation.name" // chat or text_completion
+	AttrInputTokens     = "gen_ai.usage.input_tokens"
+	AttrOutputTokens    = "gen_ai.usage.output_tokens"
+	AttrMsgSystem       = "messaging.system" // nats
+	AttrMsgDest         = "messaging.destination.name"
+	AttrMsgOperation    = "messaging.operation.type"
+	AttrHTTPMethod      = "http.request.method"
+	AttrHTTPRoute       = "http.route"
+	AttrHTTPStatus      = "http.response.status_code"
+	AttrServerAddr      = "server.address"
+	AttrServerPort      = "server.port"
+	AttrURLFull         = "url.full"
 )
 
 // EventFirstToken is the span event a worker adds when the first chunk goes
