@@ -3,7 +3,6 @@ package integration
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"mime/multipart"
 	"os"
@@ -13,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	tbusage "github.com/tokenbus/tokenbus/usage"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -256,12 +257,10 @@ func TestThreatModel(t *testing.T) {
 		}
 	})
 	op.Subscribe(schemas.UsagePrefix+">", func(m *nats.Msg) {
-		var r schemas.UsageRecord
-		if json.Unmarshal(m.Data, &r) == nil {
-			omu.Lock()
-			usage = append(usage, r)
-			omu.Unlock()
-		}
+		recs, _ := tbusage.DecodeRecords(m.Data) // a message carries one record or more
+		omu.Lock()
+		usage = append(usage, recs...)
+		omu.Unlock()
 	})
 	op.Flush()
 
