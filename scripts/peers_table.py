@@ -25,6 +25,7 @@ def side(report, name):
 
 def row(scenario, contender, path, status, ticks, hwm_kib, hz):
     label = SCENARIOS.get(scenario, scenario)
+    status = status.replace("|", "/")  # a message must not split the markdown row
     if path == "missing":
         return f"| {label} | {contender} | missing: {status} | | | | | | |"
     rep = json.load(open(path))
