@@ -430,6 +430,23 @@ func arrivals(n int, rate float64, rng *rand.Rand) []time.Duration {
 // --concurrency in flight, and waits for them. A budget > 0 caps the phase:
 // requests still in flight then are cancelled, later ones never sent.
 func runPhase(ctx context.Context, e *endpoint, cfg *config, lo, hi int, arr []time.Duration, budget time.Duration, prog *progress) {
+	paced(ctx, e, cfg, lo, hi, arr, budget, func(pctx context.Context, i int, at time.Duration) {
+		rec := &e.recs[i]
+		rec.Start = at
+		prog.inflight.Add(1)
+		e.c.do(pctx, e.bodies[i], rec)
+		prog.inflight.Add(-1)
+		prog.finish(rec)
+	})
+}
+
+// paced runs work(ctx, i, at) on its own goroutine for i in [lo, hi), each
+// at its arrival offset arr[i-lo] with at most --concurrency running, and
+// waits for them; at is when it started on e's load clock. A budget > 0 caps
+// the phase: work still running then sees its ctx end, later work never
+// starts.
+func paced(ctx context.Context, e *endpoint, cfg *config, lo, hi int, arr []time.Duration, budget time.Duration,
+	work func(ctx context.Context, i int, at time.Duration)) {
 	var pctx context.Context
 	var cancel context.CancelFunc
 	if budget > 0 {
@@ -463,13 +480,10 @@ dispatch:
 			<-sem
 			break
 		}
-		rec := &e.recs[i]
-		rec.Start = clock + time.Since(start)
-		prog.inflight.Add(1)
+		at := clock + time.Since(start)
 		wg.Go(func() {
-			defer func() { <-sem; prog.inflight.Add(-1) }()
-			e.c.do(pctx, e.bodies[i], rec)
-			prog.finish(rec)
+			defer func() { <-sem }()
+			work(pctx, i, at)
 		})
 	}
 	wg.Wait()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -95,63 +94,28 @@ func historyMessages(system string, users, answers []string, k int) json.RawMess
 // sent: there is no answer to build them on). A budget > 0 caps the phase as
 // in runPhase.
 func runSessionPhase(ctx context.Context, e *endpoint, cfg *config, sess []sessionSpec, lo, hi int, arr []time.Duration, budget time.Duration, prog *progress) {
-	var pctx context.Context
-	var cancel context.CancelFunc
-	if budget > 0 {
-		pctx, cancel = context.WithTimeout(ctx, budget)
-	} else {
-		pctx, cancel = context.WithCancel(ctx)
-	}
-	defer cancel()
-	start := time.Now()
 	clock := e.loadTime
-	sem := make(chan struct{}, cfg.concurrency)
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	var wg sync.WaitGroup
-dispatch:
-	for i := lo; i < hi; i++ {
-		if wait := time.Until(start.Add(arr[i-lo])); wait > 0 {
-			timer.Reset(wait)
-			select {
-			case <-timer.C:
-			case <-pctx.Done():
-				break dispatch
+	start := time.Now()
+	paced(ctx, e, cfg, lo, hi, arr, budget, func(pctx context.Context, i int, _ time.Duration) {
+		s := &sess[i]
+		turns := len(s.users)
+		answers := make([]string, 0, turns)
+		for k := 0; k < turns && pctx.Err() == nil; k++ {
+			p := promptSpec{messages: historyMessages(s.system, s.users, answers, k), outputLen: s.outputLen}
+			body := buildBody(p, e.model, "chat", cfg.stream, cfg.usage, cfg.ignEOS)
+			rec := &e.recs[i*turns+k]
+			rec.Start = clock + time.Since(start)
+			prog.inflight.Add(1)
+			e.c.do(pctx, body, rec)
+			prog.inflight.Add(-1)
+			prog.finish(rec)
+			if !rec.ok() {
+				return
 			}
+			answers = append(answers, schemas.String(rec.Text))
+			rec.Text = nil // the history holds it now
 		}
-		select {
-		case sem <- struct{}{}:
-		case <-pctx.Done():
-			break dispatch
-		}
-		if pctx.Err() != nil {
-			<-sem
-			break
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			s := &sess[i]
-			turns := len(s.users)
-			answers := make([]string, 0, turns)
-			for k := 0; k < turns && pctx.Err() == nil; k++ {
-				p := promptSpec{messages: historyMessages(s.system, s.users, answers, k), outputLen: s.outputLen}
-				body := buildBody(p, e.model, "chat", cfg.stream, cfg.usage, cfg.ignEOS)
-				rec := &e.recs[i*turns+k]
-				rec.Start = clock + time.Since(start)
-				prog.inflight.Add(1)
-				e.c.do(pctx, body, rec)
-				prog.inflight.Add(-1)
-				prog.finish(rec)
-				if !rec.ok() {
-					return
-				}
-				answers = append(answers, schemas.String(rec.Text))
-				rec.Text = nil // the history holds it now
-			}
-		})
-	}
-	wg.Wait()
-	e.loadTime += time.Since(start)
+	})
 }
 
 // TurnStats are the figures of one turn of the sessions (Turn ≥ 1), or of

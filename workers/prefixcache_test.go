@@ -1,13 +1,11 @@
 package workers
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -73,7 +71,7 @@ func TestPrefixComparisonRecorded(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	uninstall := tracing.Install(tp)
 	t.Cleanup(func() { uninstall(); _ = tp.Shutdown(context.Background()) })
-	var logs syncBuffer
+	var logs testenv.Buffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
 	ns := testenv.NATS(t)
@@ -148,22 +146,4 @@ func read(t *testing.T, c prometheus.Metric) *dto.Metric {
 		t.Fatal(err)
 	}
 	return &m
-}
-
-// syncBuffer is a bytes.Buffer safe for the worker's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
