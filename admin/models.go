@@ -257,15 +257,5 @@ func (s *Server) control(worker, op string, body any) *schemas.Error {
 	case err != nil:
 		return schemas.ErrWorkerUnreachable.New(worker, err)
 	}
-	var r schemas.CtlReply
-	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return schemas.ErrBadWorkerReply.New(worker, op)
-	}
-	if !r.OK {
-		if r.Error == nil {
-			return schemas.ErrInternal.New("the worker " + worker + " refused " + op)
-		}
-		return r.Error
-	}
-	return nil
+	return schemas.ReadCtlReply(msg.Data, worker, op)
 }

@@ -384,15 +384,8 @@ func (d *Dispatcher) ctl(ctx context.Context, worker, op string, body schemas.Ad
 		}
 		return err
 	}
-	var r schemas.CtlReply
-	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return schemas.ErrBadWorkerReply.New(worker, op)
-	}
-	if !r.OK {
-		if r.Error == nil {
-			return schemas.ErrInternal.New("the worker " + worker + " refused " + op)
-		}
-		return r.Error
+	if e := schemas.ReadCtlReply(msg.Data, worker, op); e != nil {
+		return e // not a typed nil in the error
 	}
 	return nil
 }

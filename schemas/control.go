@@ -1,5 +1,7 @@
 package schemas
 
+import "encoding/json"
+
 // Heartbeat is published by every worker on HeartbeatSubject every second and
 // whenever its state changes. A worker whose heartbeats stop for three
 // intervals is gone.
@@ -62,6 +64,23 @@ type AdapterRequest struct {
 type CtlReply struct {
 	OK    bool   `json:"ok"`
 	Error *Error `json:"error,omitempty"`
+}
+
+// ReadCtlReply reads worker's answer to the control request op: nil when
+// it was done, else the worker's error (bad_worker_reply for an answer that
+// is no CtlReply).
+func ReadCtlReply(data []byte, worker, op string) *Error {
+	var r CtlReply
+	if err := json.Unmarshal(data, &r); err != nil {
+		return ErrBadWorkerReply.New(worker, op)
+	}
+	if r.OK {
+		return nil
+	}
+	if r.Error == nil {
+		return ErrInternal.New("the worker " + worker + " refused " + op)
+	}
+	return r.Error
 }
 
 // Model is an entry of OpenAI's (and vLLM's) model list.

@@ -1,6 +1,9 @@
 package schemas
 
-import "testing"
+import (
+	"encoding/json"
+	"testing"
+)
 
 func TestPrefixCachedHeader(t *testing.T) {
 	if v := FormatPrefixCached(640, 1000); v != "640/1000" {
@@ -24,6 +27,26 @@ func TestPrefixCachedHeader(t *testing.T) {
 		c, tot, ok := ParsePrefixCached(tc.v)
 		if c != tc.cached || tot != tc.total || ok != tc.ok {
 			t.Errorf("ParsePrefixCached(%q) = %d, %d, %v", tc.v, c, tot, ok)
+		}
+	}
+}
+
+func TestReadCtlReply(t *testing.T) {
+	refused, _ := json.Marshal(CtlReply{Error: ErrBadHeader.New("Tb-Model")}) // as a worker sends it
+	for _, tc := range []struct {
+		in, code string // code "" for nil
+	}{
+		{`{"ok":true}`, ""},
+		{string(refused), *ErrBadHeader.New("x").Body.Code},
+		{`{"ok":false}`, "internal_error"},
+		{`not json`, "bad_worker_reply"},
+	} {
+		e := ReadCtlReply([]byte(tc.in), "w1", "load")
+		switch {
+		case tc.code == "" && e != nil:
+			t.Errorf("%s: %v, want nil", tc.in, e)
+		case tc.code != "" && (e == nil || e.Body.Code == nil || *e.Body.Code != tc.code):
+			t.Errorf("%s: %+v, want code %s", tc.in, e, tc.code)
 		}
 	}
 }
