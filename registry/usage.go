@@ -66,15 +66,7 @@ func (s *Store) Usage(ctx context.Context, keyID, model string) ([]UsageRow, err
 				r = &UsageRow{KeyID: id, Model: m}
 				rows[m] = r
 			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch counter {
-			case "requests":
-				r.Requests = n
-			case "prompt_tokens":
-				r.PromptTokens = n
-			case "completion_tokens":
-				r.CompletionTokens = n
-			}
+			r.set(counter, v)
 		}
 		for _, r := range rows {
 			r.TotalTokens = r.PromptTokens + r.CompletionTokens
@@ -151,15 +143,7 @@ func (s *Store) UsageHourly(ctx context.Context, keyID, model string, since, now
 				row = &HourlyUsageRow{Hour: h * 3600, UsageRow: UsageRow{KeyID: r.id, Model: m}}
 				rows[k] = row
 			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch counter {
-			case "requests":
-				row.Requests = n
-			case "prompt_tokens":
-				row.PromptTokens = n
-			case "completion_tokens":
-				row.CompletionTokens = n
-			}
+			row.set(counter, v)
 		}
 	}
 	out := make([]HourlyUsageRow, 0, len(rows))
@@ -171,4 +155,18 @@ func (s *Store) UsageHourly(ctx context.Context, keyID, model string, since, now
 		return cmp.Or(cmp.Compare(a.Hour, b.Hour), cmp.Compare(a.KeyID, b.KeyID), cmp.Compare(a.Model, b.Model))
 	})
 	return out, nil
+}
+
+// set stores one counter of a usage hash's field (requests, prompt_tokens,
+// completion_tokens) in r; other counters are ignored.
+func (r *UsageRow) set(counter, value string) {
+	n, _ := strconv.ParseInt(value, 10, 64)
+	switch counter {
+	case "requests":
+		r.Requests = n
+	case "prompt_tokens":
+		r.PromptTokens = n
+	case "completion_tokens":
+		r.CompletionTokens = n
+	}
 }
