@@ -115,7 +115,7 @@ func NewPublisher(nc *nats.Conn, cfg PublisherConfig) (*Publisher, error) {
 		cfg.Metrics.MustRegister(p.published, p.fallback, p.dropped,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "tokenbus_usage_buffered",
-				Help: "Usage records waiting in memory to be published (JetStream slow, down or full).",
+				Help: "Usage records waiting in memory to be published: up to the linger (200 ms) for a batch, longer while JetStream is slow, down or full.",
 			}, func() float64 { return float64(p.Pending()) }))
 	}
 	return p, nil
