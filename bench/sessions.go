@@ -94,9 +94,8 @@ func historyMessages(system string, users, answers []string, k int) json.RawMess
 // sent: there is no answer to build them on). A budget > 0 caps the phase as
 // in runPhase.
 func runSessionPhase(ctx context.Context, e *endpoint, cfg *config, sess []sessionSpec, lo, hi int, arr []time.Duration, budget time.Duration, prog *progress) {
-	clock := e.loadTime
-	start := time.Now()
-	paced(ctx, e, cfg, lo, hi, arr, budget, func(pctx context.Context, i int, _ time.Duration) {
+	paced(ctx, e, cfg, lo, hi, arr, budget, func(pctx context.Context, i int, at time.Duration) {
+		began := time.Now() // at, on the load clock
 		s := &sess[i]
 		turns := len(s.users)
 		answers := make([]string, 0, turns)
@@ -104,7 +103,7 @@ func runSessionPhase(ctx context.Context, e *endpoint, cfg *config, sess []sessi
 			p := promptSpec{messages: historyMessages(s.system, s.users, answers, k), outputLen: s.outputLen}
 			body := buildBody(p, e.model, "chat", cfg.stream, cfg.usage, cfg.ignEOS)
 			rec := &e.recs[i*turns+k]
-			rec.Start = clock + time.Since(start)
+			rec.Start = at + time.Since(began)
 			prog.inflight.Add(1)
 			e.c.do(pctx, body, rec)
 			prog.inflight.Add(-1)
