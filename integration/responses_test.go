@@ -49,19 +49,7 @@ func TestResponseResumesOnAnotherGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and kill -9")
 	}
-	bin := tokenbusBinary(t)
-	natsPort := testenv.FreePort(t)
-	natsProc := startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
-	common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--redis-url", ""}
-	w := startProc(t, "w1", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
-	gateway := func(name string) (*proc, string) {
-		port := testenv.FreePort(t)
-		p := startProc(t, name, bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--auth=false",
-			"--admin", "", "--response-ack-wait", "2s"}, common...)...)
-		base := fmt.Sprintf("http://127.0.0.1:%d", port)
-		waitReady(t, base)
-		return p, base
-	}
+	natsProc, w, gateway := gatewaysOnJetStream(t)
 	// B starts once A's runner generates the response: the only runner
 	// then, so that killing A kills the generation and B's runner must
 	// take it over.
@@ -148,19 +136,7 @@ func TestResumableChatStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and kill -9")
 	}
-	bin := tokenbusBinary(t)
-	natsPort := testenv.FreePort(t)
-	natsProc := startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
-	common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--redis-url", ""}
-	w := startProc(t, "w1", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
-	gateway := func(name string) (*proc, string) {
-		port := testenv.FreePort(t)
-		p := startProc(t, name, bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--auth=false",
-			"--admin", "", "--response-ack-wait", "2s"}, common...)...)
-		base := fmt.Sprintf("http://127.0.0.1:%d", port)
-		waitReady(t, base)
-		return p, base
-	}
+	natsProc, w, gateway := gatewaysOnJetStream(t)
 	a, baseA := gateway("gateway-a")
 	const body = `{"model":"llama-8b","max_tokens":120,"ignore_eos":true,"stream":true,"messages":[{"role":"user","content":"a long one"}]}`
 	var ids []string
@@ -354,4 +330,26 @@ func TestResponsesTenancyAndErrors(t *testing.T) {
 	if st != 200 || strings.Contains(string(b), "id: "+sid+":1\n") || !strings.Contains(string(b), "id: "+sid+":2\n") {
 		t.Errorf("resume after 1 by its tenant: %d\n%s", st, b)
 	}
+}
+
+// gatewaysOnJetStream starts, as separate processes, a JetStream nats-server
+// and a sim worker (20 ms a token), and returns them with a function that
+// starts a gateway (a 2 s response ack wait) and returns it with its base URL
+// once it is ready: the set-up of the crash tests that kill a gateway.
+func gatewaysOnJetStream(t *testing.T) (natsProc, worker *proc, gateway func(name string) (*proc, string)) {
+	t.Helper()
+	bin := tokenbusBinary(t)
+	natsPort := testenv.FreePort(t)
+	natsProc = startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
+	common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), "--redis-url", ""}
+	worker = startProc(t, "w1", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
+	gateway = func(name string) (*proc, string) {
+		port := testenv.FreePort(t)
+		p := startProc(t, name, bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", port), "--auth=false",
+			"--admin", "", "--response-ack-wait", "2s"}, common...)...)
+		base := fmt.Sprintf("http://127.0.0.1:%d", port)
+		waitReady(t, base)
+		return p, base
+	}
+	return natsProc, worker, gateway
 }
