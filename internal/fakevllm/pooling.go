@@ -41,12 +41,8 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "BadRequestError", "The model does not support Embeddings API", nil)
 		return
 	}
-	view, rerr := schemas.ReadRequest(schemas.KindEmbedding, body, s.Base[0])
-	if rerr != nil {
-		writeError(w, rerr.Status, "BadRequestError", rerr.Body.Message, rerr.Body.Param)
-		return
-	}
-	if !s.known(w, view.Model) {
+	view, ok := s.readView(w, schemas.KindEmbedding, body)
+	if !ok {
 		return
 	}
 	var lens []int
@@ -95,12 +91,8 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.record(r, body)
-	view, rerr := schemas.ReadRequest(schemas.KindTokenize, body, s.Base[0])
-	if rerr != nil {
-		writeError(w, rerr.Status, "BadRequestError", rerr.Body.Message, rerr.Body.Param)
-		return
-	}
-	if !s.known(w, view.Model) {
+	view, ok := s.readView(w, schemas.KindTokenize, body)
+	if !ok {
 		return
 	}
 	var text string
@@ -127,12 +119,8 @@ func (s *Server) tokenize(w http.ResponseWriter, r *http.Request) {
 func (s *Server) detokenize(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	s.record(r, body)
-	view, rerr := schemas.ReadRequest(schemas.KindDetokenize, body, s.Base[0])
-	if rerr != nil {
-		writeError(w, rerr.Status, "BadRequestError", rerr.Body.Message, rerr.Body.Param)
-		return
-	}
-	if !s.known(w, view.Model) {
+	view, ok := s.readView(w, schemas.KindDetokenize, body)
+	if !ok {
 		return
 	}
 	b := make([]byte, len(view.Tokens))
@@ -151,4 +139,15 @@ func (s *Server) known(w http.ResponseWriter, model string) bool {
 	param := "model"
 	writeError(w, 404, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", model), &param)
 	return false
+}
+
+// readView reads body as vLLM would a request of kind for a model it serves,
+// answering its 400 or 404 itself (ok false).
+func (s *Server) readView(w http.ResponseWriter, kind schemas.Kind, body []byte) (*schemas.Request, bool) {
+	view, rerr := schemas.ReadRequest(kind, body, s.Base[0])
+	if rerr != nil {
+		writeError(w, rerr.Status, "BadRequestError", rerr.Body.Message, rerr.Body.Param)
+		return nil, false
+	}
+	return view, s.known(w, view.Model)
 }
