@@ -317,3 +317,30 @@ func metricValue(t testing.TB, base, series string) float64 {
 	}
 	return -1
 }
+
+// sdkTimeout bounds one run of an SDK script: a hung client must fail the
+// test, not hold the suite until go test's own timeout.
+const sdkTimeout = 5 * time.Minute
+
+// runSDK runs an official SDK's test script with the interpreter named by
+// the environment variable env (TOKENBUS_TEST_PYTHON or TOKENBUS_TEST_NODE,
+// which scripts/test sets) and args, and returns its output; without the
+// variable it skips the test (fails it in CI). A script that fails, or does
+// not print ok, fails the test.
+func runSDK(t *testing.T, env, ok, script string, args ...string) string {
+	t.Helper()
+	bin := os.Getenv(env)
+	if bin == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s not set: run the tests with scripts/test, which installs the SDK", env)
+		}
+		t.Skipf("%s not set: run scripts/test to install the official SDK", env)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sdkTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, append([]string{script}, args...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), ok) {
+		t.Fatalf("%s: %v\n%s", script, err, out)
+	}
+	return string(out)
+}

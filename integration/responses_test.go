@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -24,19 +22,7 @@ func TestResponsesSDK(t *testing.T) {
 		{"python", "TOKENBUS_TEST_PYTHON", "clients/python_responses.py", "python responses ok"},
 		{"node", "TOKENBUS_TEST_NODE", "clients/node_responses.mjs", "node responses ok"},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
-			bin := os.Getenv(tt.env)
-			if bin == "" {
-				if os.Getenv("CI") != "" {
-					t.Fatalf("%s not set: run the tests with scripts/test, which installs the SDK", tt.env)
-				}
-				t.Skipf("%s not set: run scripts/test to install the official %s SDK", tt.env, tt.name)
-			}
-			out, err := exec.Command(bin, tt.script, d.URL).CombinedOutput()
-			if err != nil || !strings.Contains(string(out), tt.ok) {
-				t.Fatalf("%s SDK responses: %v\n%s", tt.name, err, out)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { runSDK(t, tt.env, tt.ok, tt.script, d.URL) })
 	}
 }
 

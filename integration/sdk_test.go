@@ -2,7 +2,6 @@ package integration
 
 import (
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -23,19 +22,7 @@ func TestOfficialSDKs(t *testing.T) {
 		{"langchain", "TOKENBUS_TEST_PYTHON", "clients/langchain_embeddings.py", "langchain ok"},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			bin := os.Getenv(tt.env)
-			if bin == "" {
-				if os.Getenv("CI") != "" {
-					t.Fatalf("%s not set: run the tests with scripts/test, which installs the SDK", tt.env)
-				}
-				t.Skipf("%s not set: run scripts/test to install the official %s SDK", tt.env, tt.name)
-			}
-			out, err := exec.Command(bin, tt.script, d.URL).CombinedOutput()
-			if err != nil || !strings.Contains(string(out), tt.ok) {
-				t.Fatalf("%s SDK: %v\n%s", tt.name, err, out)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { runSDK(t, tt.env, tt.ok, tt.script, d.URL) })
 	}
 }
 
@@ -43,11 +30,7 @@ func TestOfficialSDKs(t *testing.T) {
 // official Python SDK's files and batches calls, unchanged, against dev
 // with the sim.
 func TestBatchSDK(t *testing.T) {
-	bin := os.Getenv("TOKENBUS_TEST_PYTHON")
-	if bin == "" {
-		if os.Getenv("CI") != "" {
-			t.Fatal("TOKENBUS_TEST_PYTHON not set: run the tests with scripts/test, which installs the SDK")
-		}
+	if os.Getenv("TOKENBUS_TEST_PYTHON") == "" && os.Getenv("CI") == "" {
 		t.Skip("TOKENBUS_TEST_PYTHON not set: run scripts/test to install the official Python SDK")
 	}
 	lines := "10000"
@@ -58,9 +41,6 @@ func TestBatchSDK(t *testing.T) {
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
 		c.HTTP.Batch.MaxInFlight, c.HTTP.Batch.MaxPerBatch = 256, 256
 	})
-	out, err := exec.Command(bin, "clients/python_batch.py", d.URL, lines).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "sdk ok") {
-		t.Fatalf("python SDK batch: %v\n%s", err, out)
-	}
-	t.Log(strings.TrimSpace(string(out)))
+	out := runSDK(t, "TOKENBUS_TEST_PYTHON", "sdk ok", "clients/python_batch.py", d.URL, lines)
+	t.Log(strings.TrimSpace(out))
 }
