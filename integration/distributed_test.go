@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/sysmon"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
@@ -109,6 +111,13 @@ func TestDistributed(t *testing.T) {
 	startProc(t, "gateway", bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--auth=false", "--admin", ""}, common...)...)
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	waitReady(t, base)
+	// Every server re-executed itself (same process) with sysmon calmed.
+	for _, w := range workers {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", w.cmd.Process.Pid))
+		if err != nil || !bytes.Contains(env, []byte("GODEBUG="+sysmon.Setting+"\x00")) {
+			t.Errorf("%s: GODEBUG=%s not in its environment (%v)", w.name, sysmon.Setting, err)
+		}
+	}
 	hb := watchHeartbeats(t, natsURL)
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		hb.mu.Lock()

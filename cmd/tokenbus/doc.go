@@ -2,5 +2,5 @@
 // role. internal/cli reads the flags and internal/program runs the role, so
 // tests run whole programs; internal/gctune sets the collector's GOGC.
 //
-// Tokenbus imports: internal/cli, internal/gctune.
+// Tokenbus imports: internal/cli, internal/gctune, internal/sysmon.
 package main
