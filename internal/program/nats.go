@@ -36,7 +36,11 @@ func dialInProcess(ns *server.Server) dialer {
 		if err != nil {
 			return nil, err
 		}
-		return nats.Connect("", append(opts, nats.InProcessServer(ns))...)
+		// No write deadline on the in-process pipe: the reader is the server's
+		// read loop in this process, which never stops reading while the
+		// server runs (and closing the server closes the pipe), whereas a
+		// deadline costs a timer set and stopped per flush.
+		return nats.Connect("", append(opts, nats.InProcessServer(ns), nats.FlusherTimeout(0))...)
 	}
 }
 
