@@ -273,6 +273,9 @@ func (m *kvMap) lost() {
 func (m *kvMap) lostLocked() {
 	m.vh.clear()
 	m.stored.clear()
+	// Stores gathered before the loss may be gone since (an engine
+	// restarted): a message with Dropped tells only what came after.
+	m.outStored, m.outRemoved, m.n = nil, nil, 0
 	m.dropped++
 	m.stats.Lost++
 }

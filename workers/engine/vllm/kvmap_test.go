@@ -79,10 +79,10 @@ func TestKVMap(t *testing.T) {
 		}, 10, 2},
 		{"all blocks cleared", []step{
 			reg("base"),
-			{register: "-", events: []kvEvent{stored(ids, 0, 10, nil), {kind: kvCleared}},
-				want: schemas.KVEvents{Stored: [][]uint64{text}, Dropped: 1}},
+			{register: "-", events: []kvEvent{stored(ids, 0, 10, nil), {kind: kvCleared}, stored(ids, 0, 3, nil)},
+				want: schemas.KVEvents{Stored: [][]uint64{text[:3]}, Dropped: 1}}, // only what came after the loss
 			evs(kvEvent{kind: kvRemoved, hashes: []string{vhash(5)}}), // forgotten: nothing
-		}, 10, 0},
+		}, 13, 0},
 		{"an adapter's blocks are not the base model's", []step{
 			reg("base"),
 			evs(stored(ids, 0, 10, func(e *kvEvent) { e.loraName = "sql" })),
