@@ -171,3 +171,31 @@ func TestVLLMKVEvents(t *testing.T) {
 		t.Errorf("after the engine's restart: predicted %v cached tokens, want 0 (record cleared)", p4)
 	}
 }
+
+// TestVLLMKVEventsAuto: with --engine-kv-events auto the worker adds
+// --kv-events-config to the child engine's command line and follows its
+// events; a completion prompt (a string) is mapped too.
+func TestVLLMKVEventsAuto(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the binary and runs it as vLLM")
+	}
+	bin := tokenbusBinary(t)
+	cmd := fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-decode-base 1ms", bin, testenv.FreePort(t))
+	d := startDev(t, vllmEngine(""), func(c *program.DevConfig) {
+		c.Engine.VLLMCmd, c.Engine.StartTimeout, c.Engine.KVEvents = cmd, 30*time.Second, "auto"
+	})
+	kv := watchKVEvents(t, d.NATSURL)
+	body := fmt.Sprintf(`{"model":"llama-8b","max_tokens":2,"prompt":%q}`, strings.Repeat("the quick brown fox jumps over the lazy dog ", 30))
+	text := schemas.PromptBlockHashes(nil, "llama-8b", schemas.PromptSpan([]byte(body)), 64)
+	if s := post(t, d.URL, "/v1/completions", body); s.Status != 200 {
+		t.Fatalf("status %d: %s", s.Status, s.Body)
+	}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if ok, _ := kv.find(func(ev schemas.KVEvents) bool {
+			return slices.ContainsFunc(ev.Stored, func(c []uint64) bool { return len(c) >= len(text)-2 && slices.Equal(c, text[:len(c)]) })
+		}); !ok {
+			return fmt.Errorf("no stored chain of the prompt's %d text blocks", len(text))
+		}
+		return nil
+	})
+}
