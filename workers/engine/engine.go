@@ -86,7 +86,8 @@ type Stats struct {
 }
 
 // KVEventer is implemented by engines that report what their prefix cache
-// stored and evicted (the sim), named as dispatchers name prompt blocks
+// stored and evicted (the sim; vLLM, whose DrainKVEvents has nothing unless
+// its Config.KVEvents is set), named as dispatchers name prompt blocks
 // (schemas.PromptBlockHashes). The worker publishes what DrainKVEvents
 // returns on schemas.KVEventsSubject, filling in Worker and Seq; ok is false
 // when there is nothing new.
