@@ -3,7 +3,9 @@ package vllm
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,14 +25,16 @@ type kvSub struct {
 
 	lastSeq uint64
 	haveSeq bool
+	dialing chan struct{} // closed when the last dial returned; nil before the first
 
 	received, decodeErrors, unknown, connects atomic.Uint64
 }
 
 const (
-	kvDialTimeout = 2 * time.Second
-	kvBackoffMin  = 100 * time.Millisecond
-	kvBackoffMax  = 2 * time.Second
+	kvDialTimeout      = 2 * time.Second
+	kvHandshakeTimeout = 5 * time.Second
+	kvBackoffMin       = 100 * time.Millisecond
+	kvBackoffMax       = 2 * time.Second
 )
 
 func (s *kvSub) run(ctx context.Context) {
@@ -66,11 +70,11 @@ func (s *kvSub) run(ctx context.Context) {
 func (s *kvSub) session(ctx context.Context) (connected bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(kvDialTimeout))
-	defer sock.Close()
-	if err := sock.Dial(s.endpoint); err != nil {
+	sock, err := s.dial(ctx)
+	if err != nil {
 		return false, err
 	}
+	defer sock.Close()
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.topic); err != nil {
 		return false, err
 	}
@@ -83,6 +87,59 @@ func (s *kvSub) session(ctx context.Context) (connected bool, err error) {
 		}
 		s.handle(msg.Frames)
 	}
+}
+
+// dial connects a SUB socket to the endpoint. zmq4 bounds the TCP connect
+// (kvDialTimeout) but not the ZMTP handshake after it, so a peer that
+// accepts and says nothing would hold Dial forever: the dial runs in a
+// goroutine of its own, waited for at most kvHandshakeTimeout (or until
+// ctx ends), and no new dial starts while an abandoned one is still
+// running, so at most one is ever left behind.
+func (s *kvSub) dial(ctx context.Context) (zmq4.Socket, error) {
+	if s.dialing != nil {
+		select {
+		case <-s.dialing:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	done := make(chan struct{})
+	s.dialing = done
+	sock := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(kvDialTimeout))
+	closeSock := sync.OnceFunc(func() { sock.Close() })
+	var dialErr error // the goroutine's; read after done
+	abandoned := make(chan struct{})
+	go func() {
+		defer close(done)
+		dialErr = sock.Dial(s.endpoint)
+		select {
+		case <-abandoned:
+			closeSock()
+		default:
+		}
+	}()
+	t := time.NewTimer(kvHandshakeTimeout)
+	defer t.Stop()
+	var err error
+	select {
+	case <-done:
+		if dialErr != nil {
+			closeSock()
+			return nil, dialErr
+		}
+		return sock, nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-t.C:
+		err = fmt.Errorf("no ZMTP handshake within %v", kvHandshakeTimeout)
+	}
+	close(abandoned)
+	select { // it may have returned in between
+	case <-done:
+		closeSock()
+	default:
+	}
+	return nil, err
 }
 
 // handle takes one message: topic, 8-byte big-endian sequence number,

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -115,5 +116,52 @@ func TestKVSubReconnects(t *testing.T) {
 	case <-done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the subscriber did not stop")
+	}
+}
+
+// A peer that accepts the TCP connection and never speaks ZMTP holds zmq4's
+// Dial: the subscriber still stops at once when cancelled.
+func TestKVSubSilentPeerStops(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	defer func() {
+		ln.Close()
+		for {
+			select {
+			case c := <-accepted:
+				c.Close()
+			default:
+				return
+			}
+		}
+	}()
+	s := &kvSub{endpoint: "tcp://" + ln.Addr().String(), m: newKVMap(kvBlockBytes), log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.run(ctx) }()
+	var c net.Conn
+	select {
+	case c = <-accepted: // the dial is now in the handshake
+		accepted <- c
+	case <-time.After(5 * time.Second):
+		t.Fatal("no connection")
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the subscriber did not stop while its dial hung")
 	}
 }
