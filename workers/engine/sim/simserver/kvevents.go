@@ -107,8 +107,16 @@ func (p *KVPublisher) Addr() string {
 
 // Run publishes until ctx ends, then closes the socket.
 func (p *KVPublisher) Run(ctx context.Context) error {
-	defer p.cancel()
-	defer p.pub.Close()
+	// A subscriber that stops reading can block a send for good (zmq4's
+	// send timeout does not cover the write itself): closing the socket
+	// when ctx ends unblocks it.
+	stop := context.AfterFunc(ctx, func() { p.pub.Close() })
+	defer func() {
+		if stop() {
+			p.pub.Close()
+		}
+		p.cancel()
+	}()
 	t := time.NewTicker(kvPublishEvery)
 	defer t.Stop()
 	var buf []byte
@@ -138,7 +146,7 @@ func (p *KVPublisher) Run(ctx context.Context) error {
 func appendKVBatch(b []byte, ts time.Time, evs []sim.BlockEvent, blockSize int) []byte {
 	b = append(b, 0x93) // [ts, events, data_parallel_rank]
 	b = append(b, 0xcb)
-	b = binary.BigEndian.AppendUint64(b, math.Float64bits(float64(ts.UnixNano())/1e9))
+	b = binary.BigEndian.AppendUint64(b, math.Float64bits(float64(ts.Unix())+float64(ts.Nanosecond())/1e9))
 	b = mpArray(b, len(evs))
 	for _, ev := range evs {
 		if ev.Removed {
