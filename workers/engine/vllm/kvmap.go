@@ -216,9 +216,18 @@ func (m *kvMap) apply(b *kvBatch) {
 }
 
 func (m *kvMap) applyStored(ev *kvEvent) {
-	if ev.blockSize != m.bs {
+	// The tokens per hash: block_size, unless the token ids say otherwise
+	// (a vLLM hashing at a finer grain than its blocks); events that fit
+	// no whole number of tokens per hash cannot be chained.
+	if len(ev.hashes) == 0 || len(ev.tokens)%len(ev.hashes) != 0 || len(ev.tokens) == 0 {
+		m.stats.Skipped++
+		m.stats.Unmapped += uint64(len(ev.hashes))
+		return
+	}
+	bs := len(ev.tokens) / len(ev.hashes)
+	if bs != m.bs {
 		// Keys made with another block size never match: start again.
-		m.bs = ev.blockSize
+		m.bs = bs
 		m.keys.clear()
 		m.done.clear()
 		m.vh.clear()

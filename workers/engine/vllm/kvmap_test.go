@@ -100,6 +100,10 @@ func TestKVMap(t *testing.T) {
 			reg("base"),
 			evs(stored(ids, 0, 2, func(e *kvEvent) { e.medium = "CPU" }), stored(ids, 0, 2, func(e *kvEvent) { e.group = 1 })),
 		}, 0, 0},
+		{"tokens that are no whole number per hash", []step{
+			reg("base"),
+			evs(kvEvent{kind: kvStored, hashes: vhashes(0, 3), tokens: ids[:40], blockSize: 16}),
+		}, 0, 3},
 		{"another block size starts again", []step{
 			reg("base"),
 			evs(kvEvent{kind: kvStored, hashes: vhashes(0, 5), tokens: ids, blockSize: 32}),

@@ -47,7 +47,7 @@ func (s *kvSub) run(ctx context.Context) {
 			// unknown to us.
 			s.m.lost()
 			s.haveSeq = false
-			backoff = kvBackoffMin
+			backoff, lastErr = kvBackoffMin, "" // each disconnection is logged
 		}
 		if ctx.Err() != nil {
 			return

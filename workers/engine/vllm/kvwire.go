@@ -275,12 +275,9 @@ func (ev *kvEvent) check(complete bool) error {
 	if !complete {
 		return fmt.Errorf("%w: a %s event lacks fields", errKVWire, ev.kindName())
 	}
-	if ev.kind == kvStored {
-		if ev.blockSize <= 0 || len(ev.tokens) != len(ev.hashes)*ev.blockSize {
-			return fmt.Errorf("%w: BlockStored of %d blocks of %d tokens has %d token ids",
-				errKVWire, len(ev.hashes), ev.blockSize, len(ev.tokens))
-		}
-	}
+	// A BlockStored whose token ids are not block_size per hash is read
+	// anyway (a vLLM that hashes at a finer grain than its blocks would send
+	// such): the mapping decides what it can make of it (kvMap.applyStored).
 	return nil
 }
 

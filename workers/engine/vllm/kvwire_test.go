@@ -79,9 +79,9 @@ func TestDecodeKVBatchErrors(t *testing.T) {
 		{"garbage", []byte("\xff\xfe\xc1garbage")},
 		{"array of 32 billion", []byte{0xdd, 0xff, 0xff, 0xff, 0xff}},
 		{"batch of one field", []byte{0x91, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0}},
-		// [1.0, [["BlockStored", [1], nil, [1, 2], 16]]]: 2 token ids for one block of 16
-		{"token count", []byte{0x92, 0x01, 0x91, 0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd',
-			0x91, 0x01, 0xc0, 0x92, 0x01, 0x02, 0x10}},
+		// [1.0, [["BlockStored", [1], nil, [1, 2], 0]]]: block_size 0
+		{"block size", []byte{0x92, 0x01, 0x91, 0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd',
+			0x91, 0x01, 0xc0, 0x92, 0x01, 0x02, 0x00}},
 		// [1.0, [["BlockStored", [1]]]]: too few fields
 		{"too few fields", []byte{0x92, 0x01, 0x91, 0x92, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x91, 0x01}},
 		// [1.0, [{"block_hashes": []}]]: no type
@@ -113,10 +113,11 @@ func FuzzDecodeKVBatch(f *testing.F) {
 			}
 			return
 		}
-		for _, ev := range got.events {
-			if ev.kind == kvStored && len(ev.tokens) != len(ev.hashes)*ev.blockSize {
-				t.Fatalf("BlockStored with %d tokens for %d blocks of %d", len(ev.tokens), len(ev.hashes), ev.blockSize)
-			}
-		}
+		// Whatever was read, mapping it must not panic.
+		m := newKVMap(kvBlockBytes)
+		text := []uint64{1, 2, 3}
+		m.register(text, 192, seqTokens(100, 48), "")
+		m.apply(&got)
+		m.drain()
 	})
 }
