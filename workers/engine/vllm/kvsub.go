@@ -25,6 +25,7 @@ type kvSub struct {
 
 	lastSeq uint64
 	haveSeq bool
+	badRun  int           // payloads not read in a row
 	dialing chan struct{} // closed when the last dial returned; nil before the first
 
 	received, decodeErrors, unknown, connects atomic.Uint64
@@ -35,6 +36,7 @@ const (
 	kvHandshakeTimeout = 5 * time.Second
 	kvBackoffMin       = 100 * time.Millisecond
 	kvBackoffMax       = 2 * time.Second
+	kvMaxBadRun        = 10 // payloads not read in a row after which they stop counting as losses
 )
 
 func (s *kvSub) run(ctx context.Context) {
@@ -158,10 +160,20 @@ func (s *kvSub) handle(frames [][]byte) {
 	b, err := decodeKVBatch(frames[2])
 	if err != nil {
 		s.decodeErrors.Add(1)
-		s.m.lost() // its events are lost
-		s.log.Debug("vLLM KV events: a payload not read", "seq", seq, "err", err)
+		s.badRun++
+		switch {
+		case s.badRun < kvMaxBadRun:
+			s.m.lost() // its events are lost
+			s.log.Debug("vLLM KV events: a payload not read", "seq", seq, "err", err)
+		case s.badRun == kvMaxBadRun:
+			// A format this reader does not know (a newer vLLM): reporting
+			// a loss per message would have dispatchers clear their record
+			// of this worker every 50 ms, worse than no events at all.
+			s.log.Error("vLLM KV events: payloads not understood, ignored until one is", "err", err)
+		}
 		return
 	}
+	s.badRun = 0
 	s.unknown.Add(uint64(b.unknown))
 	s.m.apply(&b)
 }

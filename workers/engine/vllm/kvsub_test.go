@@ -25,6 +25,15 @@ func kvFrames(t testing.TB, topic string, seq uint64, fixture string) [][]byte {
 	return [][]byte{[]byte(topic), binary.BigEndian.AppendUint64(nil, seq), payload}
 }
 
+// garbageRun is n messages in sequence whose payloads are not msgpack.
+func garbageRun(n int) [][][]byte {
+	msgs := make([][][]byte, n)
+	for i := range msgs {
+		msgs[i] = [][]byte{[]byte("kv"), binary.BigEndian.AppendUint64(nil, uint64(i)), []byte("\xc1")}
+	}
+	return msgs
+}
+
 func TestKVSubHandle(t *testing.T) {
 	for _, tc := range []struct {
 		name                     string
@@ -39,6 +48,7 @@ func TestKVSubHandle(t *testing.T) {
 		{"first seq not 0: nothing lost", [][][]byte{kvFrames(t, "kv", 9, "kv_array_stored_int.msgpack")}, 1, 0, 0, 0},
 		{"garbage payload", [][][]byte{{[]byte("kv"), make([]byte, 8), []byte("\xc1")}}, 1, 1, 0, 1},
 		{"bad frames", [][][]byte{{[]byte("kv"), []byte("seq")}, {[]byte("kv"), []byte("1234567"), nil}}, 0, 2, 0, 0},
+		{"payloads never understood stop counting as losses", garbageRun(25), 25, 25, 0, kvMaxBadRun - 1},
 		{"another topic", [][][]byte{kvFrames(t, "kv-x", 0, "kv_array_stored_int.msgpack")}, 0, 1, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
