@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -198,4 +200,48 @@ func TestVLLMKVEventsAuto(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestVLLMKVEventsLoRA: an adapter's prompt is reported under the text
+// hashes rooted at the adapter's name, as dispatchers key it: the worker ties
+// vLLM's lora_name in the events to the request's adapter.
+func TestVLLMKVEventsLoRA(t *testing.T) {
+	ctx := context.Background()
+	rd := testenv.StartRedis(t)
+	store, err := registry.Open(ctx, rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	if err := store.PutModel(ctx, registry.Model{Name: "lora-a", Base: "llama-8b", Path: "/adapters/lora-a"}); err != nil {
+		t.Fatal(err)
+	}
+	port := testenv.FreePort(t)
+	ss := startSimServer(t, func(c *program.SimServerConfig) {
+		c.KVEvents = fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","topic":"kv-events"}`, port)
+	})
+	d := startDev(t, vllmEngine(ss.URL()), func(c *program.DevConfig) {
+		c.RedisURL, c.Engine.KVEvents = rd.URL, fmt.Sprintf("tcp://127.0.0.1:%d", port)
+	})
+	kv := watchKVEvents(t, d.NATSURL)
+	chain := func(model string) func(schemas.KVEvents) bool {
+		body := fmt.Sprintf(`{"model":%q,"max_tokens":2,"messages":[{"role":"user","content":%q}]}`,
+			model, strings.Repeat("an adapter's own prompt, long enough for many blocks ", 20))
+		text := schemas.PromptBlockHashes(nil, model, schemas.PromptSpan([]byte(body)), 64)
+		if s := post(t, d.URL, "/v1/chat/completions", body); s.Status != 200 {
+			t.Fatalf("%s: status %d: %s", model, s.Status, s.Body)
+		}
+		return func(ev schemas.KVEvents) bool {
+			return slices.ContainsFunc(ev.Stored, func(c []uint64) bool { return len(c) >= len(text)-2 && slices.Equal(c, text[:len(c)]) })
+		}
+	}
+	for _, model := range []string{"lora-a", "llama-8b"} { // the same text: apart in vLLM's cache and in the dispatchers'
+		found := chain(model)
+		testenv.WaitFor(t, 10*time.Second, func() error {
+			if ok, _ := kv.find(found); !ok {
+				return fmt.Errorf("%s: no stored chain of the prompt under its hashes", model)
+			}
+			return nil
+		})
+	}
 }
