@@ -60,6 +60,9 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 	}
 	switch c.Kind {
 	case "sim":
+		if c.KVEvents != "" {
+			return nil, fmt.Errorf("--engine-kv-events goes with --engine vllm (the sim reports its prefix cache by itself)")
+		}
 		cfg := c.Sim
 		cfg.Model = c.Model
 		return sim.New(cfg)
