@@ -60,8 +60,8 @@ type kvRef struct {
 	j int32
 }
 
-// KVMapStats counts what the mapping saw (cumulative).
-type KVMapStats struct {
+// kvMapStats counts what the mapping saw (cumulative).
+type kvMapStats struct {
 	Mapped, Unmapped uint64 // BlockStored blocks found, or not, in a prompt registered
 	Skipped          uint64 // events of another medium (CPU offload) or KV cache group, ignored
 	Lost             uint64 // times events were lost (gap, reconnect, AllBlocksCleared)
@@ -80,7 +80,7 @@ type kvMap struct {
 	outStored  [][]uint64
 	outRemoved []uint64
 	n, dropped int
-	stats      KVMapStats
+	stats      kvMapStats
 }
 
 func newKVMap(blockBytes int) *kvMap {
@@ -329,7 +329,7 @@ func (m *kvMap) drain() (ev schemas.KVEvents, ok bool) {
 	return ev, true
 }
 
-func (m *kvMap) statsNow() KVMapStats {
+func (m *kvMap) statsNow() kvMapStats {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.stats
