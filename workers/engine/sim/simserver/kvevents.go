@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -110,11 +111,10 @@ func (p *KVPublisher) Run(ctx context.Context) error {
 	// A subscriber that stops reading can block a send for good (zmq4's
 	// send timeout does not cover the write itself): closing the socket
 	// when ctx ends unblocks it.
-	stop := context.AfterFunc(ctx, func() { p.pub.Close() })
+	closePub := sync.OnceFunc(func() { p.pub.Close() }) // a second caller waits for the first: closed on return
+	context.AfterFunc(ctx, closePub)
 	defer func() {
-		if stop() {
-			p.pub.Close()
-		}
+		closePub()
 		p.cancel()
 	}()
 	t := time.NewTicker(kvPublishEvery)
