@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenbus/tokenbus/workers/engine"
 )
 
 // metrics are the worker's Prometheus metrics, all labelled with the worker
@@ -82,4 +84,55 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 		counter("tokenbus_worker_adapter_load_failures_total", "LoRA adapter loads that failed.", func() float64 { return float64(w.AdapterStats().LoadFailures) }),
 		counter("tokenbus_worker_adapter_evictions_total", "LoRA adapters unloaded to make room.", func() float64 { return float64(w.AdapterStats().Evictions) }),
 	)
+	if ks, ok := w.eng.(engine.KVEventStatser); ok {
+		reg.MustRegister(kvEventCollectors(ks)...)
+	}
 }
+
+// kvEventCollectors export the counts of an engine that reads KV events from
+// elsewhere (vLLM's, over ZMQ) and maps them to text blocks.
+func kvEventCollectors(ks engine.KVEventStatser) []prometheus.Collector {
+	counter := func(name, help string, f func(engine.KVEventStats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(ks.KVEventStats())) })
+	}
+	blocks := prometheus.NewDesc("tokenbus_worker_engine_kv_blocks_total",
+		"Blocks the engine's KV events said it stored, by whether they mapped to a prompt's text (mapped) or not (unmapped: generated tokens, a prompt not tokenized, a parent unknown).",
+		[]string{"result"}, nil)
+	tokenize := prometheus.NewDesc("tokenbus_worker_engine_kv_tokenize_total",
+		"Prompts handed to the KV events mapping, by what became of them: sent to the engine's /tokenize (call), failed there (error), dropped with the queue full (dropped), skipped as mapped recently (known).",
+		[]string{"result"}, nil)
+	return []prometheus.Collector{
+		counter("tokenbus_worker_engine_kv_messages_total", "KV event messages read from the engine's publisher.", func(s engine.KVEventStats) uint64 { return s.Received }),
+		counter("tokenbus_worker_engine_kv_decode_errors_total", "KV event messages not read: bad frames or payload.", func(s engine.KVEventStats) uint64 { return s.DecodeErrors }),
+		counter("tokenbus_worker_engine_kv_unknown_events_total", "KV events of a kind not known (skipped) or of another medium or cache group (ignored).", func(s engine.KVEventStats) uint64 { return s.Unknown + s.Skipped }),
+		counter("tokenbus_worker_engine_kv_connects_total", "Connections made to the engine's KV events publisher.", func(s engine.KVEventStats) uint64 { return s.Connects }),
+		counter("tokenbus_worker_engine_kv_lost_total", "Times KV events were lost (a sequence gap, a reconnect, all blocks cleared): each makes dispatchers clear their record of the worker.", func(s engine.KVEventStats) uint64 { return s.Lost }),
+		collectorFunc{descs: []*prometheus.Desc{blocks, tokenize}, collect: func(ch chan<- prometheus.Metric) {
+			s := ks.KVEventStats()
+			for _, v := range []struct {
+				d     *prometheus.Desc
+				label string
+				n     uint64
+			}{{blocks, "mapped", s.Mapped}, {blocks, "unmapped", s.Unmapped},
+				{tokenize, "call", s.TokenizeCalls}, {tokenize, "error", s.TokenizeErrors},
+				{tokenize, "dropped", s.TokenizeDropped}, {tokenize, "known", s.TokenizeKnown}} {
+				ch <- prometheus.MustNewConstMetric(v.d, prometheus.CounterValue, float64(v.n), v.label)
+			}
+		}},
+	}
+}
+
+// collectorFunc is a prometheus.Collector of fixed descriptions.
+type collectorFunc struct {
+	descs   []*prometheus.Desc
+	collect func(chan<- prometheus.Metric)
+}
+
+func (c collectorFunc) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c collectorFunc) Collect(ch chan<- prometheus.Metric) { c.collect(ch) }

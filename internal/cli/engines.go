@@ -21,6 +21,8 @@ func registerEngine(fs *pflag.FlagSet, c *program.EngineConfig) {
 	fs.StringVar(&c.HealthPath, "engine-health-path", c.HealthPath, `vllm/openai: GET path probed for health when the engine is idle (default: vllm "/health", openai "/v1/models"); a 404 there stops the start at once`)
 	fs.DurationVar(&c.HealthInterval, "engine-health-interval", c.HealthInterval, "vllm/openai: how often health is judged, from the requests' outcomes first and a probe only when idle; 0: never probe (healthy while the engine process runs)")
 	fs.DurationVar(&c.StartTimeout, "engine-start-timeout", c.StartTimeout, "vllm/openai: how long to wait for the engine's first good health check")
+	fs.StringVar(&c.KVEvents, "engine-kv-events", c.KVEvents, `vllm: the ZMQ endpoint of vLLM's KV cache events (its --kv-events-config publisher), e.g. tcp://127.0.0.1:5557, so that dispatchers learn what its prefix cache holds; "auto" with --vllm-cmd adds --kv-events-config to the command on a free port`)
+	fs.StringVar(&c.KVEventsTopic, "engine-kv-events-topic", c.KVEventsTopic, `vllm: the topic of vLLM's KV cache events (its --kv-events-config "topic"); default any ("kv-events" with --engine-kv-events auto)`)
 	registerSimFlags(fs, &c.Sim)
 }
 

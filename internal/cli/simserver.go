@@ -37,6 +37,9 @@ func runSimServer(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	fmt.Fprintf(stdout, "sim-server listening on http://%s\n", srv.Addr())
+	if a := srv.KVEventsAddr(); a != "" {
+		log.Info("publishing KV cache events", "addr", a)
+	}
 	log.Info("serving", "addr", srv.Addr(), "models", append([]string{cfg.Sim.Model}, cfg.Sim.ServedNames...),
 		"adapters", len(cfg.LoRAModules), "runtime_lora", cfg.AllowRuntimeLoRA)
 	return untilDone(ctx, srv, nil)
@@ -65,6 +68,7 @@ func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, 
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "answer errors in vLLM's flat pre-0.10.1 shape {\"object\":\"error\",...}")
 	fs.BoolVar(&cfg.GPUCacheMetric, "gpu-cache-metric", false, "also export vllm:gpu_cache_usage_perc (the KV-cache gauge's name before vLLM 0.10)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long open requests may go on")
+	fs.StringVar(&cfg.KVEvents, "kv-events-config", "", `vLLM's KV cache events, its JSON: e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}' publishes the sim's prefix cache stores and evictions in vLLM's format over ZMQ`)
 	var lopts logOptions
 	lopts.register(fs)
 	if err := parse(fs, expandNargs(args, "--lora-modules"), stdout); err != nil {

@@ -29,7 +29,12 @@ type EngineConfig struct {
 	// default); HealthInterval is how often health is judged, 0: never probe.
 	HealthPath     string
 	HealthInterval time.Duration
-	Sim            sim.Config // sim: latency and capacity (Model is set from Model)
+	// KVEvents is the ZMQ endpoint of vLLM's KV cache events publisher, or
+	// "auto" with VLLMCmd (vllm.Config.KVEvents); "": none. KVEventsTopic
+	// is its topic ("": any).
+	KVEvents      string
+	KVEventsTopic string
+	Sim           sim.Config // sim: latency and capacity (Model is set from Model)
 }
 
 // DefaultEngine is the sim serving llama-8b.
@@ -55,16 +60,22 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 	}
 	switch c.Kind {
 	case "sim":
+		if c.KVEvents != "" {
+			return nil, fmt.Errorf("--engine-kv-events goes with --engine vllm (the sim reports its prefix cache by itself)")
+		}
 		cfg := c.Sim
 		cfg.Model = c.Model
 		return sim.New(cfg)
 	case "vllm":
-		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras})
+		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic})
 		if err != nil {
 			return nil, err
 		}
 		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
 	case "openai":
+		if c.KVEvents != "" {
+			return nil, fmt.Errorf("--engine-kv-events goes with --engine vllm")
+		}
 		if c.VLLMCmd != "" {
 			return nil, fmt.Errorf("--vllm-cmd goes with --engine vllm")
 		}

@@ -26,7 +26,11 @@ type SimServerConfig struct {
 	LegacyErrors     bool     // errors in vLLM's flat pre-0.10.1 shape
 	GPUCacheMetric   bool     // also export vllm:gpu_cache_usage_perc
 	ShutdownTimeout  time.Duration
-	Log              *slog.Logger // gets the server's lines, with component=sim-server: give it none of its own
+	// KVEvents is vLLM's --kv-events-config JSON: with events enabled, the
+	// sim's prefix cache stores and evictions are published in vLLM's
+	// format over ZMQ (simserver.KVPublisher). "": none.
+	KVEvents string
+	Log      *slog.Logger // gets the server's lines, with component=sim-server: give it none of its own
 }
 
 // LoRAModule is an adapter the sim-server loads at start.
@@ -44,6 +48,7 @@ type SimServer struct {
 	*life
 	eng *sim.Engine
 	ln  net.Listener
+	kv  *simserver.KVPublisher // nil: no KV events
 }
 
 // StartSimServer starts the sim engine, loads the LoRA modules and serves.
@@ -57,6 +62,15 @@ func StartSimServer(ctx context.Context, cfg SimServerConfig) (*SimServer, error
 }
 
 func (p *SimServer) start(ctx context.Context, cfg SimServerConfig) error {
+	var kc simserver.KVEventsConfig
+	kvOn := false
+	if cfg.KVEvents != "" {
+		var err error
+		if kc, kvOn, err = simserver.ParseKVEventsConfig(cfg.KVEvents); err != nil {
+			return err
+		}
+		cfg.Sim.BlockEvents = kvOn
+	}
 	var err error
 	if p.eng, err = sim.New(cfg.Sim); err != nil {
 		return err
@@ -77,6 +91,12 @@ func (p *SimServer) start(ctx context.Context, cfg SimServerConfig) error {
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return fmt.Errorf("sim-server listen: %w", err)
 	}
+	if kvOn {
+		if p.kv, err = simserver.NewKVPublisher(kc, p.eng, componentLog(cfg.Log, "sim-server")); err != nil {
+			return err
+		}
+		p.part("kv-events", func() error { return p.kv.Run(p.ctx) })
+	}
 	// Serve ends, within ShutdownTimeout, once the program's context does.
 	p.part("sim-server", func() error { return srv.Serve(p.ctx, p.ln) })
 	return nil
@@ -86,6 +106,14 @@ func (p *SimServer) release() {
 	if p.eng != nil {
 		p.eng.Close()
 	}
+}
+
+// KVEventsAddr is the address the KV events publisher is bound to ("": none, or dialled).
+func (p *SimServer) KVEventsAddr() string {
+	if p.kv == nil {
+		return ""
+	}
+	return p.kv.Addr()
 }
 
 // Addr is the bound address (host:port).

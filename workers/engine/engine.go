@@ -86,12 +86,37 @@ type Stats struct {
 }
 
 // KVEventer is implemented by engines that report what their prefix cache
-// stored and evicted (the sim), named as dispatchers name prompt blocks
+// stored and evicted (the sim; vLLM, whose DrainKVEvents has nothing unless
+// its Config.KVEvents is set), named as dispatchers name prompt blocks
 // (schemas.PromptBlockHashes). The worker publishes what DrainKVEvents
 // returns on schemas.KVEventsSubject, filling in Worker and Seq; ok is false
 // when there is nothing new.
 type KVEventer interface {
 	DrainKVEvents() (ev schemas.KVEvents, ok bool)
+}
+
+// KVEventStatser is implemented by engines that read their KV events from
+// elsewhere (vLLM's ZMQ publisher) and map them; the worker exports the
+// counts as metrics. All are cumulative.
+type KVEventStatser interface {
+	KVEventStats() KVEventStats
+}
+
+// KVEventStats counts an engine's KV events as read and mapped.
+type KVEventStats struct {
+	Received     uint64 // messages read from the publisher
+	DecodeErrors uint64 // messages not read (bad frames or payload)
+	Unknown      uint64 // events of a kind not known, skipped
+	Skipped      uint64 // events of another medium or KV cache group, skipped
+	Connects     uint64 // connections made to the publisher
+	Lost         uint64 // times events were lost (sequence gap, reconnect, cache cleared): reported as Dropped
+	// Blocks stored that named a block of a prompt mapped to text, or did
+	// not (a prompt not tokenized yet or dropped, generated tokens, a parent
+	// unknown).
+	Mapped, Unmapped uint64
+	// Prompts sent to the engine's tokenizer, failed there, dropped with
+	// the queue full, or skipped as mapped recently.
+	TokenizeCalls, TokenizeErrors, TokenizeDropped, TokenizeKnown uint64
 }
 
 // Adapters is implemented by engines that can load LoRA adapters at run

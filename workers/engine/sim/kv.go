@@ -20,6 +20,9 @@ type kvCache struct {
 	// kvevents.go); evicted, when set, collects the tags of blocks evicted.
 	tag     []uint64
 	evicted *[]uint64
+	// evictedHash, when set, collects the hashes of blocks evicted
+	// (blockevents.go).
+	evictedHash *[]uint64
 }
 
 func newKVCache(numBlocks int) *kvCache {
@@ -81,6 +84,9 @@ func (kv *kvCache) alloc() int32 {
 	} else {
 		b = kv.head
 		kv.lruRemove(b)
+		if kv.evictedHash != nil {
+			*kv.evictedHash = append(*kv.evictedHash, kv.hash[b])
+		}
 		delete(kv.table, kv.hash[b])
 		kv.hash[b] = 0
 		if t := kv.tag[b]; t != 0 {

@@ -28,6 +28,7 @@ type prompt struct {
 	// text hash each engine block starts in, and the text's length.
 	text, tags []uint64
 	spanLen    int
+	lora       string // the adapter it runs on ("": the base model), for BlockEvents
 }
 
 // request is one Generate call: one or more prompts, n sequences each.
@@ -203,7 +204,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	span := uint64(e.cfg.MaxEOS - e.cfg.MinEOS + 1)
 	for pi, ids := range promptIDs {
 		pr := &r.prompts[pi]
-		pr.ids = ids
+		pr.ids, pr.lora = ids, adapterName
 		pr.hashes = make([]uint64, len(ids)/bs)
 		h := root
 		for i := range pr.hashes {

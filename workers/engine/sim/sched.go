@@ -257,15 +257,29 @@ func (e *Engine) stepOnce() {
 			s.blocks = append(s.blocks, b)
 		}
 		tags := s.prompt.tags
+		run := -1 // first block of the run of blocks stored here (BlockEvents)
 		for j := hits; j < hits+need; j++ {
 			b := e.kv.alloc()
 			s.blocks = append(s.blocks, b)
 			if j < len(hashes) {
 				e.kv.register(b, hashes[j])
-				if j < len(tags) && e.kv.hash[b] == hashes[j] { // registered here, not a duplicate
+				mine := e.kv.hash[b] == hashes[j] // registered here, not a duplicate
+				if j < len(tags) && mine {
 					e.kv.tag[b] = tags[j]
 				}
+				if e.cfg.BlockEvents {
+					switch {
+					case mine && run < 0:
+						run = j
+					case !mine && run >= 0:
+						e.blockEv.stored(s.prompt, run, j, bs)
+						run = -1
+					}
+				}
 			}
+		}
+		if run >= 0 {
+			e.blockEv.stored(s.prompt, run, min(hits+need, len(hashes)), bs)
 		}
 		if c := e.coveredText(s.prompt, min(hits+need, len(hashes))); len(c) > 0 {
 			e.kvEv.pending = append(e.kvEv.pending, c)
@@ -284,6 +298,7 @@ func (e *Engine) stepOnce() {
 	}
 	if len(e.running) == 0 {
 		e.kvEv.flush()
+		e.blockEv.flush()
 		return
 	}
 
@@ -335,6 +350,7 @@ func (e *Engine) stepOnce() {
 	e.running = e.running[:j]
 	e.publishKV()
 	e.kvEv.flush()
+	e.blockEv.flush()
 }
 
 func (e *Engine) publishKV() {

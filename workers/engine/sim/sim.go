@@ -42,6 +42,9 @@ type Config struct {
 	// prefix-cache events it reports (DrainKVEvents): default 64, the
 	// dispatchers' default; negative: none.
 	KVEventBytes int
+	// BlockEvents records the cache's stores and evictions as vLLM's KV
+	// cache events name them, for DrainBlockEvents (blockevents.go).
+	BlockEvents bool
 }
 
 // DefaultConfig is a small model on one GPU: about 15-20 ms to the first
@@ -108,7 +111,8 @@ type Engine struct {
 	wHead   int
 	running []*seq
 	kv      *kvCache
-	kvEv    kvEvents // what the prefix cache stored and evicted (kvevents.go)
+	kvEv    kvEvents    // what the prefix cache stored and evicted (kvevents.go)
+	blockEv blockEvents // the same as vLLM names it (blockevents.go), with Config.BlockEvents
 	touched []*request
 	step    uint64
 	lastEnd time.Time
@@ -176,6 +180,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.timer.Stop()
 	e.kv.evicted = &e.kvEv.removing
+	if cfg.BlockEvents {
+		e.kv.evictedHash = &e.blockEv.removing
+	}
 	for _, n := range cfg.ServedNames {
 		if n != "" {
 			e.names[n] = true

@@ -11,7 +11,12 @@
 //   - the runtime LoRA API as engine.Adapters (lora.go): one upstream load or
 //     unload per call, with vLLM's quirks handled. Which adapters to load,
 //     coalescing, eviction and slots are the worker's adapter manager's
-//     (workers/lora), as for every engine.
+//     (workers/lora), as for every engine;
+//   - with Config.KVEvents, what vLLM's prefix cache stored and evicted, as
+//     engine.KVEventer: its KV cache events read from its ZMQ publisher
+//     (kvsub.go, decoded by kvwire.go) and mapped from token blocks to the
+//     text block hashes dispatchers route by, through the prompts' token ids
+//     from /tokenize (kvmap.go, kvevents.go; docs/routing.md).
 //
 // Tokenbus imports: schemas, workers/engine, workers/engine/httpengine.
 package vllm

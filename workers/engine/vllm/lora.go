@@ -112,6 +112,14 @@ func (l *loaded) list() []string {
 	return sortedKeys(l.names)
 }
 
+// has reports whether name is a loaded adapter.
+func (l *loaded) has(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.names[name]
+	return ok
+}
+
 func (l *loaded) version() uint64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -31,6 +31,15 @@ type Config struct {
 	// of Command, else vLLM's max_lora from /metrics, else no limit.
 	MaxLoras        int
 	MetricsInterval time.Duration // /metrics scrape period; default 1s
+
+	// KVEvents is the ZMQ endpoint of vLLM's KV cache events publisher
+	// (vllm serve --kv-events-config '{..."publisher":"zmq","endpoint":
+	// "tcp://*:5557"...}'), e.g. tcp://127.0.0.1:5557; with it the engine
+	// reports what vLLM's prefix cache stored and evicted (engine.KVEventer,
+	// kvevents.go). KVEventsAuto with Command adds --kv-events-config to
+	// the command on a free port. "": off.
+	KVEvents      string
+	KVEventsTopic string // the publisher's topic; "": any ("kv-events" with KVEventsAuto)
 }
 
 // EnvRuntimeLoRA is what the child process gets in its environment, so that
@@ -44,6 +53,8 @@ type Engine struct {
 	adapters loaded
 	metrics  atomic.Pointer[Metrics]
 
+	kv *kvEvents // nil: KV events off (kvevents.go)
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
@@ -53,6 +64,7 @@ var (
 	_ engine.Engine         = (*Engine)(nil)
 	_ engine.Adapters       = (*Engine)(nil)
 	_ engine.ContextLengths = (*Engine)(nil)
+	_ engine.KVEventer      = (*Engine)(nil)
 )
 
 // New starts the engine named "vllm" on cfg (and the child process if
@@ -73,6 +85,10 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.MetricsInterval <= 0 {
 		cfg.MetricsInterval = time.Second
 	}
+	kvEndpoint, err := kvEventsConfig(&cfg) // before the child starts: it may add a flag
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{cfg: cfg, adapters: loaded{names: map[string]struct{}{}}}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	core, err := httpengine.New("vllm", cfg.Config, httpengine.Hooks{RefreshModels: e.refreshModels})
@@ -81,6 +97,9 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e.core = core
+	if kvEndpoint != "" {
+		e.startKVEvents(kvEndpoint)
+	}
 	e.loops.Add(1)
 	go func() { defer e.loops.Done(); e.metricsLoop() }()
 	return e, nil
@@ -100,7 +119,10 @@ func (e *Engine) Restarts() int { return e.core.Restarts() }
 
 // Generate passes the request through (httpengine.Engine.Generate). An
 // adapter it names is loaded beforehand by the worker's adapter manager.
+// With KV events on, its prompt is queued for mapping first (never waited
+// for).
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	e.observe(req)
 	return e.core.Generate(ctx, req, sink)
 }
 

@@ -32,6 +32,10 @@
 // scheduler). A client that goes away cancels the request's context, which
 // aborts the sim request within one step.
 //
+// KV cache events: with a KVPublisher (sim-server --kv-events-config, vLLM's
+// JSON) the sim's prefix cache stores and evictions go out as vLLM
+// publishes them, over ZMQ PUB in msgspec's msgpack (kvevents.go).
+//
 // Deviations from vLLM are listed in the README of this directory.
 //
 // Tokenbus imports: schemas, workers/engine, workers/engine/sim.

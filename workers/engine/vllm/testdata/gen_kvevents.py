@@ -1,0 +1,101 @@
+"""Writes the msgpack fixtures of kvwire_test.go with msgspec, to the schema
+of vLLM's KV events (vllm/distributed/kv_events.py): the array_like form of
+vLLM up to late 2025 (kv_array_*.msgpack) and the map form of later versions
+(kv_map_*.msgpack). Run: python3 gen_kvevents.py (needs msgspec)."""
+from typing import Any, Optional, Union
+
+import msgspec
+
+# --- array_like=True (older vLLM) ---------------------------------------
+
+
+class ABatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class AEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class BlockStored(AEvent):
+    block_hashes: list[Union[bytes, int]]
+    parent_block_hash: Optional[Union[bytes, int]]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+
+
+class BlockRemoved(AEvent):
+    block_hashes: list[Union[bytes, int]]
+    medium: Optional[str]
+
+
+class AllBlocksCleared(AEvent):
+    pass
+
+
+class Future(AEvent):  # a tag this reader does not know
+    x: int
+
+
+# --- maps (later vLLM: no array_like; lora_name, extra_keys, group_idx) ---
+
+
+class MBatch(msgspec.Struct, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+    data_parallel_rank: Optional[int] = None
+
+
+class MEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
+    pass
+
+
+class MBlockStored(MEvent, tag="BlockStored"):
+    block_hashes: list[Union[bytes, int]]
+    parent_block_hash: Optional[Union[bytes, int]]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
+    extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+    group_idx: Optional[int] = None
+
+
+class MBlockRemoved(MEvent, tag="BlockRemoved"):
+    block_hashes: list[Union[bytes, int]]
+    medium: Optional[str]
+    group_idx: Optional[int] = None
+
+
+class MAllBlocksCleared(MEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class MFuture(MEvent, tag="Future"):
+    block_hashes: str  # a field of a known name but another type
+
+
+enc = msgspec.msgpack.Encoder()
+toks = list(range(100, 132))  # two blocks of 16
+h1, h2 = b"\x01" * 32, b"\x02" * 32
+fixtures = {
+    "kv_array_stored_int.msgpack": ABatch(
+        1.5, [BlockStored([-7, 2**64 - 1], None, toks, 16, None, "GPU")]),
+    "kv_array_stored_bytes.msgpack": ABatch(
+        2.0, [BlockStored([h2], h1, toks[:16], 16, 3, None)], 0),
+    "kv_array_removed_cleared.msgpack": ABatch(
+        3.0, [BlockRemoved([h1, 5], "GPU"), AllBlocksCleared(), Future(9)]),
+    "kv_map_stored.msgpack": MBatch(4.0, [
+        MBlockStored([h1, h2], None, toks, 16, None, None, "sql-lora", [("x", 1), None], 0),
+        MFuture("y"),
+        MBlockRemoved([h2], None, 1),
+    ], 0),
+}
+for name, batch in fixtures.items():
+    with open(name, "wb") as f:
+        f.write(enc.encode(batch))
