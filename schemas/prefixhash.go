@@ -25,12 +25,7 @@ func PromptBlockHashes(dst []uint64, model string, span []byte, block int) []uin
 	if dst == nil {
 		dst = make([]uint64, 0, n)
 	}
-	h := uint64(0xcbf29ce484222325) // the root: FNV-1a of the model name
-	for i := 0; i < len(model); i++ {
-		h ^= uint64(model[i])
-		h *= 0x100000001b3
-	}
-	h = mix64(h)
+	h := StringHash(model) // the root
 	for i := range n {
 		h = hashBlock(h, span[i*block:(i+1)*block])
 		dst = append(dst, h)
@@ -48,14 +43,40 @@ func hashBlock(parent uint64, b []byte) uint64 {
 		h *= 0xff51afd7ed558ccd
 		h = h<<31 | h>>33
 	}
-	if h = mix64(h); h == 0 {
+	if h = Mix64(h); h == 0 {
 		h = 1
 	}
 	return h
 }
 
-// mix64 is splitmix64's finaliser.
-func mix64(x uint64) uint64 {
+// StringHash is FNV-1a of s, then Mix64.
+func StringHash(s string) uint64 {
+	h := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 0x100000001b3
+	}
+	return Mix64(h)
+}
+
+// TokenBlockHash chains the hash of one block of token ids onto its
+// parent's (FNV-1a over the ids, then Mix64), as engines key their prefix
+// caches: the sim names its KV blocks so, and a vLLM worker names the token
+// blocks of vLLM's KV events so. Never 0 (0 is "no block").
+func TokenBlockHash(parent uint64, ids []uint32) uint64 {
+	h := parent ^ 0xcbf29ce484222325
+	for _, id := range ids {
+		h ^= uint64(id)
+		h *= 0x100000001b3
+	}
+	if h = Mix64(h); h == 0 {
+		h = 1
+	}
+	return h
+}
+
+// Mix64 is splitmix64's finaliser.
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27

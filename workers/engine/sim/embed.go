@@ -174,7 +174,7 @@ func EmbedText(text string, dims int) []float32 {
 	var feats []feature
 	index := make(map[uint64]int, 64)
 	add := func(name string, w float64) {
-		h := hashString(name)
+		h := schemas.StringHash(name)
 		if i, ok := index[h]; ok {
 			feats[i].weight += w
 			return
@@ -199,8 +199,8 @@ func EmbedText(text string, dims int) []float32 {
 	for _, f := range feats {
 		state, w := f.hash, f.weight
 		for i := range acc {
-			state += 0x9e3779b97f4a7c15                           // SplitMix64: a Weyl sequence, mixed
-			acc[i] += w * (float64(mix64(state)>>11)/(1<<52) - 1) // [-1, 1)
+			state += 0x9e3779b97f4a7c15                                   // SplitMix64: a Weyl sequence, mixed
+			acc[i] += w * (float64(schemas.Mix64(state)>>11)/(1<<52) - 1) // [-1, 1)
 		}
 	}
 	out := make([]float32, dims)

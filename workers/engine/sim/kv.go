@@ -151,37 +151,3 @@ func (kv *kvCache) releaseAll(blocks []int32) []int32 {
 	}
 	return blocks[:0]
 }
-
-// blockHash chains the hash of one full block of token ids onto its parent's
-// (FNV-1a over the ids, then a final mix). 0 is reserved for "not cached".
-func blockHash(parent uint64, ids []uint32) uint64 {
-	h := parent ^ 0xcbf29ce484222325
-	for _, id := range ids {
-		h ^= uint64(id)
-		h *= 0x100000001b3
-	}
-	h = mix64(h)
-	if h == 0 {
-		h = 1
-	}
-	return h
-}
-
-// mix64 is splitmix64's finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
-
-func hashString(s string) uint64 {
-	h := uint64(0xcbf29ce484222325)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 0x100000001b3
-	}
-	return mix64(h)
-}

@@ -198,7 +198,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	bs := e.cfg.BlockSize
 	root := uint64(0x5eed)
 	if adapterName != "" {
-		root = hashString("lora:" + adapterName) // adapters do not share KV blocks with the base model
+		root = schemas.StringHash("lora:" + adapterName) // adapters do not share KV blocks with the base model
 	}
 	ignoreEOS := b.IgnoreEOS
 	span := uint64(e.cfg.MaxEOS - e.cfg.MinEOS + 1)
@@ -208,7 +208,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		pr.hashes = make([]uint64, len(ids)/bs)
 		h := root
 		for i := range pr.hashes {
-			h = blockHash(h, ids[i*bs:(i+1)*bs])
+			h = schemas.TokenBlockHash(h, ids[i*bs:(i+1)*bs])
 			pr.hashes[i] = h
 		}
 		if len(promptIDs) == 1 { // one prompt: its text is the request's
@@ -222,9 +222,9 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			// A continuation's prompt ends with the tokens already
 			// generated (each of the sim's tokens encodes back to one):
 			// the seed is the original prompt's.
-			seed = blockHash(0, ids[:len(ids)-req.Resume])
+			seed = schemas.TokenBlockHash(0, ids[:len(ids)-req.Resume])
 		default:
-			seed = blockHash(0, ids)
+			seed = schemas.TokenBlockHash(0, ids)
 		}
 		mt := limit - len(ids)
 		if maxTokens > 0 {
@@ -235,7 +235,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			s := &r.seqs[idx]
 			s.req, s.prompt, s.index = r, pr, idx
 			s.maxTokens, s.minTokens, s.ignoreEOS = mt, minTokens, ignoreEOS
-			s.rng = mix64(seed^uint64(idx+1)*0x9e3779b97f4a7c15) | 1
+			s.rng = schemas.Mix64(seed^uint64(idx+1)*0x9e3779b97f4a7c15) | 1
 			s.eosLen = max(e.cfg.MinEOS+int(s.rand()%span), minTokens, 1)
 			if req.Resume > 0 {
 				s.resume(chat, req.Resume)

@@ -93,37 +93,7 @@ func newKVMap(blockBytes int) *kvMap {
 
 // kvRoot is the key of the empty prefix for an adapter ("": the base model):
 // an adapter's blocks are apart from its base model's, as in vLLM.
-func kvRoot(lora string) uint64 {
-	h := uint64(0xcbf29ce484222325)
-	for i := 0; i < len(lora); i++ {
-		h ^= uint64(lora[i])
-		h *= 0x100000001b3
-	}
-	return mix64(h ^ 0x6b76)
-}
-
-// kvKey chains one block of token ids onto its parent's key (never 0).
-func kvKey(parent uint64, ids []uint32) uint64 {
-	h := parent ^ 0xcbf29ce484222325
-	for _, id := range ids {
-		h ^= uint64(id)
-		h *= 0x100000001b3
-	}
-	if h = mix64(h); h == 0 {
-		h = 1
-	}
-	return h
-}
-
-// mix64 is splitmix64's finaliser.
-func mix64(x uint64) uint64 {
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
-}
+func kvRoot(lora string) uint64 { return schemas.StringHash(lora) ^ 0x6b76 }
 
 // known reports whether a prompt whose last text hash is last was
 // registered recently (no need to ask vLLM to tokenize it again).
@@ -154,7 +124,7 @@ func (m *kvMap) register(text []uint64, spanLen int, ids []uint32, lora string) 
 	p := &kvPrompt{text: text, spanLen: spanLen, nTok: len(ids)}
 	k, held := kvRoot(lora), 0
 	for j := 0; (j+1)*m.bs <= len(ids); j++ {
-		k = kvKey(k, ids[j*m.bs:(j+1)*m.bs])
+		k = schemas.TokenBlockHash(k, ids[j*m.bs:(j+1)*m.bs])
 		m.keys.put(k, kvRef{p: p, j: int32(j)})
 		if _, ok := m.stored.get(k); ok && held == j {
 			held = j + 1 // leading blocks only: a block is useless without its parents
@@ -254,7 +224,7 @@ func (m *kvMap) applyStored(ev *kvEvent) {
 	}
 	var best kvRef
 	for i, h := range ev.hashes {
-		k = kvKey(k, ev.tokens[i*m.bs:(i+1)*m.bs])
+		k = schemas.TokenBlockHash(k, ev.tokens[i*m.bs:(i+1)*m.bs])
 		m.vh.put(h, k)
 		m.stored.put(k, struct{}{})
 		if r, ok := m.keys.get(k); ok {
