@@ -208,9 +208,10 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 }
 
 func newTransport(cfg *Config) *http.Transport {
+	d := &net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}
 	return &http.Transport{
 		Proxy:               http.ProxyFromEnvironment, // never for localhost
-		DialContext:         newDialer(cfg.ConnectTimeout, maxDialing).DialContext,
+		DialContext:         d.DialContext,
 		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerHost,
 		IdleConnTimeout:     90 * time.Second,
 		TLSHandshakeTimeout: 10 * time.Second,
