@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"slices"
 	"time"
 
@@ -114,7 +115,9 @@ func (p Placement) String() string {
 //     load ratio at least AdapterSpill lower: then that worker, which loads a
 //     second copy;
 //  3. with no holder with room: the least-loaded worker with a free slot;
-//  4. else the least-loaded worker, which evicts an adapter to load it.
+//  4. else the worker whose coldest evictable adapter (by AdapterRate: the
+//     one it would evict) is coldest, the least loaded of equals (without
+//     AdapterRate: the least loaded), which evicts an adapter to load it.
 //
 // A holder with room is never passed over for a worker that must evict. When
 // the choice is not a holder, the load is recorded as pending on it. ok is
@@ -182,6 +185,26 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 		p, how = free, PlacedFreeSlot
 	case evict.w != nil:
 		p, how = evict, PlacedEvict
+		if f.AdapterRate != nil {
+			// A second pass, only when a load must evict (the request waits
+			// for a load anyway): among the same candidates, the coldest
+			// victim first, then the best score.
+			p = pick{}
+			coldest := math.Inf(1)
+			for wid, w := range f.workers {
+				if !evictCandidate(w, wid, adapter, base, exclude, pend) {
+					continue
+				}
+				v := f.victimRateLocked(wid, w, now)
+				if v > coldest {
+					continue
+				}
+				if v < coldest {
+					p, coldest = pick{}, v
+				}
+				better(&p, w, wid, float64(w.load)/float64(max(w.hb.MaxConcurrency, 1)))
+			}
+		}
 	default:
 		return "", serving, 0, 0, false
 	}
@@ -197,12 +220,51 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 	return p.id, serving, how, p.cached, true
 }
 
+// evictCandidate reports whether worker w (id wid) is one AcquireAdapter
+// would send a request for adapter to with an eviction: eligible, with
+// room, not a holder (its slots full: the caller found no free slot).
+func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map[string]time.Time) bool {
+	_, hasBase := w.models[base]
+	_, hasSelf := w.models[adapter]
+	_, listed := w.adapters[adapter]
+	_, pending := pend[wid]
+	return hasBase && !hasSelf && !listed && !pending && !w.hb.Draining && w.hb.Healthy &&
+		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency
+}
+
+// victimRateLocked is the AdapterRate of the adapter worker id would evict
+// for one more load: of its loaded adapters (not loading ones), the
+// coldest, or the (k+1)-th coldest when its slots are k over-committed
+// (loads started or sent there whose evictions its heartbeat does not show
+// yet: those take the k coldest). +Inf when there is none.
+func (f *Fleet) victimRateLocked(id string, w *workerState, now time.Time) float64 {
+	var buf [16]float64
+	rates := buf[:0]
+	for _, a := range w.hb.Adapters {
+		if !slices.Contains(w.hb.Loading, a) {
+			rates = append(rates, f.AdapterRate(a, now))
+		}
+	}
+	over := f.slotsUsedLocked(id, w) - w.hb.MaxLoras
+	if w.hb.MaxLoras <= 0 || over < 0 {
+		over = 0
+	}
+	if over >= len(rates) {
+		return math.Inf(1)
+	}
+	slices.Sort(rates)
+	return rates[over]
+}
+
 // freeSlotLocked reports whether worker has a LoRA slot that neither a
 // loaded adapter, one being loaded, nor a load pending from us takes.
 func (f *Fleet) freeSlotLocked(id string, w *workerState) bool {
-	if w.hb.MaxLoras <= 0 {
-		return true
-	}
+	return w.hb.MaxLoras <= 0 || f.slotsUsedLocked(id, w) < w.hb.MaxLoras
+}
+
+// slotsUsedLocked counts worker id's adapters loaded and loading, and the
+// loads we sent there that its heartbeat does not list yet.
+func (f *Fleet) slotsUsedLocked(id string, w *workerState) int {
 	used := len(w.adapters)
 	for adapter, on := range f.pending {
 		if _, ok := on[id]; ok {
@@ -211,7 +273,7 @@ func (f *Fleet) freeSlotLocked(id string, w *workerState) bool {
 			}
 		}
 	}
-	return used < w.hb.MaxLoras
+	return used
 }
 
 // ServingAdapter reports how many live, non-draining workers could serve

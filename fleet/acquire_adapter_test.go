@@ -167,3 +167,70 @@ func TestAdapterPendingSettles(t *testing.T) {
 		t.Fatalf("pending after expiry: %v", p)
 	}
 }
+
+// With every slot full, a request for an adapter no one holds goes to the
+// worker whose eviction victim (its coldest loaded adapter by AdapterRate)
+// is coldest, then the least loaded.
+func TestAcquireAdapterEvictsColdest(t *testing.T) {
+	now := time.Now()
+	rates := map[string]float64{"hot": 10, "warm": 1, "warm2": 1, "cold": 0.1, "cold2": 0.1}
+	rate := func(a string, at time.Time) float64 {
+		if !at.Equal(now) {
+			t.Errorf("rate asked at %v, not the request's time", at)
+		}
+		return rates[a] // not counted: 0
+	}
+	l := func(s ...string) []string { return s }
+	tests := []struct {
+		name    string
+		workers []lw
+		want    string
+		how     Placement
+	}{
+		{"coldest victim beats the least loaded",
+			[]lw{{"a", 0, 10, 1, l("hot"), nil}, {"c", 5, 10, 1, l("cold"), nil}}, "c", PlacedEvict},
+		{"a worker's victim is its coldest adapter",
+			[]lw{{"a", 0, 10, 2, l("warm", "warm2"), nil}, {"c", 5, 10, 2, l("cold", "hot"), nil}}, "c", PlacedEvict},
+		{"equal victims: the least loaded",
+			[]lw{{"a", 3, 10, 1, l("cold"), nil}, {"c", 1, 10, 1, l("cold2"), nil}}, "c", PlacedEvict},
+		{"an adapter not counted is the coldest",
+			[]lw{{"a", 0, 10, 1, l("cold"), nil}, {"c", 5, 10, 2, l("hot", "unknown"), nil}}, "c", PlacedEvict},
+		{"an adapter loading is no victim (an engine may list it already)",
+			[]lw{{"a", 0, 10, 2, l("cold", "hot"), l("cold")}, {"c", 5, 10, 2, l("warm", "warm2"), nil}}, "c", PlacedEvict},
+		{"slots over-committed (a load under way evicts the coldest): the next coldest",
+			[]lw{{"a", 0, 10, 2, l("cold", "hot"), l("new")}, {"c", 5, 10, 2, l("warm", "warm2"), nil}}, "c", PlacedEvict},
+		{"nothing evictable anywhere: the least loaded",
+			[]lw{{"a", 3, 10, 1, nil, l("y")}, {"c", 1, 10, 1, nil, l("z")}}, "c", PlacedEvict},
+		{"a busy worker is no candidate however cold its victim",
+			[]lw{{"a", 9, 10, 1, l("hot"), nil}, {"c", 10, 10, 1, l("cold"), nil}}, "a", PlacedEvict},
+		{"a free slot still beats a cold victim",
+			[]lw{{"a", 9, 10, 2, l("hot"), nil}, {"c", 0, 10, 1, l("cold"), nil}}, "a", PlacedFreeSlot},
+		{"a holder still beats a cold victim",
+			[]lw{{"a", 9, 10, 1, l("x"), nil}, {"c", 0, 10, 1, l("cold"), nil}}, "a", PlacedHolder},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fl := New()
+			fl.AdapterRate = rate
+			for _, w := range tt.workers {
+				fl.Observe(w.beat(), now)
+			}
+			id, _, how, ok := fl.AcquireAdapter("x", "b", "", now)
+			if !ok || id != tt.want || how != tt.how {
+				t.Fatalf("AcquireAdapter = %q, %v, %v; want %q, %v", id, how, ok, tt.want, tt.how)
+			}
+		})
+	}
+	// Before any heartbeat shows it, a load sent to a worker takes its
+	// coldest adapter's slot: the next load goes to the next coldest victim.
+	fl := New()
+	fl.AdapterRate = rate
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), now)
+	fl.Observe(lw{"c", 0, 10, 1, l("cold"), nil}.beat(), now)
+	if id, _, how, _ := fl.AcquireAdapter("x", "b", "", now); id != "c" || how != PlacedEvict {
+		t.Fatalf("x: %s %v, want c (evicting cold)", id, how)
+	}
+	if id, _, how, _ := fl.AcquireAdapter("y", "b", "", now); id != "a" || how != PlacedEvict {
+		t.Fatalf("y: %s %v, want a: c's cold is already going for x", id, how)
+	}
+}

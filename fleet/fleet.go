@@ -33,7 +33,16 @@ type Fleet struct {
 	// the tokens one hashed block stands for, default 16), at most
 	// maxPrefixBlocks.
 	PrefixBlocks, BlockTokens int
-	mu                        sync.RWMutex
+	// AdapterRate, when set, is the owner's count of the demand for an
+	// adapter (requests/s, decayed) at now: a request for an adapter that no
+	// worker with room holds, with no free slot anywhere, goes to the worker
+	// whose coldest loaded adapter is coldest by it, which is the one the
+	// worker evicts (lora.Manager evicts by rate too), rather than to the
+	// least loaded, which may hold only hot ones. nil: the least loaded (or
+	// best prefix score). It is called with the fleet's lock held: it must
+	// not call the Fleet.
+	AdapterRate func(adapter string, now time.Time) float64
+	mu          sync.RWMutex
 	onGone                    func(id, why string) // see OnGone
 	workers                   map[string]*workerState
 	rr                        uint64 // rotates ties between equally loaded workers
