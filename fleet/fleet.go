@@ -43,9 +43,9 @@ type Fleet struct {
 	// not call the Fleet.
 	AdapterRate func(adapter string, now time.Time) float64
 	mu          sync.RWMutex
-	onGone                    func(id, why string) // see OnGone
-	workers                   map[string]*workerState
-	rr                        uint64 // rotates ties between equally loaded workers
+	onGone      func(id, why string) // see OnGone
+	workers     map[string]*workerState
+	rr          uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
