@@ -210,6 +210,10 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 	}
 	p.w.load++
 	f.recordLocked(p.w, hashes)
+	if p.w.routedAt == nil {
+		p.w.routedAt = map[string]time.Time{}
+	}
+	p.w.routedAt[adapter] = now
 	if how != PlacedHolder {
 		if pend == nil {
 			pend = map[string]time.Time{}
@@ -233,14 +237,18 @@ func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map
 }
 
 // victimRateLocked is the AdapterRate of the adapter worker id would evict
-// for one more load: of its loaded adapters (not loading ones), the
-// coldest, or the (k+1)-th coldest when its slots are k over-committed
-// (loads started or sent there whose evictions its heartbeat does not show
-// yet: those take the k coldest). +Inf when there is none.
+// for one more load: of its loaded adapters (not loading ones, nor ones we
+// routed a request for there within AdapterBusyFor), the coldest, or the
+// (k+1)-th coldest when its slots are k over-committed (loads started or
+// sent there whose evictions its heartbeat does not show yet: those take
+// the k coldest). +Inf when there is none.
 func (f *Fleet) victimRateLocked(id string, w *workerState, now time.Time) float64 {
 	var buf [16]float64
 	rates := buf[:0]
 	for _, a := range w.hb.Adapters {
+		if at, ok := w.routedAt[a]; ok && now.Sub(at) < f.AdapterBusyFor {
+			continue
+		}
 		if !slices.Contains(w.hb.Loading, a) {
 			rates = append(rates, f.AdapterRate(a, now))
 		}

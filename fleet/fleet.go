@@ -42,6 +42,15 @@ type Fleet struct {
 	// best prefix score). It is called with the fleet's lock held: it must
 	// not call the Fleet.
 	AdapterRate func(adapter string, now time.Time) float64
+	// AdapterBusyFor is how long after it routes a request for an adapter
+	// to a worker the fleet counts the adapter as in use there, and so as
+	// no eviction victim (the worker evicts none a request runs on or waits
+	// for): the heartbeats do not say which adapters are in use. It should
+	// cover a load and a request's run; default 1s. Without it the newest
+	// one-off adapter, the coldest by rate and still serving its request,
+	// would draw every next load to its worker, which would then evict a
+	// hotter one.
+	AdapterBusyFor time.Duration
 	mu          sync.RWMutex
 	onGone      func(id, why string) // see OnGone
 	workers     map[string]*workerState
@@ -67,6 +76,9 @@ type workerState struct {
 	lastSeen time.Time
 	load     int        // requests in flight: the worker's last report plus what we sent since
 	prefix   *prefixLRU // blocks we routed to it lately, or its KV events say it holds; nil until the first
+	// routedAt: adapter → when we last routed a request for it here
+	// (AdapterBusyFor); entries older than that go at each heartbeat.
+	routedAt map[string]time.Time
 	kvSeq    uint64     // the Seq of its last KV events message
 }
 
@@ -84,6 +96,7 @@ func (f *Fleet) prefixCap(w *workerState) int {
 // New makes an empty fleet.
 func New() *Fleet {
 	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, CacheWeight: 1, KVWeight: 0.25, PrefixBlocks: 8192, BlockTokens: 16,
+		AdapterBusyFor: time.Second,
 		workers: map[string]*workerState{},
 		pending: map[string]map[string]time.Time{}}
 }
@@ -137,6 +150,11 @@ func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
 	}
 	w.lastSeen = now
 	w.load = hb.Running
+	for a, at := range w.routedAt {
+		if now.Sub(at) >= f.AdapterBusyFor {
+			delete(w.routedAt, a)
+		}
+	}
 	f.settlePendingLocked(hb.Worker, w, now)
 	return !ok
 }
