@@ -51,10 +51,10 @@ type Fleet struct {
 	// would draw every next load to its worker, which would then evict a
 	// hotter one.
 	AdapterBusyFor time.Duration
-	mu          sync.RWMutex
-	onGone      func(id, why string) // see OnGone
-	workers     map[string]*workerState
-	rr          uint64 // rotates ties between equally loaded workers
+	mu             sync.RWMutex
+	onGone         func(id, why string) // see OnGone
+	workers        map[string]*workerState
+	rr             uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
@@ -79,7 +79,7 @@ type workerState struct {
 	// routedAt: adapter → when we last routed a request for it here
 	// (AdapterBusyFor); entries older than that go at each heartbeat.
 	routedAt map[string]time.Time
-	kvSeq    uint64     // the Seq of its last KV events message
+	kvSeq    uint64 // the Seq of its last KV events message
 }
 
 // maxPrefixBlocks caps one worker's prefix record (about 2 MiB).
@@ -97,8 +97,8 @@ func (f *Fleet) prefixCap(w *workerState) int {
 func New() *Fleet {
 	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, CacheWeight: 1, KVWeight: 0.25, PrefixBlocks: 8192, BlockTokens: 16,
 		AdapterBusyFor: time.Second,
-		workers: map[string]*workerState{},
-		pending: map[string]map[string]time.Time{}}
+		workers:        map[string]*workerState{},
+		pending:        map[string]map[string]time.Time{}}
 }
 
 // Heartbeat applies a heartbeat message: a draining worker with nothing
