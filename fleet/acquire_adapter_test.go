@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -249,5 +250,40 @@ func TestAcquireAdapterEvictsColdest(t *testing.T) {
 	fl.Observe(lw{"c", 0, 10, 1, l("cold"), nil}.beat(), later)
 	if id, _, _, _ := fl.AcquireAdapter("y", "b", "", later); id != "c" {
 		t.Fatalf("y went to %s, want c once its cold adapter is idle again", id)
+	}
+}
+
+// BenchmarkAcquireAdapter is one routing decision for a LoRA adapter over 64
+// workers of four full slots each: "holder" for an adapter one worker holds
+// (the common case), "evict" for one no worker holds (every decision then
+// evicts; the victims' rates are looked up).
+func BenchmarkAcquireAdapter(b *testing.B) {
+	for _, held := range []bool{true, false} {
+		name := map[bool]string{true: "holder", false: "evict"}[held]
+		b.Run(name, func(b *testing.B) {
+			fl := New()
+			fl.AdapterRate = func(adapter string, _ time.Time) float64 { return float64(len(adapter)) } // BENCH-RATE
+			now := time.Now()
+			for i := range 64 {
+				as := make([]string, 4)
+				for j := range as {
+					as[j] = fmt.Sprintf("a%03d", i*4+j)
+				}
+				fl.Observe(lw{fmt.Sprintf("w%02d", i), i % 7, 1 << 30, 4, as, nil}.beat(), now)
+			}
+			adapter := "a000"
+			if !held {
+				adapter = "new"
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, _, ok := fl.AcquireAdapter(adapter, "b", "", now); !ok {
+					b.Fatal("no worker")
+				}
+				if !held {
+					delete(fl.pending, adapter) // or the next decision finds a holder
+				}
+			}
+		})
 	}
 }
