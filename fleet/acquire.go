@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"time"
@@ -190,16 +191,15 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 			// for a load anyway): among the same candidates, the coldest
 			// victim first, then the best score.
 			p = pick{}
-			coldest := math.Inf(1)
+			coldest := [2]float64{math.Inf(1), math.Inf(1)}
 			for wid, w := range f.workers {
 				if !evictCandidate(w, wid, adapter, base, exclude, pend) {
 					continue
 				}
-				v := f.victimRateLocked(wid, w, now)
-				if v > coldest {
+				v := f.victimRatesLocked(wid, w, now)
+				if c := cmpRates(v, coldest); c > 0 {
 					continue
-				}
-				if v < coldest {
+				} else if c < 0 {
 					p, coldest = pick{}, v
 				}
 				better(&p, w, wid, float64(w.load)/float64(max(w.hb.MaxConcurrency, 1)))
@@ -236,32 +236,49 @@ func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map
 		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency
 }
 
-// victimRateLocked is the AdapterRate of the adapter worker id would evict
-// for one more load: of its loaded adapters (not loading ones, nor ones we
-// routed a request for there within AdapterBusyFor), the coldest, or the
-// (k+1)-th coldest when its slots are k over-committed (loads started or
-// sent there whose evictions its heartbeat does not show yet: those take
-// the k coldest). +Inf when there is none.
-func (f *Fleet) victimRateLocked(id string, w *workerState, now time.Time) float64 {
-	var buf [16]float64
-	rates := buf[:0]
+// victimRatesLocked is the AdapterRate of the adapter worker id would
+// evict for one more load: of its loaded adapters (not loading ones), the
+// coldest, or the (k+1)-th coldest when its slots are k over-committed
+// (loads started or sent there whose evictions its heartbeat does not show
+// yet: those take the k coldest); +Inf when there is none. [0] leaves out
+// the adapters we routed a request for there within AdapterBusyFor
+// (probably in use: the worker evicts none in use); [1] counts them, to
+// order workers whose adapters all seem in use (the guess is a guess).
+func (f *Fleet) victimRatesLocked(id string, w *workerState, now time.Time) [2]float64 {
+	var idleBuf, allBuf [16]float64
+	idle, all := idleBuf[:0], allBuf[:0]
 	for _, a := range w.hb.Adapters {
-		if at, ok := w.routedAt[a]; ok && now.Sub(at) < f.AdapterBusyFor {
+		if slices.Contains(w.hb.Loading, a) {
 			continue
 		}
-		if !slices.Contains(w.hb.Loading, a) {
-			rates = append(rates, f.AdapterRate(a, now))
+		r := f.AdapterRate(a, now)
+		all = append(all, r)
+		if at, ok := w.routedAt[a]; !ok || now.Sub(at) >= f.AdapterBusyFor {
+			idle = append(idle, r)
 		}
 	}
-	over := f.slotsUsedLocked(id, w) - w.hb.MaxLoras
-	if w.hb.MaxLoras <= 0 || over < 0 {
-		over = 0
+	over := 0
+	if w.hb.MaxLoras > 0 {
+		over = max(f.slotsUsedLocked(id, w)-w.hb.MaxLoras, 0)
 	}
-	if over >= len(rates) {
-		return math.Inf(1)
+	var out [2]float64
+	for i, rates := range [2][]float64{idle, all} {
+		out[i] = math.Inf(1)
+		if over < len(rates) {
+			slices.Sort(rates)
+			out[i] = rates[over]
+		}
 	}
-	slices.Sort(rates)
-	return rates[over]
+	return out
+}
+
+// cmpRates orders victim rates: the coldest idle victim first, then the
+// coldest victim counting those that seem in use.
+func cmpRates(a, b [2]float64) int {
+	if c := cmp.Compare(a[0], b[0]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a[1], b[1])
 }
 
 // freeSlotLocked reports whether worker has a LoRA slot that neither a

@@ -251,6 +251,21 @@ func TestAcquireAdapterEvictsColdest(t *testing.T) {
 	if id, _, _, _ := fl.AcquireAdapter("y", "b", "", later); id != "c" {
 		t.Fatalf("y went to %s, want c once its cold adapter is idle again", id)
 	}
+
+	// Every adapter seems in use: the coldest counting those still wins
+	// over the least loaded (the worker will evict its coldest idle one).
+	fl = New()
+	fl.AdapterRate = rate
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), now)
+	fl.Observe(lw{"c", 3, 10, 1, l("cold"), nil}.beat(), now)
+	for _, a := range []string{"warm", "cold"} {
+		if _, _, how, _ := fl.AcquireAdapter(a, "b", "", now); how != PlacedHolder {
+			t.Fatalf("%s: %v", a, how)
+		}
+	}
+	if id, _, _, _ := fl.AcquireAdapter("x", "b", "", now); id != "c" {
+		t.Fatalf("x went to %s, want c: all in use, and c's adapter is the colder", id)
+	}
 }
 
 // BenchmarkAcquireAdapter is one routing decision for a LoRA adapter over 64
