@@ -117,8 +117,10 @@ func (p Placement) String() string {
 //     second copy;
 //  3. with no holder with room: the least-loaded worker with a free slot;
 //  4. else the worker whose coldest evictable adapter (by AdapterRate: the
-//     one it would evict) is coldest, the least loaded of equals (without
-//     AdapterRate: the least loaded), which evicts an adapter to load it.
+//     one it would evict; not one it seems to be using, see AdapterBusyFor,
+//     unless all seem in use everywhere) is coldest, the least loaded of
+//     equals (without AdapterRate: the least loaded), which evicts an
+//     adapter to load it.
 //
 // A holder with room is never passed over for a worker that must evict. When
 // the choice is not a holder, the load is recorded as pending on it. ok is
