@@ -36,6 +36,7 @@ var loraRegistry = fakeRegistry{
 	"b":      {Name: "b"},
 	"x":      {Name: "x", Base: "b", Path: "/loras/x"},
 	"y":      {Name: "y", Base: "b", Path: "/loras/y"},
+	"z":      {Name: "z", Base: "b", Path: "/loras/z"},
 	"orphan": {Name: "orphan", Base: "gone", Path: "/loras/orphan"},
 }
 
@@ -212,5 +213,43 @@ func TestAdapterQueuedThenDrained(t *testing.T) {
 	m := w.msgs()[1]
 	if m.Header.Get(schemas.HdrRequestID) != "waits" || m.Header.Get(schemas.HdrAdapterPath) != "/loras/x" {
 		t.Fatalf("drained %v", m.Header)
+	}
+}
+
+// With placement off, the dispatcher still counts requests per adapter: a
+// request for an adapter no worker holds, with every slot full, goes to the
+// worker whose loaded adapter is asked for least (which it would evict),
+// not to the least loaded one, whose only adapter is the one in demand.
+func TestAdapterEvictsOnColdestWorker(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startAdapterDispatcher(t, nc)
+	hot := loraWorker(t, nc, "hot", 10, 1, "x")
+	cold := &fakeWorker{id: "cold", nc: nc}
+	if _, err := nc.Subscribe(schemas.WorkSubject("cold"), func(m *nats.Msg) {
+		cold.mu.Lock()
+		cold.got = append(cold.got, m)
+		cold.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// cold is the busier one: by load alone, the new adapter would go to hot.
+	b, _ := json.Marshal(schemas.Heartbeat{Worker: "cold", Models: []string{"b", "y"}, Adapters: []string{"y"},
+		MaxLoras: 1, MaxConcurrency: 10, Running: 6, Healthy: true, IntervalMS: 1000})
+	if err := nc.Publish(schemas.HeartbeatSubject("cold"), b); err != nil {
+		t.Fatal(err)
+	}
+	waitWorkers(t, d, 2)
+	for i := range 3 {
+		sendRequest(t, nc, "x", fmt.Sprintf("x%d", i))
+	}
+	testenv.WaitFor(t, 2*time.Second, wantCount(hot, 3))
+	sendRequest(t, nc, "z", "z1")
+	testenv.WaitFor(t, 2*time.Second, wantCount(cold, 1))
+	if hot.count() != 3 {
+		t.Fatalf("the worker of the adapter in demand got the load: %d requests", hot.count())
+	}
+	if m := cold.msgs()[0]; m.Header.Get(schemas.HdrRequestID) != "z1" || m.Header.Get(schemas.HdrAdapterPath) != "/loras/z" {
+		t.Fatalf("cold got %v", m.Header)
 	}
 }

@@ -133,7 +133,7 @@ type Dispatcher struct {
 	log    *slog.Logger
 	fleet  *fleet.Fleet
 	m      *metrics
-	demand *demand // requests per adapter, for placement; nil when Placement is off
+	demand *demand // requests per adapter: for placement and for the choice of a worker to evict on
 
 	ready   chan struct{} // closed once Run has subscribed
 	started time.Time     // when Run subscribed: the fleet fills in the first heartbeat interval
@@ -158,9 +158,10 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
-	if cfg.Placement.On {
-		d.demand = newDemand(cfg.Placement)
-	}
+	// Requests per adapter are counted with placement off too: routing
+	// sends a load that must evict to the worker with the coldest adapter.
+	d.demand = newDemand(cfg.Placement)
+	d.fleet.AdapterRate = d.demand.rate
 	d.fleet.CacheWeight, d.fleet.KVWeight = cfg.CacheWeight, cfg.KVWeight
 	d.fleet.BlockTokens = max(cfg.PrefixBlockBytes/bytesPerToken, 1)
 	d.register(reg)
@@ -224,7 +225,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.mu.Unlock()
 	close(d.ready)
 	d.log.Info("dispatcher up")
-	if d.demand != nil {
+	if d.cfg.Placement.On {
 		placed := make(chan struct{})
 		pctx, stop := context.WithCancel(ctx)
 		go func() { defer close(placed); d.place(pctx) }()
@@ -380,7 +381,7 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 		return nil, schemas.ErrModelMismatch.New(r.model, "the "+schemas.HdrModel+" header", hm)
 	}
 	r.adapter = d.resolve(r.model)
-	if r.adapter != nil && d.demand != nil && r.attempt == 0 {
+	if r.adapter != nil && r.attempt == 0 {
 		d.demand.observe(r.model, r.adapter, time.Now())
 	}
 	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {

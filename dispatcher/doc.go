@@ -5,10 +5,12 @@
 // whose prefix a worker probably holds in its KV cache, that one when it is
 // not much busier (prefix.go, docs/routing.md; the request then carries what
 // the dispatcher predicts that worker holds, schemas.HdrPrefixCached), and queues it
-// (bounded, priority then FIFO) when every such worker is full. With
-// Config.Placement on it also places LoRA adapters by demand: it counts
-// requests per adapter and loads hot ones onto more workers, unloading cold
-// spare replicas (placement.go). Its per-model
+// (bounded, priority then FIFO) when every such worker is full. It counts
+// requests per LoRA adapter (a decayed rate, placement.go): a request whose
+// adapter must evict another to load goes to the worker whose coldest idle
+// adapter is coldest (fleet.Fleet.AdapterRate). With Config.Placement on it
+// also places adapters by demand: it loads hot ones onto more workers,
+// unloading cold spare replicas. Its per-model
 // gauges (queue depth, workers, running) are read at each scrape for every
 // model it knows, so an autoscaler reads 0, not nothing, while it is idle.
 //

@@ -25,7 +25,9 @@ type PlacementConfig struct {
 	On    bool
 	Every time.Duration // decision period; default 2s
 	// HalfLife is how fast the request rate forgets: a request counts half
-	// as much HalfLife later. Default 10s.
+	// as much HalfLife later. Default 10s. The rates are counted with
+	// placement off too (routing chooses the worker to evict on by them),
+	// with this HalfLife and MaxAdapters.
 	HalfLife time.Duration
 	// Up: an adapter gets one more replica while its rate per replica
 	// (requests/s) is above Up. Down: a replica is unloaded while the rate
@@ -124,6 +126,17 @@ func (d *demand) dropColdestLocked(now time.Time) {
 	if cold != nil {
 		delete(d.m, cold.name)
 	}
+}
+
+// rate is adapter's decayed request rate at now (0: never counted, or
+// pushed out of the map).
+func (d *demand) rate(name string, now time.Time) float64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a := d.m[name]; a != nil {
+		return a.rateAt(now, d.cfg.HalfLife)
+	}
+	return 0
 }
 
 // snapshot returns every adapter's demand with its rate decayed to now.

@@ -1,6 +1,8 @@
 package fleet
 
 import (
+	"cmp"
+	"math"
 	"slices"
 	"time"
 
@@ -114,7 +116,11 @@ func (p Placement) String() string {
 //     load ratio at least AdapterSpill lower: then that worker, which loads a
 //     second copy;
 //  3. with no holder with room: the least-loaded worker with a free slot;
-//  4. else the least-loaded worker, which evicts an adapter to load it.
+//  4. else the worker whose coldest evictable adapter (by AdapterRate: the
+//     one it would evict; not one it seems to be using, see AdapterBusyFor,
+//     unless all seem in use everywhere) is coldest, the least loaded of
+//     equals (without AdapterRate: the least loaded), which evicts an
+//     adapter to load it.
 //
 // A holder with room is never passed over for a worker that must evict. When
 // the choice is not a holder, the load is recorded as pending on it. ok is
@@ -182,11 +188,34 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 		p, how = free, PlacedFreeSlot
 	case evict.w != nil:
 		p, how = evict, PlacedEvict
+		if f.AdapterRate != nil {
+			// A second pass, only when a load must evict (the request waits
+			// for a load anyway): among the same candidates, the coldest
+			// victim first, then the best score.
+			p = pick{}
+			coldest := [2]float64{math.Inf(1), math.Inf(1)}
+			for wid, w := range f.workers {
+				if !evictCandidate(w, wid, adapter, base, exclude, pend) {
+					continue
+				}
+				v := f.victimRatesLocked(wid, w, now)
+				if c := cmpRates(v, coldest); c > 0 {
+					continue
+				} else if c < 0 {
+					p, coldest = pick{}, v
+				}
+				better(&p, w, wid, float64(w.load)/float64(max(w.hb.MaxConcurrency, 1)))
+			}
+		}
 	default:
 		return "", serving, 0, 0, false
 	}
 	p.w.load++
 	f.recordLocked(p.w, hashes)
+	if p.w.routedAt == nil {
+		p.w.routedAt = map[string]time.Time{}
+	}
+	p.w.routedAt[adapter] = now
 	if how != PlacedHolder {
 		if pend == nil {
 			pend = map[string]time.Time{}
@@ -197,12 +226,72 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 	return p.id, serving, how, p.cached, true
 }
 
+// evictCandidate reports whether worker w (id wid) is one AcquireAdapter
+// would send a request for adapter to with an eviction: eligible, with
+// room, not a holder (its slots full: the caller found no free slot).
+func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map[string]time.Time) bool {
+	_, hasBase := w.models[base]
+	_, hasSelf := w.models[adapter]
+	_, listed := w.adapters[adapter]
+	_, pending := pend[wid]
+	return hasBase && !hasSelf && !listed && !pending && !w.hb.Draining && w.hb.Healthy &&
+		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency
+}
+
+// victimRatesLocked is the AdapterRate of the adapter worker id would
+// evict for one more load: of its loaded adapters (not loading ones), the
+// coldest, or the (k+1)-th coldest when its slots are k over-committed
+// (loads started or sent there whose evictions its heartbeat does not show
+// yet: those take the k coldest); +Inf when there is none. [0] leaves out
+// the adapters we routed a request for there within AdapterBusyFor
+// (probably in use: the worker evicts none in use); [1] counts them, to
+// order workers whose adapters all seem in use (the guess is a guess).
+func (f *Fleet) victimRatesLocked(id string, w *workerState, now time.Time) [2]float64 {
+	var idleBuf, allBuf [16]float64
+	idle, all := idleBuf[:0], allBuf[:0]
+	for _, a := range w.hb.Adapters {
+		if slices.Contains(w.hb.Loading, a) {
+			continue
+		}
+		r := f.AdapterRate(a, now)
+		all = append(all, r)
+		if at, ok := w.routedAt[a]; !ok || now.Sub(at) >= f.AdapterBusyFor {
+			idle = append(idle, r)
+		}
+	}
+	over := 0
+	if w.hb.MaxLoras > 0 {
+		over = max(f.slotsUsedLocked(id, w)-w.hb.MaxLoras, 0)
+	}
+	var out [2]float64
+	for i, rates := range [2][]float64{idle, all} {
+		out[i] = math.Inf(1)
+		if over < len(rates) {
+			slices.Sort(rates)
+			out[i] = rates[over]
+		}
+	}
+	return out
+}
+
+// cmpRates orders victim rates: the coldest idle victim first, then the
+// coldest victim counting those that seem in use.
+func cmpRates(a, b [2]float64) int {
+	if c := cmp.Compare(a[0], b[0]); c != 0 {
+		return c
+	}
+	return cmp.Compare(a[1], b[1])
+}
+
 // freeSlotLocked reports whether worker has a LoRA slot that neither a
 // loaded adapter, one being loaded, nor a load pending from us takes.
 func (f *Fleet) freeSlotLocked(id string, w *workerState) bool {
-	if w.hb.MaxLoras <= 0 {
-		return true
-	}
+	return w.hb.MaxLoras <= 0 || f.slotsUsedLocked(id, w) < w.hb.MaxLoras
+}
+
+// slotsUsedLocked counts worker id's adapters loaded and loading, and the
+// loads we sent there that its heartbeat does not list yet.
+func (f *Fleet) slotsUsedLocked(id string, w *workerState) int {
 	used := len(w.adapters)
 	for adapter, on := range f.pending {
 		if _, ok := on[id]; ok {
@@ -211,7 +300,7 @@ func (f *Fleet) freeSlotLocked(id string, w *workerState) bool {
 			}
 		}
 	}
-	return used < w.hb.MaxLoras
+	return used
 }
 
 // ServingAdapter reports how many live, non-draining workers could serve

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -165,5 +166,139 @@ func TestAdapterPendingSettles(t *testing.T) {
 	fl.Expire(t0.Add(10 * time.Second))
 	if p := fl.Pending("x"); len(p) != 0 {
 		t.Fatalf("pending after expiry: %v", p)
+	}
+}
+
+// With every slot full, a request for an adapter no one holds goes to the
+// worker whose eviction victim (its coldest loaded adapter by AdapterRate)
+// is coldest, then the least loaded.
+func TestAcquireAdapterEvictsColdest(t *testing.T) {
+	now := time.Now()
+	rates := map[string]float64{"hot": 10, "warm": 1, "warm2": 1, "cold": 0.1, "cold2": 0.1}
+	rate := func(a string, at time.Time) float64 {
+		return rates[a] // not counted: 0
+	}
+	l := func(s ...string) []string { return s }
+	tests := []struct {
+		name    string
+		workers []lw
+		want    string
+		how     Placement
+	}{
+		{"coldest victim beats the least loaded",
+			[]lw{{"a", 0, 10, 1, l("hot"), nil}, {"c", 5, 10, 1, l("cold"), nil}}, "c", PlacedEvict},
+		{"a worker's victim is its coldest adapter",
+			[]lw{{"a", 0, 10, 2, l("warm", "warm2"), nil}, {"c", 5, 10, 2, l("cold", "hot"), nil}}, "c", PlacedEvict},
+		{"equal victims: the least loaded",
+			[]lw{{"a", 3, 10, 1, l("cold"), nil}, {"c", 1, 10, 1, l("cold2"), nil}}, "c", PlacedEvict},
+		{"an adapter not counted is the coldest",
+			[]lw{{"a", 0, 10, 1, l("cold"), nil}, {"c", 5, 10, 2, l("hot", "unknown"), nil}}, "c", PlacedEvict},
+		{"an adapter loading is no victim (an engine may list it already)",
+			[]lw{{"a", 0, 10, 2, l("cold", "hot"), l("cold")}, {"c", 5, 10, 2, l("warm", "warm2"), nil}}, "c", PlacedEvict},
+		{"slots over-committed (a load under way evicts the coldest): the next coldest",
+			[]lw{{"a", 0, 10, 2, l("cold", "hot"), l("new")}, {"c", 5, 10, 2, l("warm", "warm2"), nil}}, "c", PlacedEvict},
+		{"nothing evictable anywhere: the least loaded",
+			[]lw{{"a", 3, 10, 1, nil, l("y")}, {"c", 1, 10, 1, nil, l("z")}}, "c", PlacedEvict},
+		{"a busy worker is no candidate however cold its victim",
+			[]lw{{"a", 9, 10, 1, l("hot"), nil}, {"c", 10, 10, 1, l("cold"), nil}}, "a", PlacedEvict},
+		{"a free slot still beats a cold victim",
+			[]lw{{"a", 9, 10, 2, l("hot"), nil}, {"c", 0, 10, 1, l("cold"), nil}}, "a", PlacedFreeSlot},
+		{"a holder still beats a cold victim",
+			[]lw{{"a", 9, 10, 1, l("x"), nil}, {"c", 0, 10, 1, l("cold"), nil}}, "a", PlacedHolder},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fl := New()
+			fl.AdapterRate = rate
+			for _, w := range tt.workers {
+				fl.Observe(w.beat(), now)
+			}
+			id, _, how, ok := fl.AcquireAdapter("x", "b", "", now)
+			if !ok || id != tt.want || how != tt.how {
+				t.Fatalf("AcquireAdapter = %q, %v, %v; want %q, %v", id, how, ok, tt.want, tt.how)
+			}
+		})
+	}
+	// Before any heartbeat shows it, a load sent to a worker takes its
+	// coldest adapter's slot: the next load goes to the next coldest victim.
+	fl := New()
+	fl.AdapterRate = rate
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), now)
+	fl.Observe(lw{"c", 0, 10, 1, l("cold"), nil}.beat(), now)
+	if id, _, how, _ := fl.AcquireAdapter("x", "b", "", now); id != "c" || how != PlacedEvict {
+		t.Fatalf("x: %s %v, want c (evicting cold)", id, how)
+	}
+	if id, _, how, _ := fl.AcquireAdapter("y", "b", "", now); id != "a" || how != PlacedEvict {
+		t.Fatalf("y: %s %v, want a: c's cold is already going for x", id, how)
+	}
+
+	// An adapter a request was just routed to is in use there (the worker
+	// will not evict it) for AdapterBusyFor: the next load goes elsewhere,
+	// until that has passed.
+	fl = New()
+	fl.AdapterRate = rate
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), now)
+	fl.Observe(lw{"c", 0, 10, 1, l("cold"), nil}.beat(), now)
+	if id, _, how, _ := fl.AcquireAdapter("cold", "b", "", now); id != "c" || how != PlacedHolder {
+		t.Fatalf("cold: %s %v", id, how)
+	}
+	if id, _, _, _ := fl.AcquireAdapter("x", "b", "", now.Add(fl.AdapterBusyFor/2)); id != "a" {
+		t.Fatalf("x went to %s, want a: c's cold adapter is in use", id)
+	}
+	later := now.Add(2 * fl.AdapterBusyFor) // the pending load of x on a settles too
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), later)
+	fl.Observe(lw{"c", 0, 10, 1, l("cold"), nil}.beat(), later)
+	if id, _, _, _ := fl.AcquireAdapter("y", "b", "", later); id != "c" {
+		t.Fatalf("y went to %s, want c once its cold adapter is idle again", id)
+	}
+
+	// Every adapter seems in use: the coldest counting those still wins
+	// over the least loaded (the worker will evict its coldest idle one).
+	fl = New()
+	fl.AdapterRate = rate
+	fl.Observe(lw{"a", 0, 10, 1, l("warm"), nil}.beat(), now)
+	fl.Observe(lw{"c", 3, 10, 1, l("cold"), nil}.beat(), now)
+	for _, a := range []string{"warm", "cold"} {
+		if _, _, how, _ := fl.AcquireAdapter(a, "b", "", now); how != PlacedHolder {
+			t.Fatalf("%s: %v", a, how)
+		}
+	}
+	if id, _, _, _ := fl.AcquireAdapter("x", "b", "", now); id != "c" {
+		t.Fatalf("x went to %s, want c: all in use, and c's adapter is the colder", id)
+	}
+}
+
+// BenchmarkAcquireAdapter is one routing decision for a LoRA adapter over 64
+// workers of four full slots each: "holder" for an adapter one worker holds
+// (the common case), "evict" for one no worker holds (every decision then
+// evicts; the victims' rates are looked up).
+func BenchmarkAcquireAdapter(b *testing.B) {
+	for _, held := range []bool{true, false} {
+		name := map[bool]string{true: "holder", false: "evict"}[held]
+		b.Run(name, func(b *testing.B) {
+			fl := New()
+			fl.AdapterRate = func(adapter string, _ time.Time) float64 { return float64(len(adapter)) } // BENCH-RATE
+			now := time.Now()
+			for i := range 64 {
+				as := make([]string, 4)
+				for j := range as {
+					as[j] = fmt.Sprintf("a%03d", i*4+j)
+				}
+				fl.Observe(lw{fmt.Sprintf("w%02d", i), i % 7, 1 << 30, 4, as, nil}.beat(), now)
+			}
+			adapter := "a000"
+			if !held {
+				adapter = "new"
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, _, ok := fl.AcquireAdapter(adapter, "b", "", now); !ok {
+					b.Fatal("no worker")
+				}
+				if !held {
+					delete(fl.pending, adapter) // or the next decision finds a holder
+				}
+			}
+		})
 	}
 }

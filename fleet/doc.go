@@ -8,7 +8,8 @@
 // must be one step, or two routing decisions at once would both see the same
 // free slot; so the selection (Acquire, AcquireAdapter) lives here, beside the
 // load estimates and the adapter loads a Fleet's owner caused and no heartbeat
-// has confirmed yet (pending loads), and the record of which prompt blocks
+// has confirmed yet (pending loads) and the adapters it routed requests for
+// lately (in use there: no eviction victim), and the record of which prompt blocks
 // each worker's prefix cache probably holds (prefix.go, kvevents.go: fed by
 // the owner's routing and the workers' KV events).
 //

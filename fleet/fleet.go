@@ -33,10 +33,28 @@ type Fleet struct {
 	// the tokens one hashed block stands for, default 16), at most
 	// maxPrefixBlocks.
 	PrefixBlocks, BlockTokens int
-	mu                        sync.RWMutex
-	onGone                    func(id, why string) // see OnGone
-	workers                   map[string]*workerState
-	rr                        uint64 // rotates ties between equally loaded workers
+	// AdapterRate, when set, is the owner's count of the demand for an
+	// adapter (requests/s, decayed) at now: a request for an adapter that no
+	// worker with room holds, with no free slot anywhere, goes to the worker
+	// whose coldest loaded adapter is coldest by it, which is the one the
+	// worker evicts (lora.Manager evicts by rate too), rather than to the
+	// least loaded, which may hold only hot ones. nil: the least loaded (or
+	// best prefix score). It is called with the fleet's lock held: it must
+	// not call the Fleet.
+	AdapterRate func(adapter string, now time.Time) float64
+	// AdapterBusyFor is how long after it routes a request for an adapter
+	// to a worker the fleet counts the adapter as in use there, and so as
+	// no eviction victim (the worker evicts none a request runs on or waits
+	// for): the heartbeats do not say which adapters are in use. It should
+	// cover a load and a request's run; default 1s. Without it the newest
+	// one-off adapter, the coldest by rate and still serving its request,
+	// would draw every next load to its worker, which would then evict a
+	// hotter one.
+	AdapterBusyFor time.Duration
+	mu             sync.RWMutex
+	onGone         func(id, why string) // see OnGone
+	workers        map[string]*workerState
+	rr             uint64 // rotates ties between equally loaded workers
 	// pending records the adapter loads this fleet's owner caused and no
 	// heartbeat has confirmed yet: adapter → worker → when it was sent.
 	pending map[string]map[string]time.Time
@@ -58,7 +76,10 @@ type workerState struct {
 	lastSeen time.Time
 	load     int        // requests in flight: the worker's last report plus what we sent since
 	prefix   *prefixLRU // blocks we routed to it lately, or its KV events say it holds; nil until the first
-	kvSeq    uint64     // the Seq of its last KV events message
+	// routedAt: adapter → when we last routed a request for it here
+	// (AdapterBusyFor); entries older than that go at each heartbeat.
+	routedAt map[string]time.Time
+	kvSeq    uint64 // the Seq of its last KV events message
 }
 
 // maxPrefixBlocks caps one worker's prefix record (about 2 MiB).
@@ -75,8 +96,9 @@ func (f *Fleet) prefixCap(w *workerState) int {
 // New makes an empty fleet.
 func New() *Fleet {
 	return &Fleet{MissedBeats: 3, AdapterSpill: 0.5, CacheWeight: 1, KVWeight: 0.25, PrefixBlocks: 8192, BlockTokens: 16,
-		workers: map[string]*workerState{},
-		pending: map[string]map[string]time.Time{}}
+		AdapterBusyFor: time.Second,
+		workers:        map[string]*workerState{},
+		pending:        map[string]map[string]time.Time{}}
 }
 
 // Heartbeat applies a heartbeat message: a draining worker with nothing
@@ -128,6 +150,11 @@ func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
 	}
 	w.lastSeen = now
 	w.load = hb.Running
+	for a, at := range w.routedAt {
+		if now.Sub(at) >= f.AdapterBusyFor {
+			delete(w.routedAt, a)
+		}
+	}
 	f.settlePendingLocked(hb.Worker, w, now)
 	return !ok
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -80,5 +81,68 @@ func TestAdapterPlacement(t *testing.T) {
 	}
 	if h := beats.holders("cold"); len(h) != 1 {
 		t.Fatalf("cold held by %v, want still one", h)
+	}
+}
+
+// TestAdapterEvictionByDemand runs `tokenbus dev` (placement off) with two
+// sim workers of two LoRA slots: three adapters asked for three times each,
+// then a string of adapters asked for once. The one-offs take turns in the
+// fourth slot (the dispatcher sends each to the worker holding the coldest
+// adapter, which evicts it); no hot adapter is evicted, where evicting the
+// least recently used would push them out one by one.
+func TestAdapterEvictionByDemand(t *testing.T) {
+	ctx := context.Background()
+	rd := testenv.StartRedis(t)
+	store, err := registry.Open(ctx, rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	hot := []string{"h1", "h2", "h3"}
+	tail := []string{"t1", "t2", "t3", "t4", "t5", "t6"}
+	for _, name := range append(slices.Clone(hot), tail...) {
+		if err := store.PutModel(ctx, registry.Model{Name: name, Base: "llama-8b", Path: "sim://loras/" + name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startDev(t, func(c *program.DevConfig) {
+		c.RedisURL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 2
+		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
+	})
+	beats := logBeats(t, d.NATSURL)
+	complete := func(model string) {
+		t.Helper()
+		s := post(t, d.URL, "/v1/completions", `{"model":"`+model+`","prompt":"hi","max_tokens":2}`)
+		if s.Status != 200 {
+			t.Fatalf("%s: %d %s", model, s.Status, s.Body)
+		}
+	}
+	for _, a := range hot {
+		for range 3 {
+			complete(a)
+		}
+	}
+	for _, a := range tail {
+		complete(a)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		for _, a := range hot {
+			if h := beats.holders(a); len(h) != 1 {
+				return fmt.Errorf("%s held by %v, want one worker", a, h)
+			}
+		}
+		if h := beats.holders("t6"); len(h) != 1 {
+			return fmt.Errorf("t6 held by %v, want one worker", h)
+		}
+		return nil
+	})
+	for _, a := range hot {
+		if n := beats.loads(a); n != 1 {
+			t.Errorf("%s loaded %d times: evicted for a one-off", a, n)
+		}
+	}
+	evicted := max(0, metricValue(t, d.URL, `tokenbus_dispatcher_adapter_routed_total{placement="evict"}`))
+	if evicted != float64(len(tail)-1) {
+		t.Errorf("%v requests routed to evict, want %d (every one-off but the first, which takes the free slot)", evicted, len(tail)-1)
 	}
 }

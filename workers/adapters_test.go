@@ -206,25 +206,28 @@ func TestAdapterConcurrentFirstRequestsLoadOnce(t *testing.T) {
 	}
 }
 
-func TestAdapterEvictsLeastRecentlyUsed(t *testing.T) {
+// The worker evicts the adapter asked for least (decayed request rate),
+// not the least recently used.
+func TestAdapterEvictsColdest(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	eng := simEngine(t, 2, 5*time.Millisecond, 0)
 	w, _, _ := startWorker(t, nc, eng, Config{ID: "w1"})
-	for i, m := range []string{"x", "y", "x"} { // y is now the least recently used
+	for i, m := range []string{"x", "y", "x"} { // y is asked for least
 		wantDone(t, ask(t, nc, fmt.Sprintf("r%d", i), m, "sim://"+m, 2))
 	}
 	wantDone(t, ask(t, nc, "rz", "z", "sim://z", 2))
 	if got := eng.Stats().Adapters; !slices.Equal(got, []string{"x", "z"}) {
-		t.Fatalf("adapters %v, want [x z]: y was the least recently used", got)
+		t.Fatalf("adapters %v, want [x z]: y was asked for least", got)
 	}
 	if s := w.AdapterStats(); s.Loads != 3 || s.Evictions != 1 {
 		t.Fatalf("%+v", s)
 	}
-	// y comes back, evicting x (z was used last).
+	// y comes back, evicting z (asked for once; x twice), though x was
+	// used less recently.
 	wantDone(t, ask(t, nc, "ry", "y", "sim://y", 2))
-	if got := eng.Stats().Adapters; !slices.Equal(got, []string{"y", "z"}) {
-		t.Fatalf("adapters %v, want [y z]", got)
+	if got := eng.Stats().Adapters; !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("adapters %v, want [x y]", got)
 	}
 }
 

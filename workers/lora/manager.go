@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"net/http"
 	"slices"
 	"sync"
@@ -22,6 +23,13 @@ type Config struct {
 	// adapter before it unloads it anyway; default 5s.
 	UnloadGrace time.Duration
 	Logger      *slog.Logger // nil: none
+	// HalfLife is how fast an adapter's request rate, which eviction goes
+	// by, forgets: a request counts half as much HalfLife later. Default
+	// 10s, as the dispatcher's demand rate (dispatcher.PlacementConfig).
+	HalfLife time.Duration
+	// Now is the clock of the request rates; default time.Now (tests
+	// inject one).
+	Now func() time.Time
 	// Changed is called, with no lock held, when a load starts, when it
 	// ends and when an adapter is unloaded (the worker heartbeats at once).
 	// It must not block.
@@ -53,9 +61,31 @@ type Manager struct {
 	loads, failures, evictions, unloads atomic.Uint64
 }
 
+// use is what the manager knows of an adapter loaded, or wanted by a
+// request: an entry lives while the adapter is loaded or a request runs on
+// or waits for it.
 type use struct {
 	lastUse uint64
 	inUse   int // requests running on it
+	wanted  int // requests waiting for it (its load, a slot): pinned as if running
+	// rate is the adapter's request rate (requests/s, exponentially decayed
+	// with Config.HalfLife) as of at: eviction takes the lowest.
+	rate float64
+	at   time.Time
+}
+
+// rateAt is u's request rate decayed to now.
+func (u *use) rateAt(now time.Time, halfLife time.Duration) float64 {
+	if dt := now.Sub(u.at); dt > 0 {
+		return u.rate * math.Exp2(-float64(dt)/float64(halfLife))
+	}
+	return u.rate
+}
+
+// count adds one request at now: a steady r requests/s reads r.
+func (u *use) count(now time.Time, halfLife time.Duration) {
+	u.rate = u.rateAt(now, halfLife) + math.Ln2/halfLife.Seconds()
+	u.at = now
 }
 
 type op struct {
@@ -77,6 +107,12 @@ func New(eng engine.Engine, cfg Config) *Manager {
 	}
 	if cfg.Changed == nil {
 		cfg.Changed = func() {}
+	}
+	if cfg.HalfLife <= 0 {
+		cfg.HalfLife = 10 * time.Second
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -142,11 +178,45 @@ func (m *Manager) Load(ctx context.Context, name, base, path string) error {
 	return err
 }
 
-// ensure returns adapter name loaded and touched (and in use if inUse),
-// loading it first if needed. A nil use with a nil error means the adapter
-// is not loaded and nothing says where it is: the engine answers the
-// request itself.
+// ensure returns adapter name loaded and touched (and in use if inUse: a
+// request, counted in the adapter's rate), loading it first if needed. A
+// nil use with a nil error means the adapter is not loaded and nothing says
+// where it is: the engine answers the request itself.
 func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse bool) (*use, error) {
+	if !inUse {
+		return m.ensureLoaded(ctx, name, base, path, nil)
+	}
+	// The request counts (and pins the adapter, once loaded) from now, not
+	// from when it gets the adapter: a load just ended must not be evicted
+	// for another before the requests that waited for it take it.
+	m.mu.Lock()
+	want := m.useLocked(name)
+	want.count(m.cfg.Now(), m.cfg.HalfLife)
+	want.wanted++
+	m.mu.Unlock()
+	u, err := m.ensureLoaded(ctx, name, base, path, want)
+	if u == nil {
+		m.mu.Lock()
+		want.wanted--
+		m.dropIdleLocked(name, want)
+		m.mu.Unlock()
+	}
+	return u, err
+}
+
+// dropIdleLocked forgets u (name's entry) if no request runs on or waits
+// for it and the engine does not have the adapter.
+func (m *Manager) dropIdleLocked(name string, u *use) {
+	if u.inUse == 0 && u.wanted == 0 && m.uses[name] == u && m.ops[name] == nil &&
+		!slices.Contains(m.eng.Stats().Adapters, name) {
+		delete(m.uses, name)
+	}
+}
+
+// ensureLoaded is ensure's loop; want is the request's entry (nil for a
+// control load), whose wait becomes a use in the step that finds the
+// adapter loaded.
+func (m *Manager) ensureLoaded(ctx context.Context, name, base, path string, want *use) (*use, error) {
 	for {
 		m.mu.Lock()
 		if o := m.ops[name]; o != nil {
@@ -166,9 +236,10 @@ func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse boo
 		}
 		st := m.eng.Stats()
 		if slices.Contains(st.Adapters, name) {
-			u := m.useLocked(name)
-			if inUse {
+			u := m.useLocked(name) // want, if any: an entry wanted is never dropped
+			if want != nil {
 				u.inUse++
+				u.wanted--
 			}
 			m.touch(u)
 			m.mu.Unlock()
@@ -213,8 +284,11 @@ func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse boo
 }
 
 // victimLocked reports whether the engine's slots are all taken (loaded
-// adapters and loads in progress) and, if so, the least recently used
-// loaded adapter no request uses and no operation touches ("" if none).
+// adapters and loads in progress) and, if so, the loaded adapter to evict
+// ("" if none): of those no request runs on or waits for and no operation
+// touches, the one with the lowest request rate, the least recently used
+// of equals. By rate, not recency: an adapter asked for steadily must not
+// make way for a string of adapters each asked for once (a Zipf tail).
 func (m *Manager) victimLocked(st engine.Stats) (victim string, full bool) {
 	if st.MaxLoras <= 0 {
 		return "", false
@@ -228,20 +302,24 @@ func (m *Manager) victimLocked(st engine.Stats) (victim string, full bool) {
 	if taken < st.MaxLoras {
 		return "", false
 	}
-	oldest := uint64(0)
+	now := m.cfg.Now()
+	var coldest float64
+	var oldest uint64
 	for _, name := range st.Adapters {
 		if m.ops[name] != nil {
 			continue
 		}
-		var last uint64 // an adapter loaded behind our back counts as least recently used
+		// An adapter loaded behind our back counts as never asked for.
+		var rate float64
+		var last uint64
 		if u := m.uses[name]; u != nil {
-			if u.inUse > 0 {
+			if u.inUse > 0 || u.wanted > 0 {
 				continue
 			}
-			last = u.lastUse
+			rate, last = u.rateAt(now, m.cfg.HalfLife), u.lastUse
 		}
-		if victim == "" || last < oldest {
-			victim, oldest = name, last
+		if victim == "" || rate < coldest || rate == coldest && last < oldest {
+			victim, coldest, oldest = name, rate, last
 		}
 	}
 	return victim, true
@@ -255,7 +333,7 @@ func (m *Manager) run(name, path string, load *op, victim string, evict *op) {
 		err := m.unloadEngine(ctx, victim)
 		m.mu.Lock()
 		if err == nil {
-			delete(m.uses, victim)
+			m.forgetLocked(victim)
 			m.evictions.Add(1)
 		}
 		m.endLocked(victim, evict, err)
@@ -307,7 +385,7 @@ func (m *Manager) Unload(ctx context.Context, name string) error {
 			continue
 		}
 		if !slices.Contains(m.eng.Stats().Adapters, name) {
-			delete(m.uses, name)
+			m.forgetLocked(name)
 			m.mu.Unlock()
 			return nil
 		}
@@ -322,7 +400,7 @@ func (m *Manager) Unload(ctx context.Context, name string) error {
 		cancel()
 		m.mu.Lock()
 		if err == nil {
-			delete(m.uses, name)
+			m.forgetLocked(name)
 			m.unloads.Add(1)
 		}
 		m.endLocked(name, o, err)
@@ -380,6 +458,15 @@ func (m *Manager) Loading() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// forgetLocked drops adapter name's entry once it is unloaded, unless a
+// request still runs on it (past an unload's grace) or waits for it: its
+// entry must stay the one that request holds.
+func (m *Manager) forgetLocked(name string) {
+	if u := m.uses[name]; u != nil && u.inUse == 0 && u.wanted == 0 {
+		delete(m.uses, name)
+	}
 }
 
 func (m *Manager) useLocked(name string) *use {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -83,21 +84,69 @@ func TestCoalescedLoad(t *testing.T) {
 	}
 }
 
-func TestLRUEviction(t *testing.T) {
+// clock is a settable clock for the managers' request rates.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newClock() *clock { return &clock{now: time.Unix(1e9, 0)} }
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// TestEviction: with the slots full, the adapter with the lowest decayed
+// request rate goes, the least recently used of equals; never one a request
+// runs on. Two slots, a 10 s half-life, a clock that moves only when told.
+func TestEviction(t *testing.T) {
+	type step struct {
+		after   time.Duration // the clock moves this much first
+		adapter string
+		hold    bool // the request keeps running to the end of the test
+	}
+	seq := func(names ...string) []step {
+		out := make([]step, len(names))
+		for i, n := range names {
+			out[i] = step{adapter: n}
+		}
+		return out
+	}
 	for _, tc := range []struct {
 		name   string
 		behind []string // loaded on the engine before the manager starts
-		uses   []string // requests, in order
+		steps  []step   // requests, in order
 		want   []string // what the engine was asked
 		loaded []string
 	}{
-		{"least recently used goes", nil, []string{"x", "y", "x", "z"},
+		{"the coldest goes", nil, seq("x", "y", "x", "z"),
 			[]string{"load x", "load y", "unload y", "load z"}, []string{"x", "z"}},
-		{"it comes back, evicting the next", nil, []string{"x", "y", "x", "z", "y"},
-			[]string{"load x", "load y", "unload y", "load z", "unload x", "load y"}, []string{"y", "z"}},
-		{"loaded behind our back counts as least recently used", []string{"ext"}, []string{"x", "y"},
+		{"hot stays while one-offs take turns (LRU would evict x)", nil, seq("x", "x", "x", "y", "z", "w"),
+			[]string{"load x", "load y", "unload y", "load z", "unload z", "load w"}, []string{"w", "x"}},
+		{"it comes back, evicting the colder (LRU: the older)", nil, seq("x", "y", "x", "z", "y"),
+			[]string{"load x", "load y", "unload y", "load z", "unload z", "load y"}, []string{"x", "y"}},
+		{"equal rates: the least recently used", nil, seq("x", "y", "z"),
+			[]string{"load x", "load y", "unload x", "load z"}, []string{"y", "z"}},
+		{"rates decay: three requests a minute ago are colder than one now", nil,
+			[]step{{0, "x", false}, {0, "x", false}, {0, "x", false}, {time.Minute, "y", false}, {0, "z", false}},
+			[]string{"load x", "load y", "unload x", "load z"}, []string{"y", "z"}},
+		{"within a half-life they are not", nil,
+			[]step{{0, "x", false}, {0, "x", false}, {0, "x", false}, {5 * time.Second, "y", false}, {0, "z", false}},
+			[]string{"load x", "load y", "unload y", "load z"}, []string{"x", "z"}},
+		{"a running request pins the colder", nil,
+			[]step{{0, "x", false}, {0, "x", false}, {0, "x", false}, {0, "y", true}, {0, "z", false}},
+			[]string{"load x", "load y", "unload x", "load z"}, []string{"y", "z"}},
+		{"loaded behind our back counts as never asked for", []string{"ext"}, seq("x", "y"),
 			[]string{"load x", "unload ext", "load y"}, []string{"x", "y"}},
-		{"room left: no eviction", nil, []string{"x", "y", "x", "y"},
+		{"room left: no eviction", nil, seq("x", "y", "x", "y"),
 			[]string{"load x", "load y"}, []string{"x", "y"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,9 +154,19 @@ func TestLRUEviction(t *testing.T) {
 			for _, a := range tc.behind {
 				f.add(a)
 			}
-			m, _ := newManager(t, f, Config{})
-			for _, a := range tc.uses {
-				run1(t, m, a, "/"+a)
+			c := newClock()
+			m, _ := newManager(t, f, Config{Now: c.Now})
+			for _, st := range tc.steps {
+				c.advance(st.after)
+				release, err := m.Acquire(t.Context(), st.adapter, "b", "/"+st.adapter)
+				if err != nil {
+					t.Fatalf("acquire %s: %v", st.adapter, err)
+				}
+				if st.hold {
+					defer release()
+				} else {
+					release()
+				}
 			}
 			if got := f.ops(); !slices.Equal(got, tc.want) {
 				t.Errorf("engine asked %v, want %v", got, tc.want)
@@ -116,6 +175,69 @@ func TestLRUEviction(t *testing.T) {
 				t.Errorf("loaded %v, want %v", got, tc.loaded)
 			}
 		})
+	}
+}
+
+// TestVictim tables the eviction choice itself, with what requests cannot
+// show in sequence: an adapter a request waits for (its load just ended)
+// is pinned like one a request runs on, and so is one an operation holds.
+func TestVictim(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	type u struct {
+		rate          float64
+		ago           time.Duration // when rate was measured
+		last          uint64
+		inUse, wanted int
+	}
+	for _, tc := range []struct {
+		name   string
+		uses   map[string]u
+		ops    []string // adapters with an operation in progress
+		victim string
+	}{
+		{"lowest rate", map[string]u{"x": {rate: 2, last: 1}, "y": {rate: 0.5, last: 2}}, nil, "y"},
+		{"rates compared at now", map[string]u{"x": {rate: 2, ago: 30 * time.Second, last: 1}, "y": {rate: 0.5, last: 2}}, nil, "x"},
+		{"equal rates: least recently used", map[string]u{"x": {rate: 1, last: 2}, "y": {rate: 1, last: 1}}, nil, "y"},
+		{"running pins", map[string]u{"x": {rate: 2, last: 1}, "y": {rate: 0.5, last: 2, inUse: 1}}, nil, "x"},
+		{"waited for pins", map[string]u{"x": {rate: 2, last: 1}, "y": {rate: 0.5, last: 2, wanted: 1}}, nil, "x"},
+		{"an operation pins", map[string]u{"x": {rate: 2, last: 1}, "y": {rate: 0.5, last: 2}}, []string{"y"}, "x"},
+		{"no entry: never asked for", map[string]u{"x": {rate: 0.01, last: 1}}, nil, "y"},
+		{"all pinned: none", map[string]u{"x": {inUse: 1}, "y": {wanted: 2}}, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFake(2)
+			f.add("x")
+			f.add("y")
+			m, _ := newManager(t, f, Config{Now: func() time.Time { return now }})
+			for name, x := range tc.uses {
+				m.uses[name] = &use{rate: x.rate, at: now.Add(-x.ago), lastUse: x.last, inUse: x.inUse, wanted: x.wanted}
+			}
+			for _, name := range tc.ops {
+				m.beginLocked(name, false)
+			}
+			victim, full := m.victimLocked(f.Stats())
+			if !full || victim != tc.victim {
+				t.Fatalf("victim %q (full %v), want %q", victim, full, tc.victim)
+			}
+		})
+	}
+}
+
+// TestRate: a steady stream of r requests/s reads about r, and halves
+// every half-life once it stops.
+func TestRate(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	var x use
+	for range 600 { // 60 s at 10/s: six half-lives, within 2 % of steady
+		now = now.Add(100 * time.Millisecond)
+		x.count(now, 10*time.Second)
+	}
+	if r := x.rateAt(now, 10*time.Second); r < 9.6 || r > 10.4 {
+		t.Fatalf("rate %.2f after 60 s at 10/s", r)
+	}
+	r0 := x.rateAt(now, 10*time.Second)
+	if r := x.rateAt(now.Add(10*time.Second), 10*time.Second); math.Abs(r-r0/2) > 1e-9 {
+		t.Fatalf("rate %.3f a half-life later, want %.3f", r, r0/2)
 	}
 }
 
