@@ -216,12 +216,7 @@ func TestVLLMEngineLegacyErrors(t *testing.T) {
 // demand, once, and the least recently used is evicted at --max-loras.
 func TestVLLMEngineLoRA(t *testing.T) {
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	for _, name := range []string{"lora-a", "lora-b"} {
 		if err := store.PutModel(ctx, registry.Model{Name: name, Base: "llama-8b", Path: "/adapters/" + name}); err != nil {
 			t.Fatal(err)

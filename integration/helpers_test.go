@@ -24,7 +24,9 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -343,4 +345,17 @@ func runSDK(t *testing.T, env, ok, script string, args ...string) string {
 		t.Fatalf("%s: %v\n%s", script, err, out)
 	}
 	return string(out)
+}
+
+// startStore starts a Redis server and opens the registry on it, closed
+// when the test ends.
+func startStore(t *testing.T) (*testenv.Redis, *registry.Store) {
+	t.Helper()
+	rd := testenv.StartRedis(t)
+	store, err := registry.Open(context.Background(), rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	return rd, store
 }

@@ -207,12 +207,7 @@ func TestVLLMKVEventsAuto(t *testing.T) {
 // vLLM's lora_name in the events to the request's adapter.
 func TestVLLMKVEventsLoRA(t *testing.T) {
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	if err := store.PutModel(ctx, registry.Model{Name: "lora-a", Base: "llama-8b", Path: "/adapters/lora-a"}); err != nil {
 		t.Fatal(err)
 	}

@@ -86,12 +86,7 @@ func (l *beatLog) holders(adapter string) []string {
 // LoRA adapters of llama-8b, on two sim workers with one LoRA slot each.
 func TestLoRAAdapters(t *testing.T) {
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	for _, m := range []registry.Model{
 		{Name: "llama-8b-lora", Base: "llama-8b", Path: "sim://loras/llama-8b-lora"},
 		{Name: "llama-8b-lora-b", Base: "llama-8b", Path: "sim://loras/b"},

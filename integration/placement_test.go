@@ -19,12 +19,7 @@ import (
 // on one, and once the burst is over the spare replicas are unloaded.
 func TestAdapterPlacement(t *testing.T) {
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	for _, m := range []registry.Model{
 		{Name: "hot", Base: "llama-8b", Path: "sim://loras/hot"},
 		{Name: "cold", Base: "llama-8b", Path: "sim://loras/cold"},
@@ -92,12 +87,7 @@ func TestAdapterPlacement(t *testing.T) {
 // least recently used would push them out one by one.
 func TestAdapterEvictionByDemand(t *testing.T) {
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	hot := []string{"h1", "h2", "h3"}
 	tail := []string{"t1", "t2", "t3", "t4", "t5", "t6"}
 	for _, name := range append(slices.Clone(hot), tail...) {

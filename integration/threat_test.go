@@ -156,12 +156,7 @@ func TestThreatModel(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	ctx := context.Background()
-	rd := testenv.StartRedis(t)
-	store, err := registry.Open(ctx, rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer store.Close()
+	rd, store := startStore(t)
 	keyA, _, err := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-a"})
 	if err != nil {
 		t.Fatal(err)
