@@ -49,6 +49,16 @@ func hashBlock(parent uint64, b []byte) uint64 {
 	return h
 }
 
+// TextBlockAt is the index of the text block (of block bytes, rounded down
+// to a multiple of 8 as PromptBlockHashes does) where token tok of a prompt
+// of nTok tokens and spanLen bytes of text falls, in proportion to the
+// prompt's bytes per token: how an engine that counts tokens names its
+// blocks by the text hashes dispatchers route by (the sim's KV events, a
+// vLLM worker's mapping of vLLM's). nTok > 0 and block >= 8.
+func TextBlockAt(tok, nTok, spanLen, block int) int {
+	return tok * spanLen / nTok / (block &^ 7)
+}
+
 // StringHash is FNV-1a of s, then Mix64.
 func StringHash(s string) uint64 {
 	h := uint64(0xcbf29ce484222325)

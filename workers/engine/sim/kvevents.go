@@ -92,9 +92,8 @@ func (e *Engine) textTags(pr *prompt, model string, body []byte) {
 		return
 	}
 	pr.tags = make([]uint64, len(pr.hashes))
-	bs, tb := e.cfg.BlockSize, e.cfg.KVEventBytes&^7
 	for j := range pr.tags {
-		if t := j * bs * len(span) / len(pr.ids) / tb; t < len(pr.text) {
+		if t := schemas.TextBlockAt(j*e.cfg.BlockSize, len(pr.ids), len(span), e.cfg.KVEventBytes); t < len(pr.text) {
 			pr.tags[j] = pr.text[t]
 		}
 	}
@@ -106,6 +105,6 @@ func (e *Engine) coveredText(pr *prompt, k int) []uint64 {
 	if len(pr.text) == 0 {
 		return nil
 	}
-	t := min(k*e.cfg.BlockSize*pr.spanLen/len(pr.ids)/(e.cfg.KVEventBytes&^7), len(pr.text))
+	t := min(schemas.TextBlockAt(k*e.cfg.BlockSize, len(pr.ids), pr.spanLen, e.cfg.KVEventBytes), len(pr.text))
 	return pr.text[:t]
 }

@@ -104,13 +104,6 @@ func (m *kvMap) known(last uint64) bool {
 	return ok
 }
 
-// blockSize is the engine block size in force.
-func (m *kvMap) blockSize() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.bs
-}
-
 // register maps a prompt's engine blocks to its text blocks: text is
 // schemas.PromptBlockHashes of its span (spanLen bytes), ids its tokens as
 // vLLM counts them, lora the adapter it ran on ("": none). Blocks vLLM
@@ -139,14 +132,14 @@ func (m *kvMap) register(text []uint64, spanLen int, ids []uint32, lora string) 
 // covered is the leading text blocks that a prompt's first k engine blocks
 // cover.
 func (m *kvMap) covered(p *kvPrompt, k int) []uint64 {
-	t := min(k*m.bs*p.spanLen/p.nTok/(m.blockBytes&^7), len(p.text))
+	t := min(schemas.TextBlockAt(k*m.bs, p.nTok, p.spanLen, m.blockBytes), len(p.text))
 	return p.text[:t]
 }
 
 // tag is the text block where a prompt's engine block j starts (0: past its
 // last full text block).
 func (m *kvMap) tag(r kvRef) uint64 {
-	if t := int(r.j) * m.bs * r.p.spanLen / r.p.nTok / (m.blockBytes &^ 7); t < len(r.p.text) {
+	if t := schemas.TextBlockAt(int(r.j)*m.bs, r.p.nTok, r.p.spanLen, m.blockBytes); t < len(r.p.text) {
 		return r.p.text[t]
 	}
 	return 0
