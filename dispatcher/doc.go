@@ -14,5 +14,5 @@
 // gauges (queue depth, workers, running) are read at each scrape for every
 // model it knows, so an autoscaler reads 0, not nothing, while it is idle.
 //
-// Tokenbus imports: fleet, internal/tracing, registry, schemas.
+// Tokenbus imports: fleet, internal/decay, internal/tracing, registry, schemas.
 package dispatcher

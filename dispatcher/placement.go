@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/fleet"
+	"github.com/tokenbus/tokenbus/internal/decay"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -71,18 +72,9 @@ func (c *PlacementConfig) defaults() {
 // adapterDemand is what the placer knows of one adapter.
 type adapterDemand struct {
 	name, base, path string
-	rate             float64   // decayed requests/s as of at
-	at               time.Time // when rate was last updated
-	changed          time.Time // last placement change (zero: never)
-}
-
-// rateAt is the decayed rate at now: rate × 2^(−Δt/halfLife).
-func (a *adapterDemand) rateAt(now time.Time, halfLife time.Duration) float64 {
-	dt := now.Sub(a.at)
-	if dt <= 0 {
-		return a.rate
-	}
-	return a.rate * math.Exp2(-float64(dt)/float64(halfLife))
+	r                decay.Rate // requests/s, counted
+	rate             float64    // r decayed to the time of a snapshot (snapshot's copies only)
+	changed          time.Time  // last placement change (zero: never)
 }
 
 // demand counts requests per adapter: an exponentially decayed rate whose
@@ -100,7 +92,6 @@ func newDemand(cfg PlacementConfig) *demand {
 
 // observe counts one request for adapter (once per request, not per bounce).
 func (d *demand) observe(name string, ad *adapterRef, now time.Time) {
-	tau := float64(d.cfg.HalfLife) / float64(time.Second) / math.Ln2 // mean life in seconds
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	a := d.m[name]
@@ -108,18 +99,17 @@ func (d *demand) observe(name string, ad *adapterRef, now time.Time) {
 		if len(d.m) >= d.cfg.MaxAdapters {
 			d.dropColdestLocked(now)
 		}
-		a = &adapterDemand{name: name, at: now}
+		a = &adapterDemand{name: name}
 		d.m[name] = a
 	}
 	a.base, a.path = ad.base, ad.path // the registry's latest
-	a.rate = a.rateAt(now, d.cfg.HalfLife) + 1/tau
-	a.at = now
+	a.r.Count(now, d.cfg.HalfLife)
 }
 
 func (d *demand) dropColdestLocked(now time.Time) {
 	var cold *adapterDemand
 	for _, a := range d.m {
-		if cold == nil || a.rateAt(now, d.cfg.HalfLife) < cold.rateAt(now, d.cfg.HalfLife) {
+		if cold == nil || a.r.Now(now, d.cfg.HalfLife) < cold.r.Now(now, d.cfg.HalfLife) {
 			cold = a
 		}
 	}
@@ -134,7 +124,7 @@ func (d *demand) rate(name string, now time.Time) float64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if a := d.m[name]; a != nil {
-		return a.rateAt(now, d.cfg.HalfLife)
+		return a.r.Now(now, d.cfg.HalfLife)
 	}
 	return 0
 }
@@ -146,7 +136,7 @@ func (d *demand) snapshot(now time.Time) []adapterDemand {
 	out := make([]adapterDemand, 0, len(d.m))
 	for _, a := range d.m {
 		c := *a
-		c.rate, c.at = a.rateAt(now, d.cfg.HalfLife), now
+		c.rate = a.r.Now(now, d.cfg.HalfLife)
 		out = append(out, c)
 	}
 	return out

@@ -33,5 +33,5 @@
 // operations in progress. Adapters loaded behind its back, or by a control
 // load no request has used yet, count as never asked for.
 //
-// Tokenbus imports: schemas, workers/engine.
+// Tokenbus imports: internal/decay, schemas, workers/engine.
 package lora

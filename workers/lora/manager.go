@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"math"
 	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/decay"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -68,24 +68,9 @@ type use struct {
 	lastUse uint64
 	inUse   int // requests running on it
 	wanted  int // requests waiting for it (its load, a slot): pinned as if running
-	// rate is the adapter's request rate (requests/s, exponentially decayed
-	// with Config.HalfLife) as of at: eviction takes the lowest.
-	rate float64
-	at   time.Time
-}
-
-// rateAt is u's request rate decayed to now.
-func (u *use) rateAt(now time.Time, halfLife time.Duration) float64 {
-	if dt := now.Sub(u.at); dt > 0 {
-		return u.rate * math.Exp2(-float64(dt)/float64(halfLife))
-	}
-	return u.rate
-}
-
-// count adds one request at now: a steady r requests/s reads r.
-func (u *use) count(now time.Time, halfLife time.Duration) {
-	u.rate = u.rateAt(now, halfLife) + math.Ln2/halfLife.Seconds()
-	u.at = now
+	// rate is the adapter's request rate (requests/s, decayed with
+	// Config.HalfLife): eviction takes the lowest.
+	rate decay.Rate
 }
 
 type op struct {
@@ -191,7 +176,7 @@ func (m *Manager) ensure(ctx context.Context, name, base, path string, inUse boo
 	// for another before the requests that waited for it take it.
 	m.mu.Lock()
 	want := m.useLocked(name)
-	want.count(m.cfg.Now(), m.cfg.HalfLife)
+	want.rate.Count(m.cfg.Now(), m.cfg.HalfLife)
 	want.wanted++
 	m.mu.Unlock()
 	u, err := m.ensureLoaded(ctx, name, base, path, want)
@@ -316,7 +301,7 @@ func (m *Manager) victimLocked(st engine.Stats) (victim string, full bool) {
 			if u.inUse > 0 || u.wanted > 0 {
 				continue
 			}
-			rate, last = u.rateAt(now, m.cfg.HalfLife), u.lastUse
+			rate, last = u.rate.Now(now, m.cfg.HalfLife), u.lastUse
 		}
 		if victim == "" || rate < coldest || rate == coldest && last < oldest {
 			victim, coldest, oldest = name, rate, last

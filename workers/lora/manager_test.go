@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/decay"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -210,7 +210,7 @@ func TestVictim(t *testing.T) {
 			f.add("y")
 			m, _ := newManager(t, f, Config{Now: func() time.Time { return now }})
 			for name, x := range tc.uses {
-				m.uses[name] = &use{rate: x.rate, at: now.Add(-x.ago), lastUse: x.last, inUse: x.inUse, wanted: x.wanted}
+				m.uses[name] = &use{rate: decay.Rate{V: x.rate, At: now.Add(-x.ago)}, lastUse: x.last, inUse: x.inUse, wanted: x.wanted}
 			}
 			for _, name := range tc.ops {
 				m.beginLocked(name, false)
@@ -220,24 +220,6 @@ func TestVictim(t *testing.T) {
 				t.Fatalf("victim %q (full %v), want %q", victim, full, tc.victim)
 			}
 		})
-	}
-}
-
-// TestRate: a steady stream of r requests/s reads about r, and halves
-// every half-life once it stops.
-func TestRate(t *testing.T) {
-	now := time.Unix(1e9, 0)
-	var x use
-	for range 600 { // 60 s at 10/s: six half-lives, within 2 % of steady
-		now = now.Add(100 * time.Millisecond)
-		x.count(now, 10*time.Second)
-	}
-	if r := x.rateAt(now, 10*time.Second); r < 9.6 || r > 10.4 {
-		t.Fatalf("rate %.2f after 60 s at 10/s", r)
-	}
-	r0 := x.rateAt(now, 10*time.Second)
-	if r := x.rateAt(now.Add(10*time.Second), 10*time.Second); math.Abs(r-r0/2) > 1e-9 {
-		t.Fatalf("rate %.3f a half-life later, want %.3f", r, r0/2)
 	}
 }
 
