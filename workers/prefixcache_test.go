@@ -77,15 +77,7 @@ func TestPrefixComparisonRecorded(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	eng := &usageEngine{usage: schemas.Usage{PromptTokens: 200, CompletionTokens: 1, PromptTokensDetails: &schemas.TokenDetails{CachedTokens: 96}}}
-	w, err := New(Config{ID: "w1", MaxConcurrency: 4}, nc, eng, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	<-w.Ready()
-	t.Cleanup(func() { cancel(); <-done })
+	w, _, _ := startWorkerLog(t, nc, eng, Config{ID: "w1", MaxConcurrency: 4}, log)
 
 	withPred := send(t, nc, schemas.WorkSubject("w1"), "with", map[string]string{schemas.HdrPrefixCached: "500/1000"})
 	testenv.WaitFor(t, 2*time.Second, wantTypes(withPred, schemas.FrameAccepted, schemas.FrameChunk, schemas.FrameDone))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,7 +60,13 @@ func (e *gateEngine) Generate(ctx context.Context, req *engine.Request, sink eng
 
 func startWorker(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config) (*Worker, context.CancelFunc, chan error) {
 	t.Helper()
-	w, err := New(cfg, nc, eng, nil)
+	return startWorkerLog(t, nc, eng, cfg, nil)
+}
+
+// startWorkerLog is startWorker with the worker's logger.
+func startWorkerLog(t *testing.T, nc *nats.Conn, eng engine.Engine, cfg Config, log *slog.Logger) (*Worker, context.CancelFunc, chan error) {
+	t.Helper()
+	w, err := New(cfg, nc, eng, log)
 	if err != nil {
 		t.Fatal(err)
 	}
