@@ -182,7 +182,9 @@ func TestAdapterWithoutBaseWorker(t *testing.T) {
 	loraWorker(t, nc, "w1", 10, 4)
 	waitWorkers(t, d, 1)
 	r := sendRequest(t, nc, "orphan", "o1")
-	testenv.WaitFor(t, 2*time.Second, wantError(r, 503, schemas.CodeNoWorker))
+	// A dispatcher that has just started queues a request with no worker for
+	// warmUp (it may not have heard every heartbeat yet), then refuses it.
+	testenv.WaitFor(t, warmUp+2*time.Second, wantError(r, 503, schemas.CodeNoWorker))
 	f, _ := r.last()
 	if e := schemas.ParseErrorPayload(f.Payload); !strings.Contains(e.Body.Message, "`gone`") {
 		t.Fatalf("the error does not name the missing base model: %s", e.Body.Message)
