@@ -186,7 +186,11 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		refresh: make(chan struct{}, 1),
 		stop:    make(chan struct{}),
 	}
-	tr := newTransport(&cfg)
+	std := newTransport(&cfg)
+	var tr http.RoundTripper = std
+	if h1 := newH1Transport(std, u, &cfg); h1 != nil {
+		tr = h1
+	}
 	e.bareClient = &http.Client{Transport: tr}
 	e.client = &http.Client{Transport: &watchTransport{rt: tr, o: &e.outcomes}}
 	if e.hooks.RefreshModels == nil {
@@ -340,7 +344,7 @@ func (e *Engine) Close() error {
 		e.abortAll(errClosed)
 		close(e.stop)
 		e.loops.Wait()
-		e.client.CloseIdleConnections() // bareClient's too: one transport
+		e.bareClient.CloseIdleConnections() // the generation client's too: one transport
 	})
 	return nil
 }
