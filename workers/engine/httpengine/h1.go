@@ -258,4 +258,3 @@ func (b *h1Body) release(atEnd bool) {
 	}
 	b.c.c.Close()
 }
-
