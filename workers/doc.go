@@ -6,5 +6,5 @@
 // worker sets it against the engine's report when the request ends
 // (prefixcache.go).
 //
-// Tokenbus imports: internal/tracing, schemas, workers/engine, workers/lora.
+// Tokenbus imports: internal/runners, internal/tracing, schemas, workers/engine, workers/lora.
 package workers

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/runners"
+
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -77,6 +79,9 @@ type Worker struct {
 	eng engine.Engine
 	log *slog.Logger
 
+	// runs serves requests on kept goroutines: a new one per request grew
+	// its stack in the engine's HTTP client every time.
+	runs          *runners.Runners
 	cancelSubject string // schemas.CancelSubject(cfg.ID)
 	doneSubject   string // schemas.DoneSubject(cfg.ID)
 
@@ -122,7 +127,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	}
 	w := &Worker{cfg: cfg, nc: nc, eng: eng, log: log.With("worker", cfg.ID), cancelSubject: schemas.CancelSubject(cfg.ID), doneSubject: schemas.DoneSubject(cfg.ID),
 		inflight: map[string]*call{}, wake: make(chan struct{}, 1), ready: make(chan struct{}),
-		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}}
+		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}, runs: runners.New(10 * time.Second)}
 	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
 		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
 	w.setPartSize(nc.MaxPayload())
@@ -256,7 +261,7 @@ func (w *Worker) onRequest(m *nats.Msg) {
 		return
 	}
 	w.wg.Add(1)
-	go w.serve(c)
+	w.runs.Go(func() { w.serve(c) })
 }
 
 // admit takes one slot of the hard cap, or reports that there is none.

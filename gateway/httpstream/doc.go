@@ -75,5 +75,5 @@
 // cut the same way. No SSE comments are sent during silence: openai-go before
 // v3.43 breaks on them.
 //
-// Tokenbus imports: schemas.
+// Tokenbus imports: internal/runners, schemas.
 package httpstream

@@ -3,6 +3,8 @@ package httpstream
 import (
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/runners"
+
 	"github.com/valyala/fasthttp"
 )
 
@@ -20,6 +22,10 @@ type Server struct {
 	srv  *fasthttp.Server
 	cfg  Config
 	idle handedBack
+	// next serves handed-back connections on kept goroutines: the
+	// hijacked connection's goroutine is new per request, and the next
+	// request's handler would grow its stack again.
+	next *runners.Runners
 }
 
 // New takes over the hijacked connections of srv: it sets
@@ -32,7 +38,7 @@ func New(srv *fasthttp.Server, cfg Config) *Server {
 	if cfg.StuckTimeout <= 0 {
 		cfg.StuckTimeout = 30 * time.Second
 	}
-	s := &Server{srv: srv, cfg: cfg}
+	s := &Server{srv: srv, cfg: cfg, next: runners.New(10 * time.Second)}
 	srv.KeepHijackedConns = true
 	return s
 }

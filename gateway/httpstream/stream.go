@@ -155,7 +155,8 @@ func (st *Stream) serve(hc net.Conn) {
 		_ = raw.Close()
 		return
 	}
-	st.srv.serveNext(raw, ahead)
+	srv := st.srv
+	srv.next.Go(func() { srv.serveNext(raw, ahead) })
 }
 
 // cut runs when the stream's context ends: a client that reads nothing must
