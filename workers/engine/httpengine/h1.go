@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -142,6 +143,17 @@ func writeRequest(buf *bytes.Buffer, req *http.Request, host string) error {
 		}
 		buf.WriteString("\r\n")
 		return nil
+	}
+	if req.ContentLength > 0 { // known (NewRequest with a bytes.Reader): no copy to move
+		buf.WriteString("Content-Length: ")
+		buf.WriteString(strconv.FormatInt(req.ContentLength, 10))
+		buf.WriteString("\r\n\r\n")
+		n, err := buf.ReadFrom(req.Body)
+		req.Body.Close()
+		if err == nil && n != req.ContentLength {
+			err = fmt.Errorf("http: ContentLength=%d with Body length %d", req.ContentLength, n)
+		}
+		return err
 	}
 	// The length goes before the body, which is read after it: note where
 	// the header ends and fill in the length once the body is in.

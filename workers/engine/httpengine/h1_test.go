@@ -249,6 +249,18 @@ func TestH1Headers(t *testing.T) {
 	if want := strings.TrimPrefix(srv.URL, "http://"); h.Get("X-Host") != want {
 		t.Fatalf("Host %q, want %q", h.Get("X-Host"), want)
 	}
+	// A body of unknown length gets its length counted.
+	req, _ = http.NewRequest("POST", srv.URL+"/v1/completions", io.MultiReader(strings.NewReader(`{"b":`), strings.NewReader(`22}`)))
+	if req.ContentLength != 0 {
+		t.Fatalf("the test needs a body of unknown length, has %d", req.ContentLength)
+	}
+	if resp, err = c.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if h = <-got; h.Get("X-Body") != `{"b":22}` || h.Get("X-Length") != "8" {
+		t.Fatalf("body %q, length %s", h.Get("X-Body"), h.Get("X-Length"))
+	}
 }
 
 func TestH1CloseIdleConnections(t *testing.T) {
