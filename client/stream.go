@@ -36,6 +36,13 @@ type Stream struct {
 
 	timer *time.Timer
 
+	// Direct delivery (Direct): while the reader waits in Next with nothing
+	// queued (parked), the delivering goroutine hands chunks to direct
+	// itself; flushDue asks the reader to finish what direct could not send.
+	direct   DirectWriter
+	parked   bool
+	flushDue bool
+
 	begun bool // a chunk (or the end) was pushed; only the client's route goroutine uses it
 
 	// Failover (failover.go). epoch counts the attempts; it changes with
@@ -112,6 +119,19 @@ func (s *Stream) push(f schemas.Frame, epoch uint32) {
 		s.wake()
 		return
 	}
+	if f.Type == schemas.FrameChunk && s.parked && s.head == len(s.pending) && s.direct != nil && s.direct.Ready(len(f.Payload)) {
+		s.last = time.Now()
+		if out, ok := s.fo.pass(s, f); ok && !s.direct.Write(out.Payload) {
+			s.flushDue = true
+			s.mu.Unlock()
+			s.begun = true
+			s.wake()
+			return
+		}
+		s.mu.Unlock()
+		s.begun = true
+		return
+	}
 	s.pending = append(s.pending, f)
 	s.last = time.Now()
 	s.mu.Unlock()
@@ -119,6 +139,30 @@ func (s *Stream) push(f schemas.Frame, epoch uint32) {
 		s.begun = true
 	}
 	s.wake()
+}
+
+// DirectWriter takes a stream's chunks on the goroutine that delivers them
+// (see Stream.Direct). Both methods are called with the stream locked and
+// must not block.
+type DirectWriter interface {
+	// Ready reports whether Write may be called now with a payload of n
+	// bytes.
+	Ready(n int) bool
+	// Write sends a chunk's payload, or starts to: false means part of it
+	// waits, and Next returns an empty chunk for the reader to send it.
+	Write(payload []byte) bool
+}
+
+// Direct sets w (nil: none) to take the stream's chunks as they arrive,
+// while the reader waits in Next with nothing queued and w is Ready: one
+// goroutine hand-off less per chunk. Next then returns only what w did not
+// take; everything Next does with a chunk (failover's record and splice, the
+// stall timer) is done for w's chunks as well. The reader must not use
+// what w writes to while it is in Next.
+func (s *Stream) Direct(w DirectWriter) {
+	s.mu.Lock()
+	s.direct = w
+	s.mu.Unlock()
 }
 
 func (s *Stream) wake() {
@@ -192,6 +236,11 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 			}
 			return out, nil
 		}
+		if s.flushDue {
+			s.flushDue = false
+			s.mu.Unlock()
+			return schemas.Frame{Type: schemas.FrameChunk}, nil
+		}
 		if s.failed != nil {
 			err, why := s.failed, s.lost
 			s.mu.Unlock()
@@ -204,6 +253,7 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 			return schemas.Frame{}, err
 		}
 		stall, last := s.stallFor, s.last
+		s.parked = true
 		s.mu.Unlock()
 
 		// The stall timer is armed once and re-armed only when it fires
@@ -214,9 +264,12 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 		}
 		select {
 		case <-s.notify:
+			s.unpark()
 		case <-ctx.Done():
+			s.unpark()
 			return schemas.Frame{}, ctx.Err()
 		case <-s.timer.C:
+			s.unpark()
 			s.mu.Lock() // frames may have come while the timer fired
 			idle, stall := time.Since(s.last), s.stallFor
 			s.mu.Unlock()
@@ -234,12 +287,20 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 	}
 }
 
+// unpark ends the reader's wait: once it holds the lock, no direct write is
+// in progress or can start.
+func (s *Stream) unpark() {
+	s.mu.Lock()
+	s.parked = false
+	s.mu.Unlock()
+}
+
 // Buffered reports whether Next would return without waiting; a writer uses
 // it to flush once per burst instead of once per frame.
 func (s *Stream) Buffered() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.head < len(s.pending) || s.failed != nil
+	return s.head < len(s.pending) || s.failed != nil || s.flushDue
 }
 
 func (s *Stream) stallError() *schemas.Error {

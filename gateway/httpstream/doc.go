@@ -47,6 +47,12 @@
 //     after others fasthttp may still hold a pipelined response, which must go
 //     first, so the bytes wait until Run (fasthttp flushes that response
 //     before the hijack). Done and Fail belong to the function given to Run.
+//   - While the Run function waits for its next frame, another goroutine
+//     may write for it: Ready, then WriteEvents and TryFlush, which writes
+//     only what the socket takes at once and leaves the rest for the Run
+//     function's next Flush (the gateway does this from the goroutine that
+//     delivers the bus's frames, one goroutine wake less per token;
+//     client.Stream.Direct keeps the two from overlapping).
 //   - Write errors are sticky: after the first every write returns it.
 //   - When Run's context ends, writes get one second more (room for a final
 //     error event, no longer blocked on a client that reads nothing) and the

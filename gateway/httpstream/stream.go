@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -32,6 +33,12 @@ type Stream struct {
 	ctx     context.Context
 	fn      func(*Stream)
 	state   atomic.Int32 // stateOpen, then stateEnded or stateCut
+
+	// Writes from another goroutine (Ready, TryFlush): the socket, once
+	// looked up, and bytes a TryFlush could not send, which go first.
+	raw     syscall.RawConn
+	rawDone bool
+	rest    []byte
 }
 
 const (
@@ -236,9 +243,20 @@ func (st *Stream) add(p []byte) error {
 
 // flush sends the head (if not sent yet) and the burst; with last, the end
 // of the body too.
-func (st *Stream) flush(last bool) error {
+func (st *Stream) flush(last bool) error { return st.send(last, false) }
+
+// send is flush; with now, it writes only what the socket takes at once and
+// keeps the rest in st.rest for the next flush.
+func (st *Stream) send(last, now bool) error {
 	if st.err != nil {
 		return st.err
+	}
+	if len(st.rest) > 0 { // what a TryFlush left: it goes first
+		_, st.err = st.conn.Write(st.rest)
+		st.rest = nil
+		if st.err != nil {
+			return st.err
+		}
 	}
 	if st.pooled == nil { // nothing added since the last flush
 		if !last {
@@ -276,7 +294,15 @@ func (st *Stream) flush(last bool) error {
 		start -= st.hlen
 		st.hlen = 0
 	}
-	_, st.err = st.conn.Write(st.buf[start:])
+	if now {
+		var n int
+		n, st.err = tryWrite(st.raw, st.buf[start:])
+		if st.err == nil && n < len(st.buf)-start {
+			st.rest = append([]byte(nil), st.buf[start+n:]...)
+		}
+	} else {
+		_, st.err = st.conn.Write(st.buf[start:])
+	}
 	st.buf = st.buf[:chunkHeadroom]
 	st.pending = false
 	if !last {
@@ -286,6 +312,28 @@ func (st *Stream) flush(last bool) error {
 		st.release()
 	}
 	return st.err
+}
+
+// Ready reports whether the stream may be written from another goroutine
+// now (WriteEvents, then TryFlush): while its Run function waits for the
+// next frame, on a plain socket, with nothing of an earlier burst unsent.
+// Calls to Ready, WriteEvents and TryFlush from another goroutine must not
+// overlap the Run function's own use of the stream (client.Stream.Direct
+// sees to that).
+func (st *Stream) Ready() bool {
+	if !st.rawDone {
+		st.raw, st.rawDone = rawConn(st.conn), true
+	}
+	return st.raw != nil && st.running && st.live && st.err == nil && st.pooled == nil && len(st.rest) == 0 &&
+		st.state.Load() == stateOpen
+}
+
+// TryFlush is Flush without waiting: it reports whether the burst went out
+// whole. If it did not, the rest (or the write's error) waits for the next
+// Flush, which the Run function must make.
+func (st *Stream) TryFlush() bool {
+	err := st.send(false, true)
+	return err == nil && len(st.rest) == 0
 }
 
 // take gets a pooled buffer for the next burst, with room for its chunk
