@@ -109,6 +109,13 @@ func TestDirect(t *testing.T) {
 			return nil
 		})
 	}
+	// lastFrame sets when the stream's previous frame came: d ago (negative:
+	// in the future, so the next one follows it too closely for direct).
+	lastFrame := func(d time.Duration) {
+		s.mu.Lock()
+		s.last = time.Now().Add(-d)
+		s.mu.Unlock()
+	}
 	recv := func() schemas.Frame {
 		t.Helper()
 		select {
@@ -131,23 +138,36 @@ func TestDirect(t *testing.T) {
 	s.Direct(w)
 	read()
 	waitParked()
-	send(schemas.FrameChunk, "a1")
-	send(schemas.FrameChunk, "a2")
-	testenv.WaitFor(t, 5*time.Second, func() error {
-		if got := w.taken(); fmt.Sprint(got) != "[a1 a2]" {
-			return fmt.Errorf("direct writer has %v, want [a1 a2]", got)
-		}
-		return nil
-	})
+	for _, c := range []string{"a1", "a2"} {
+		lastFrame(time.Hour)
+		send(schemas.FrameChunk, c)
+		testenv.WaitFor(t, 5*time.Second, func() error {
+			if got := w.taken(); len(got) == 0 || got[len(got)-1] != c {
+				return fmt.Errorf("direct writer has %v, want %s last", got, c)
+			}
+			return nil
+		})
+	}
 	select {
 	case f := <-next:
 		t.Fatalf("Next returned %s %q, which the direct writer took", f.Type, f.Payload)
 	default:
 	}
 
+	// A chunk too soon after the previous frame goes through Next, which
+	// sends what gathered in one write.
+	lastFrame(-time.Hour)
+	send(schemas.FrameChunk, "b")
+	if f := recv(); string(f.Payload) != "b" {
+		t.Fatalf("Next returned %q, want b", f.Payload)
+	}
+	read()
+	waitParked()
+
 	// A partial write: Next returns an empty chunk for the reader to send
 	// the rest, and the writer is not used until the reader waits again.
 	w.set(true, true)
+	lastFrame(time.Hour)
 	send(schemas.FrameChunk, "a3")
 	if f := recv(); f.Type != schemas.FrameChunk || len(f.Payload) != 0 {
 		t.Fatalf("after a partial write Next returned %s %q, want an empty chunk", f.Type, f.Payload)
@@ -169,6 +189,7 @@ func TestDirect(t *testing.T) {
 	w.set(true, false)
 	read()
 	waitParked()
+	lastFrame(time.Hour)
 	send(schemas.FrameChunk, "a5")
 	testenv.WaitFor(t, 5*time.Second, func() error {
 		if got := w.taken(); len(got) != 4 || got[3] != "a5" {
