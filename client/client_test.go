@@ -13,15 +13,15 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// A multiplexed reply that mixes streams still waiting for their first
-// chunk with streams already flowing (which the client delivers in a second
-// pass) reaches every stream complete and in order; plain replies interleave
-// with it on the same streams.
-func TestMuxDelivery(t *testing.T) {
+// startStreams starts n chat requests (ids r0, r1...) on a client of a
+// fresh NATS server: their streams, their reply subjects, and the
+// connection that plays the worker.
+func startStreams(t *testing.T, n int) ([]*Stream, []string, *nats.Conn) {
+	t.Helper()
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	wc := testenv.Connect(t, ns)
-	reqs := make(chan *nats.Msg, 8)
+	reqs := make(chan *nats.Msg, n)
 	if _, err := wc.Subscribe(schemas.ReqPrefix+">", func(m *nats.Msg) { reqs <- m }); err != nil {
 		t.Fatal(err)
 	}
@@ -32,17 +32,14 @@ func TestMuxDelivery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-
-	const n = 3
-	var streams [n]*Stream
-	var replies [n]string
+	t.Cleanup(func() { c.Close() })
+	streams, replies := make([]*Stream, n), make([]string, n)
 	for i := range streams {
 		s, err := c.Start(&Request{ID: fmt.Sprintf("r%d", i), Kind: schemas.KindChat, Model: "m", Body: []byte(`{}`)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer s.Close()
+		t.Cleanup(s.Close)
 		streams[i] = s
 		select {
 		case m := <-reqs:
@@ -51,6 +48,16 @@ func TestMuxDelivery(t *testing.T) {
 			t.Fatal("request not published")
 		}
 	}
+	return streams, replies, wc
+}
+
+// A multiplexed reply that mixes streams still waiting for their first
+// chunk with streams already flowing (which the client delivers in a second
+// pass) reaches every stream complete and in order; plain replies interleave
+// with it on the same streams.
+func TestMuxDelivery(t *testing.T) {
+	const n = 3
+	streams, replies, wc := startStreams(t, n)
 	frame := func(typ schemas.FrameType, seq uint64, payload string) []byte {
 		return schemas.AppendFrame(nil, typ, seq, []byte(payload))
 	}
@@ -76,7 +83,7 @@ func TestMuxDelivery(t *testing.T) {
 	_ = wc.Publish(replies[2], frame(schemas.FrameChunk, 3, "c1")) // plain, after the mux
 	mux(0, frame(schemas.FrameDone, 5, `{}`), 1, frame(schemas.FrameDone, 4, `{}`), 2, frame(schemas.FrameDone, 4, `{}`))
 
-	want := [n][]string{{"a0", "a1", "a2"}, {"b0", "b1"}, {"c0", "c1"}}
+	want := [][]string{{"a0", "a1", "a2"}, {"b0", "b1"}, {"c0", "c1"}}
 	for i, s := range streams {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var got []string

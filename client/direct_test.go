@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -48,33 +46,8 @@ func (r *recorder) taken() []string {
 // bytes behind makes Next return an empty chunk; a writer that is not ready,
 // or a reader that is not waiting, gets the frames through Next as before.
 func TestDirect(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc := testenv.Connect(t, ns)
-	wc := testenv.Connect(t, ns)
-	reqs := make(chan *nats.Msg, 1)
-	if _, err := wc.Subscribe(schemas.ReqPrefix+">", func(m *nats.Msg) { reqs <- m }); err != nil {
-		t.Fatal(err)
-	}
-	if err := wc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(nc, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	s, err := c.Start(&Request{ID: "r", Kind: schemas.KindChat, Model: "m", Body: []byte(`{}`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	var reply string
-	select {
-	case m := <-reqs:
-		reply = m.Reply
-	case <-time.After(5 * time.Second):
-		t.Fatal("request not published")
-	}
+	streams, replies, wc := startStreams(t, 1)
+	s, reply := streams[0], replies[0]
 	seq := uint64(0)
 	send := func(typ schemas.FrameType, payload string) {
 		t.Helper()
@@ -127,7 +100,7 @@ func TestDirect(t *testing.T) {
 		return schemas.Frame{}
 	}
 
-	send(schemas.FrameAccepted, `{"request_id":"r","worker":"w","cancel":"c"}`)
+	send(schemas.FrameAccepted, `{"request_id":"r0","worker":"w","cancel":"c"}`)
 	send(schemas.FrameChunk, "a0")
 	read()
 	if f := recv(); string(f.Payload) != "a0" {
