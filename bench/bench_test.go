@@ -435,6 +435,29 @@ func TestRunEndToEnd(t *testing.T) {
 	}
 }
 
+// --url with several base URLs (gateways of one deployment): requests take
+// them in turn, and the report counts them as one target.
+func TestRunSeveralURLs(t *testing.T) {
+	order := &orderLog{}
+	a := newFakeServer(t, fakeOpts{name: "a", order: order})
+	b := newFakeServer(t, fakeOpts{name: "b", order: order})
+	_, err, m := runBench(t, context.Background(), "--url", a.URL()+","+b.URL(), "--num-prompts", "20",
+		"--concurrency", "4", "--output-len", "3", "--warmup", "0", "--quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := results(t, m)[0]; r["completed"] != 20.0 || r["failed"] != 0.0 {
+		t.Fatalf("completed %v failed %v", r["completed"], r["failed"])
+	}
+	n := map[string]int{}
+	for _, s := range order.get() {
+		n[s]++
+	}
+	if n["a"] != 10 || n["b"] != 10 {
+		t.Fatalf("requests per server %v, want 10 each", n)
+	}
+}
+
 func TestRunCountsErrorsByKind(t *testing.T) {
 	srv := newFakeServer(t, fakeOpts{mode: "nodone"})
 	stdout, err, m := runBench(t, context.Background(), "--url", srv.URL(), "--num-prompts", "5", "--output-len", "3", "--quiet")

@@ -65,6 +65,8 @@ func (r *record) fail(kind, msg string) {
 // caller sends requests to one endpoint.
 type caller struct {
 	url       string // full endpoint URL
+	urls      []string      // with several base URLs (--url a,b): each request takes the next
+	next      atomic.Uint64 // the next of urls
 	apiKey    string
 	chat      bool
 	embed     bool // /embeddings: the answer is a list of embeddings
@@ -101,7 +103,11 @@ var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<
 func (c *caller) do(parent context.Context, body []byte, rec *record) {
 	ctx, cancel := context.WithTimeout(parent, c.timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
+	url := c.url
+	if len(c.urls) > 1 {
+		url = c.urls[(c.next.Add(1)-1)%uint64(len(c.urls))]
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		rec.fail("request", err.Error())
 		return

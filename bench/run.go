@@ -48,7 +48,7 @@ type config struct {
 
 func newFlags(cfg *config) *pflag.FlagSet {
 	fs := flagenv.NewFlagSet("bench")
-	fs.StringVar(&cfg.url, "url", "http://127.0.0.1:8080/v1", "base URL of the target (the system under test), including /v1")
+	fs.StringVar(&cfg.url, "url", "http://127.0.0.1:8080/v1", "base URL of the target (the system under test), including /v1; several, comma-separated (e.g. two gateways): requests take them in turn")
 	fs.StringVar(&cfg.model, "model", "llama-8b", "model name sent in requests")
 	fs.StringVar(&cfg.endpoint, "endpoint", "chat", "chat (/chat/completions), completions (/completions) or embeddings (/embeddings: one input per request, base64 as the SDKs ask, never streamed)")
 	fs.IntVar(&cfg.concurrency, "concurrency", 64, "maximum requests in flight")
@@ -343,7 +343,7 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 		model: model,
 		base:  base,
 		c: &caller{
-			url:       strings.TrimRight(base, "/") + path,
+			url:       strings.TrimRight(strings.Split(base, ",")[0], "/") + path,
 			apiKey:    cfg.apiKey,
 			chat:      cfg.endpoint == "chat",
 			embed:     cfg.endpoint == "embeddings",
@@ -356,6 +356,11 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 			collect:   cfg.sessions > 0,
 		},
 		recs: make([]record, len(prompts)),
+	}
+	if bases := strings.Split(base, ","); len(bases) > 1 {
+		for _, b := range bases {
+			e.c.urls = append(e.c.urls, strings.TrimRight(strings.TrimSpace(b), "/")+path)
+		}
 	}
 	picks := adapterPicks(cfg, len(prompts))
 	for i, p := range prompts {

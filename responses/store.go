@@ -154,7 +154,25 @@ func (s *Store) Get(ctx context.Context, tenant, id string) (*Record, uint64, er
 	if rec.Tenant != tenant || rec.Kind != "" {
 		return nil, 0, schemas.ErrResponseNotFound.New(id)
 	}
+	if rec.Response.Background && !Ended(rec.Response.Status) {
+		s.settle(ctx, rec)
+	}
 	return rec, rev, nil
+}
+
+// settle gives a background response still running in its record the end
+// state of its last event, if that event ended it: the runner appends the
+// terminal event first and sets the record right after, and a client that
+// has seen the event must not read the earlier state.
+func (s *Store) settle(ctx context.Context, rec *Record) {
+	last, err := s.events.GetLastMsgForSubject(ctx, EventPrefix+rec.Response.ID)
+	if err != nil {
+		return // none yet, or JetStream cannot say: the record stands
+	}
+	var ev Event
+	if json.Unmarshal(last.Data, &ev) == nil && ev.Response != nil && Ended(ev.Response.Status) {
+		rec.Response = *ev.Response
+	}
 }
 
 func (s *Store) get(ctx context.Context, id string) (*Record, uint64, error) {

@@ -84,3 +84,33 @@ func TestAppendOneWriter(t *testing.T) {
 		t.Fatalf("followed after 0: %v, want [1 2]", got)
 	}
 }
+
+// TestGetAfterTerminalEvent: the runner appends a background response's
+// terminal event before it sets the record; a read in between returns the
+// event's end state, not the record's earlier one.
+func TestGetAfterTerminalEvent(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	rec := &Record{Response: *New("resp_end", &CreateRequest{Model: "m", Background: true}, time.Now()), Tenant: "t1"}
+	if err := s.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	running := rec.Response
+	running.Status = StatusInProgress
+	last, err := s.append(ctx, "resp_end", &Event{Type: "response.in_progress", SequenceNumber: 0, Response: &running}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := s.Get(ctx, "t1", "resp_end"); err != nil || got.Response.Status != rec.Response.Status {
+		t.Fatalf("before the end: %v, status %q, want the record's %q", err, got.Response.Status, rec.Response.Status)
+	}
+	done := rec.Response
+	done.Status, done.Usage = StatusCompleted, &Usage{OutputTokens: 7}
+	if _, err := s.append(ctx, "resp_end", &Event{Type: "response.completed", SequenceNumber: 1, Response: &done}, last); err != nil {
+		t.Fatal(err)
+	}
+	got, _, err := s.Get(ctx, "t1", "resp_end")
+	if err != nil || got.Response.Status != StatusCompleted || got.Response.Usage == nil || got.Response.Usage.OutputTokens != 7 {
+		t.Fatalf("after the terminal event: %v, %+v", err, got.Response)
+	}
+}
