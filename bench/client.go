@@ -64,7 +64,7 @@ func (r *record) fail(kind, msg string) {
 
 // caller sends requests to one endpoint.
 type caller struct {
-	url       string // full endpoint URL
+	url       string        // full endpoint URL
 	urls      []string      // with several base URLs (--url a,b): each request takes the next
 	next      atomic.Uint64 // the next of urls
 	apiKey    string
