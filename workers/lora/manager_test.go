@@ -542,12 +542,27 @@ func TestLoadOutlivesFirstRequester(t *testing.T) {
 func TestChangedOnLoadAndUnload(t *testing.T) {
 	f := newFake(1)
 	m, b := newManager(t, f, Config{})
+	// A load's end is reported from the goroutine that ran it, after its
+	// waiters were let go: wait for each step's beats before the next step,
+	// or one step's report reads the next one's state.
+	beats := func(n int) {
+		t.Helper()
+		testenv.WaitFor(t, 5*time.Second, func() error {
+			if got := len(b.all()); got < n {
+				return fmt.Errorf("%d beats, want %d", got, n)
+			}
+			return nil
+		})
+	}
 	run1(t, m, "x", "/x")
+	beats(2)
 	run1(t, m, "x", "/x") // loaded: no beat
 	run1(t, m, "y", "/y") // evicts x
+	beats(4)
 	if err := m.Unload(t.Context(), "y"); err != nil {
 		t.Fatal(err)
 	}
+	beats(5)
 	want := []beat{
 		{loading: []string{"x"}, adapters: []string{}},
 		{loading: nil, adapters: []string{"x"}},

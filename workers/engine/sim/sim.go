@@ -349,9 +349,6 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	if err != nil {
 		return nil, err
 	}
-	if a, ok := sink.(Accepter); ok {
-		a.Accepted()
-	}
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
@@ -360,6 +357,12 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	e.nWaiting.Add(int64(len(r.seqs)))
 	for i := range r.seqs {
 		e.incoming = append(e.incoming, &r.seqs[i])
+	}
+	// Accepted once the request is counted as waiting (a client that has
+	// the headers sees it in Stats), and before the scheduler, which takes
+	// e.mu, can give it a token.
+	if a, ok := sink.(Accepter); ok {
+		a.Accepted()
 	}
 	e.mu.Unlock()
 	e.signal()
