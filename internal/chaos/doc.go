@@ -15,5 +15,5 @@
 // integration's chaos test runs a small scenario in CI; docs/reliability.md
 // has the figures.
 //
-// Tokenbus imports: none.
+// Tokenbus imports: internal/freeport.
 package chaos

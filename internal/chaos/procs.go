@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/freeport"
 )
 
 // proc is one child process. Its output goes to a log file in the run's
@@ -89,22 +91,10 @@ func (p *proc) stop(wait time.Duration) {
 	}
 }
 
-// freePort asks the kernel for a free TCP port on loopback. The port is free
-// when it returns; nothing else on this machine picks fixed ports from the
-// ephemeral range, so the race until the child binds it is harmless.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func freePorts(n int) ([]int, error) {
 	out := make([]int, n)
 	for i := range out {
-		p, err := freePort()
+		p, err := freeport.TCP()
 		if err != nil {
 			return nil, err
 		}

@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/freeport"
 )
 
 // model is the one model the sim workers serve.
@@ -93,7 +95,7 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 	}
 	for i := range s.workers {
 		id := fmt.Sprintf("chaos-w%d", i)
-		mp, err := freePort()
+		mp, err := freeport.TCP()
 		if err != nil {
 			return t, err
 		}
@@ -109,7 +111,7 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 	}
 	for i := range s.dispatchers {
 		name := fmt.Sprintf("dispatcher%d", i)
-		mp, err := freePort()
+		mp, err := freeport.TCP()
 		if err != nil {
 			return t, err
 		}
@@ -221,7 +223,7 @@ func (n *natsNode) clients() []string {
 // write, so a kill -9 and a restart keep what was written: what is lost is
 // only what never reached it.
 func (t *topology) startRedis(ctx context.Context) error {
-	port, err := freePort()
+	port, err := freeport.TCP()
 	if err != nil {
 		return err
 	}

@@ -6,5 +6,5 @@
 // RunServer and checkFor. The fake vLLM server is internal/fakevllm; the
 // suite every engine must pass is workers/engine/enginetest.
 //
-// Tokenbus imports: internal/embedded, internal/tracing.
+// Tokenbus imports: internal/embedded, internal/freeport, internal/tracing.
 package testenv

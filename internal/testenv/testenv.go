@@ -3,7 +3,6 @@ package testenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tokenbus/tokenbus/internal/embedded"
+	"github.com/tokenbus/tokenbus/internal/freeport"
 )
 
 // NATS starts a NATS server with JetStream on a random port; it stops with the test.
@@ -127,12 +127,11 @@ func (r *Redis) Restart(t testing.TB) {
 // FreePort returns a TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := freeport.TCP()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return p
 }
 
 // WaitFor polls cond until it returns nil; if timeout passes first, it

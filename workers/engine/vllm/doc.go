@@ -18,5 +18,5 @@
 //     text block hashes dispatchers route by, through the prompts' token ids
 //     from /tokenize (kvmap.go, kvevents.go; docs/routing.md).
 //
-// Tokenbus imports: schemas, workers/engine, workers/engine/httpengine.
+// Tokenbus imports: internal/freeport, schemas, workers/engine, workers/engine/httpengine.
 package vllm

@@ -4,11 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"strings"
 	"sync/atomic"
 	"time"
 
+	"github.com/tokenbus/tokenbus/internal/freeport"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
@@ -73,7 +73,7 @@ func kvEventsConfig(cfg *Config) (endpoint string, err error) {
 		}
 		return connectable(kc.Endpoint), nil
 	}
-	port, err := freePort()
+	port, err := freeport.TCP()
 	if err != nil {
 		return "", err
 	}
@@ -92,16 +92,6 @@ func connectable(ep string) string {
 		return "tcp://127.0.0.1:" + rest
 	}
 	return ep
-}
-
-// freePort is a TCP port free on the loopback now.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // startKVEvents starts the subscriber and the tokenize loop (Close stops them).
