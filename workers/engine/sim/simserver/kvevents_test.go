@@ -12,7 +12,7 @@ import (
 )
 
 // The sim-server encodes a batch byte for byte as msgspec encodes vLLM's
-// structs (testdata/gen_kvevents.py).
+// structs (testdata/kv_batch.msgpack, written by workers/engine/vllm/testdata/gen_kvevents.py).
 func TestKVBatchEncoding(t *testing.T) {
 	want, err := os.ReadFile(filepath.Join("testdata", "kv_batch.msgpack"))
 	if err != nil {

@@ -1,7 +1,10 @@
 """Writes the msgpack fixtures of kvwire_test.go with msgspec, to the schema
 of vLLM's KV events (vllm/distributed/kv_events.py): the array_like form of
 vLLM up to late 2025 (kv_array_*.msgpack) and the map form of later versions
-(kv_map_*.msgpack). Run: python3 gen_kvevents.py (needs msgspec)."""
+(kv_map_*.msgpack); and the sim-server's kv_batch.msgpack
+(../../sim/simserver/testdata), the batch its TestKVBatchEncoding encodes,
+in the array form with lora_name. Run here: python3 gen_kvevents.py (needs
+msgspec)."""
 from typing import Any, Optional, Union
 
 import msgspec
@@ -26,6 +29,16 @@ class BlockStored(AEvent):
     block_size: int
     lora_id: Optional[int]
     medium: Optional[str]
+
+
+class BlockStoredNamed(AEvent, tag="BlockStored"):  # the array form with lora_name, as the sim-server sends
+    block_hashes: list[Union[bytes, int]]
+    parent_block_hash: Optional[Union[bytes, int]]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+    medium: Optional[str]
+    lora_name: Optional[str]
 
 
 class BlockRemoved(AEvent):
@@ -96,6 +109,24 @@ fixtures = {
         MBlockRemoved([h2], None, 1),
     ], 0),
 }
+
+
+def h8(v):
+    return v.to_bytes(8, "big")
+
+
+def lora_id(name):  # the sim-server's stand-in for vLLM's lora_int_id: FNV-1a 32 >> 1 | 1
+    x = 0x811C9DC5
+    for c in name.encode():
+        x = ((x ^ c) * 0x01000193) & 0xFFFFFFFF
+    return x >> 1 | 1
+
+
+fixtures["../../sim/simserver/testdata/kv_batch.msgpack"] = ABatch(1700000000.25, [
+    BlockRemoved([h8(7), h8(2**64 - 1)], "GPU"),
+    BlockStoredNamed([h8(1), h8(2)], None, list(range(100000, 100032)), 16, None, "GPU", None),
+    BlockStoredNamed([h8(3)], h8(2), [5] * 16, 16, lora_id("sql-lora"), "GPU", "sql-lora"),
+], 0)
 for name, batch in fixtures.items():
     with open(name, "wb") as f:
         f.write(enc.encode(batch))
