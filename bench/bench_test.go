@@ -267,7 +267,7 @@ func doOne(t *testing.T, url, endpoint string, stream bool, outLen int, timeout 
 		path = "/completions"
 	}
 	c := &caller{
-		url: url + path, chat: endpoint == "chat", stream: stream, usage: stream,
+		urls: []string{url + path}, chat: endpoint == "chat", stream: stream, usage: stream,
 		timeout: timeout, client: &http.Client{Transport: newTransport(4)}, maxChunks: outLen + 1,
 	}
 	defer c.client.CloseIdleConnections()
@@ -700,7 +700,7 @@ func TestProgressNotTTY(t *testing.T) {
 // BenchmarkReadStream measures the client's cost per streamed chunk.
 func BenchmarkReadStream(b *testing.B) {
 	srv := newDefectServer(b, defectServer{})
-	c := &caller{url: srv.URL() + "/chat/completions", chat: true, stream: true, usage: true,
+	c := &caller{urls: []string{srv.URL() + "/chat/completions"}, chat: true, stream: true, usage: true,
 		timeout: time.Minute, client: &http.Client{Transport: newTransport(4)}, maxChunks: 1001}
 	body := buildBody(promptSpec{prompt: "x", outputLen: 1000}, "m", "chat", true, true, true)
 	b.ReportAllocs()

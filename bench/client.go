@@ -64,8 +64,7 @@ func (r *record) fail(kind, msg string) {
 
 // caller sends requests to one endpoint.
 type caller struct {
-	url       string        // full endpoint URL
-	urls      []string      // with several base URLs (--url a,b): each request takes the next
+	urls      []string      // full endpoint URLs: one, or several (--url a,b) that requests take in turn
 	next      atomic.Uint64 // the next of urls
 	apiKey    string
 	chat      bool
@@ -103,7 +102,7 @@ var readerPool = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 64<
 func (c *caller) do(parent context.Context, body []byte, rec *record) {
 	ctx, cancel := context.WithTimeout(parent, c.timeout)
 	defer cancel()
-	url := c.url
+	url := c.urls[0]
 	if len(c.urls) > 1 {
 		url = c.urls[(c.next.Add(1)-1)%uint64(len(c.urls))]
 	}

@@ -343,7 +343,6 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 		model: model,
 		base:  base,
 		c: &caller{
-			url:       strings.TrimRight(strings.Split(base, ",")[0], "/") + path,
 			apiKey:    cfg.apiKey,
 			chat:      cfg.endpoint == "chat",
 			embed:     cfg.endpoint == "embeddings",
@@ -357,10 +356,8 @@ func newEndpoint(name, base, model string, cfg *config, prompts, warm []promptSp
 		},
 		recs: make([]record, len(prompts)),
 	}
-	if bases := strings.Split(base, ","); len(bases) > 1 {
-		for _, b := range bases {
-			e.c.urls = append(e.c.urls, strings.TrimRight(strings.TrimSpace(b), "/")+path)
-		}
+	for _, b := range strings.Split(base, ",") {
+		e.c.urls = append(e.c.urls, strings.TrimRight(strings.TrimSpace(b), "/")+path)
 	}
 	picks := adapterPicks(cfg, len(prompts))
 	for i, p := range prompts {
@@ -413,7 +410,7 @@ func warmupEndpoint(ctx context.Context, e *endpoint, cfg *config, prog *progres
 			return nil
 		}
 	}
-	return fmt.Errorf("%s %s: all %d warmup requests failed, first: %s: %s", e.name, e.c.url, len(recs), recs[0].Err, recs[0].ErrMsg)
+	return fmt.Errorf("%s %s: all %d warmup requests failed, first: %s: %s", e.name, strings.Join(e.c.urls, ","), len(recs), recs[0].Err, recs[0].ErrMsg)
 }
 
 // arrivals returns n send offsets with exponential gaps of mean 1/rate (a

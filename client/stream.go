@@ -124,14 +124,14 @@ func (s *Stream) push(f schemas.Frame, epoch uint32) {
 		now.Sub(s.last) >= directMinGap && s.direct.Ready(len(f.Payload)) {
 		s.last = now
 		if out, ok := s.fo.pass(s, f); ok && !s.direct.Write(out.Payload) {
-			s.flushDue = true
-			s.mu.Unlock()
-			s.begun = true
-			s.wake()
-			return
+			s.flushDue = true // part of it waits: the reader sends it
 		}
+		flush := s.flushDue
 		s.mu.Unlock()
 		s.begun = true
+		if flush {
+			s.wake()
+		}
 		return
 	}
 	s.pending = append(s.pending, f)

@@ -227,7 +227,6 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 	// The label's children once per stream: nothing is looked up per token.
 	d := &direct{s: s, w: x.w, itl: g.m.itl.WithLabelValues(x.label), chunks: g.m.chunks.WithLabelValues(x.label),
 		last: firstAt}
-	itl, chunks := d.itl, d.chunks
 	// Chunks that come while this goroutine waits are written by the one
 	// that delivers them, when the socket takes them at once (direct).
 	x.st.Direct(d)
@@ -239,11 +238,11 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			var err error
 			if written {
 				written, err = false, s.Err()
-				chunks.Add(float64(sent))
+				d.chunks.Add(float64(sent))
 			} else {
 				var n int
 				n, err = s.WriteEvents(f.Payload)
-				chunks.Add(float64(n))
+				d.chunks.Add(float64(n))
 				if err == nil && !x.st.Buffered() {
 					err = s.Flush() // once per burst
 				}
@@ -282,7 +281,7 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			return
 		}
 		if f.Type == schemas.FrameChunk && len(f.Payload) > 0 { // empty: the rest of a direct write
-			itl.Observe(now.Sub(d.last).Seconds())
+			d.itl.Observe(now.Sub(d.last).Seconds())
 			d.last = now
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/internal/runners"
-
 	"github.com/valyala/fasthttp"
 )
 

@@ -70,13 +70,12 @@ func (t *h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx := req.Context()
 	buf := requestBufPool.Get().(*bytes.Buffer)
+	buf.Reset()
 	defer func() {
-		if buf.Cap() <= 1<<20 {
-			buf.Reset()
+		if buf.Cap() <= 1<<20 { // a huge body's buffer is left to the collector
 			requestBufPool.Put(buf)
 		}
 	}()
-	buf.Reset()
 	if err := writeRequest(buf, req, t.host); err != nil {
 		return nil, err
 	}
