@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tokenbus/tokenbus/client"
@@ -276,11 +275,7 @@ func TestEmbeddingsLimitsAndUsage(t *testing.T) {
 // done frame with the whole answer; a bad body is the dispatcher's 400.
 func TestEmbeddingsNATSClient(t *testing.T) {
 	d := startDev(t)
-	nc, err := nats.Connect(d.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connectNATS(t, d.NATSURL)
 	cl, err := client.New(nc, client.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -215,6 +215,17 @@ func errorBody(t testing.TB, body string) schemas.ErrorBody {
 	return *e.Error
 }
 
+// connectNATS connects to the NATS server at url for the rest of the test.
+func connectNATS(t *testing.T, url string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 // heartbeats follows worker heartbeats on a NATS server.
 type heartbeats struct {
 	mu   sync.Mutex
@@ -223,11 +234,7 @@ type heartbeats struct {
 
 func watchHeartbeats(t *testing.T, natsURL string) *heartbeats {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, natsURL)
 	h := &heartbeats{last: map[string]schemas.Heartbeat{}}
 	record := func(id string, running int, hb *schemas.Heartbeat) {
 		h.mu.Lock()
@@ -240,7 +247,7 @@ func watchHeartbeats(t *testing.T, natsURL string) *heartbeats {
 		cur.Running = running
 		h.last[id] = cur
 	}
-	_, err = nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
+	_, err := nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
 		var hb schemas.Heartbeat
 		if json.Unmarshal(m.Data, &hb) == nil {
 			record(hb.Worker, 0, &hb)

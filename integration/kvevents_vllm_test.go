@@ -26,11 +26,7 @@ type kvWatch struct {
 
 func watchKVEvents(t *testing.T, natsURL string) *kvWatch {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, natsURL)
 	w := &kvWatch{}
 	if _, err := nc.Subscribe(schemas.KVEventsPrefix+">", func(m *nats.Msg) {
 		var ev schemas.KVEvents

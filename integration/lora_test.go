@@ -27,11 +27,7 @@ type beatLog struct {
 
 func logBeats(t *testing.T, natsURL string) *beatLog {
 	t.Helper()
-	nc, err := nats.Connect(natsURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, natsURL)
 	l := &beatLog{beats: map[string][]schemas.Heartbeat{}}
 	if _, err := nc.Subscribe(schemas.HeartbeatPrefix+"*", func(m *nats.Msg) {
 		var hb schemas.Heartbeat

@@ -61,11 +61,7 @@ func TestOneReadingOfARequest(t *testing.T) {
 
 	// A NATS-native client's request is read by the dispatcher with the same
 	// reader: the same body gets the same 400, without reaching a worker.
-	nc, err := nats.Connect(d.NATSURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := connectNATS(t, d.NATSURL)
 	m := nats.NewMsg(schemas.ReqSubject("llama-8b"))
 	m.Header.Set(schemas.HdrRequestID, "native-dup")
 	m.Header.Set(schemas.HdrKind, "chat")
