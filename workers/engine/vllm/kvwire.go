@@ -292,10 +292,7 @@ func (r *mpReader) field(ev *kvEvent, name string) error {
 	case "block_hashes":
 		ev.hashes, err = r.hashes()
 	case "parent_block_hash":
-		if r.peek() == 0xc0 {
-			r.p++
-			ev.parent = ""
-		} else {
+		if !r.null() {
 			ev.parent, err = r.hash()
 		}
 	case "token_ids":
@@ -428,38 +425,27 @@ func (r *mpReader) length(size int) (int, error) {
 	return int(n), nil
 }
 
-func (r *mpReader) arrayLen() (int, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case c>>4 == 0x9:
-		return int(c & 0x0f), nil
-	case c == 0xdc:
-		return r.length(2)
-	case c == 0xdd:
-		return r.length(4)
-	}
-	r.p--
-	return 0, r.fail("not an array")
-}
+func (r *mpReader) arrayLen() (int, error) { return r.containerLen(0x9, 0xdc, 0xdd, "not an array") }
 
-func (r *mpReader) mapLen() (int, error) {
+func (r *mpReader) mapLen() (int, error) { return r.containerLen(0x8, 0xde, 0xdf, "not a map") }
+
+// containerLen reads an array's or a map's header: fix is the high nibble
+// of its fix form, c16 and c32 the type bytes of its 16- and 32-bit forms.
+func (r *mpReader) containerLen(fix, c16, c32 byte, what string) (int, error) {
 	c, err := r.byte1()
 	if err != nil {
 		return 0, err
 	}
 	switch {
-	case c>>4 == 0x8:
+	case c>>4 == fix:
 		return int(c & 0x0f), nil
-	case c == 0xde:
+	case c == c16:
 		return r.length(2)
-	case c == 0xdf:
+	case c == c32:
 		return r.length(4)
 	}
 	r.p--
-	return 0, r.fail("not a map")
+	return 0, r.fail(what)
 }
 
 // raw reads a str or bin value's bytes.
@@ -493,17 +479,24 @@ func (r *mpReader) str() (string, error) {
 	return string(b), err
 }
 
-func (r *mpReader) optStr() (string, error) {
+// null reads a nil if one is next.
+func (r *mpReader) null() bool {
 	if r.peek() == 0xc0 {
 		r.p++
+		return true
+	}
+	return false
+}
+
+func (r *mpReader) optStr() (string, error) {
+	if r.null() {
 		return "", nil
 	}
 	return r.str()
 }
 
 func (r *mpReader) optInt() (int64, error) {
-	if r.peek() == 0xc0 {
-		r.p++
+	if r.null() {
 		return 0, nil
 	}
 	return r.int()
