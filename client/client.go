@@ -8,6 +8,7 @@
 package client
 
 import (
+	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strconv"
@@ -297,14 +298,14 @@ func (c *Client) route(m *nats.Msg) {
 				epoch = s.epoch
 			}
 			c.mu.Unlock()
-			if s != nil && !s.begun {
-				c.deliver(s, epoch, frame)
+			if s != nil && !s.begun.Load() {
+				c.deliver(s, epoch, frame, false)
 				return
 			}
 			c.later = append(c.later, entry{s, epoch, frame})
 		})
 		for i, e := range c.later {
-			c.deliver(e.s, e.epoch, e.frame)
+			c.deliver(e.s, e.epoch, e.frame, false)
 			c.later[i] = entry{}
 		}
 		c.later = c.later[:0]
@@ -330,7 +331,27 @@ func (c *Client) route(m *nats.Msg) {
 		}
 		return
 	}
-	c.deliver(s, epoch, m.Data)
+	c.deliver(s, epoch, m.Data, false)
+}
+
+// Prefix is the subject prefix of the client's reply subjects (ending in
+// '.').
+func (c *Client) Prefix() string { return c.prefix }
+
+// Deliver takes a reply frame from a worker in this process, past the bus
+// (see workers.LocalReplies): what route does with a message on the
+// subject Prefix()+token. Frames of one stream must come in order from one
+// goroutine at a time (a worker's call does that), never in parts. It copies
+// frame and never blocks.
+func (c *Client) Deliver(token string, frame []byte) {
+	c.mu.Lock()
+	s := c.streams[token] // nil after Close
+	var epoch uint32
+	if s != nil {
+		epoch = s.epoch
+	}
+	c.mu.Unlock()
+	c.deliver(s, epoch, bytes.Clone(frame), true)
 }
 
 // noResponders is the error for NATS's "no responders" answer to a message
@@ -347,8 +368,10 @@ func noResponders(subject string) (e *schemas.Error, workerLost bool) {
 }
 
 // deliver hands one frame to its stream, s (nil: the stream has ended), for
-// the attempt epoch that was current when s was looked up.
-func (c *Client) deliver(s *Stream, epoch uint32, data []byte) {
+// the attempt epoch that was current when s was looked up. local: from
+// Deliver, on a worker's goroutine, which never sends parts (the parts being
+// assembled are route's alone).
+func (c *Client) deliver(s *Stream, epoch uint32, data []byte, local bool) {
 
 	f, err := schemas.ParseFrame(data)
 	if err != nil {
@@ -370,7 +393,11 @@ func (c *Client) deliver(s *Stream, epoch uint32, data []byte) {
 		}
 		return
 	}
-	if f.Type == schemas.FramePart || len(c.parts) > 0 {
+	if local && f.Type == schemas.FramePart {
+		c.opts.Logger.Warn("dropping a reply frame part handed over in memory")
+		return
+	}
+	if !local && (f.Type == schemas.FramePart || len(c.parts) > 0) {
 		var ok bool
 		if f, ok = c.assemble(s, epoch, f); !ok {
 			return

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -43,7 +44,7 @@ type Stream struct {
 	parked   bool
 	flushDue bool
 
-	begun bool // a chunk (or the end) was pushed; only the client's route goroutine uses it
+	begun atomic.Bool // a chunk (or the end) was pushed
 
 	// Failover (failover.go). epoch counts the attempts; it changes with
 	// tok under both the client's and the stream's lock, and frames of an
@@ -128,7 +129,7 @@ func (s *Stream) push(f schemas.Frame, epoch uint32) {
 		}
 		flush := s.flushDue
 		s.mu.Unlock()
-		s.begun = true
+		s.begun.Store(true)
 		if flush {
 			s.wake()
 		}
@@ -138,7 +139,7 @@ func (s *Stream) push(f schemas.Frame, epoch uint32) {
 	s.last = now
 	s.mu.Unlock()
 	if f.Type == schemas.FrameChunk || f.Type.Terminal() {
-		s.begun = true
+		s.begun.Store(true)
 	}
 	s.wake()
 }

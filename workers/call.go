@@ -41,13 +41,15 @@ type call struct {
 	lingering bool      // c is on the worker's linger list
 	ended     bool
 
-	mux   *outbox // the client takes multiplexed replies: every frame goes through it
-	token string  // last token of the reply subject, for mux entries
+	mux   *outbox  // the client takes multiplexed replies: every frame goes through it
+	local Receiver // the client is in this process: every frame goes to it in memory
+	token string   // last token of the reply subject, for mux entries and local frames
 }
 
 func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 	c := &call{w: w, reply: m.Reply, start: time.Now()}
-	if m.Header.Get(schemas.HdrMux) == "1" {
+	c.local, c.token = w.localReceiver(m.Reply) // in memory: neither batched nor split
+	if c.local == nil && m.Header.Get(schemas.HdrMux) == "1" {
 		if prefix, token, ok := schemas.SplitReply(m.Reply); ok {
 			c.mux, c.token = w.outboxFor(prefix), token
 		}
@@ -201,7 +203,7 @@ func (c *call) send(t schemas.FrameType, payload []byte) error {
 // multiplexed outbox. A frame that cannot be sent fails the request (see
 // publishFailedLocked): the stream would have a hole the client cannot see.
 func (c *call) publishLocked(t schemas.FrameType, payload []byte, now time.Time, urgent bool) error {
-	if size := int(c.w.partSize.Load()); len(payload) > size {
+	if size := int(c.w.partSize.Load()); len(payload) > size && c.local == nil {
 		for len(payload) > size {
 			if err := c.publishOneLocked(schemas.FramePart, payload[:size], now, urgent); err != nil {
 				return c.publishFailedLocked(t, err)
@@ -226,7 +228,8 @@ func (c *call) publishFailedLocked(t schemas.FrameType, err error) error {
 		c.ended = true
 		c.seq++
 		// Straight to the stream's subject, past the outbox: it is small,
-		// and whatever failed there must not hold it.
+		// and whatever failed there must not hold it. (A local receiver
+		// never fails.)
 		if c.w.nc.Publish(c.reply, schemas.AppendFrame(c.buf[:0], schemas.FrameError, c.seq, e.Payload())) != nil {
 			c.w.m.publishErrors.Inc()
 		}
@@ -239,6 +242,10 @@ func (c *call) publishOneLocked(t schemas.FrameType, payload []byte, now time.Ti
 	c.seq++
 	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	c.lastSend = now
+	if c.local != nil {
+		c.local.Deliver(c.token, c.buf)
+		return nil
+	}
 	if c.mux != nil {
 		return c.mux.add(c.reply, c.token, c.buf, urgent, now)
 	}

@@ -46,6 +46,10 @@ type Config struct {
 	// Usage takes the usage records of NATS-native tenant requests (see
 	// UsageSink); default: NATSUsageSink on the worker's connection.
 	Usage UsageSink
+
+	// Local hands reply frames to a client in this process past the bus
+	// (dev's gateway; see LocalReplies); nil: every frame goes on the bus.
+	Local LocalReplies
 }
 
 func (c *Config) defaults() {

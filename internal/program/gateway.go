@@ -258,6 +258,9 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	// A worker the fleet sees go (no heartbeat for 3 beats, or it shut
 	// down) takes its streams with it at once, not after their stall timeout.
 	cl := gw.cl
+	if h.local != nil {
+		h.local.cl.Store(cl)
+	}
 	gw.workers = workers
 	workers.OnGone(func(id, why string) { cl.WorkerLost(id, why) })
 	limit := cfg.HTTP.BodyLimit

@@ -105,6 +105,9 @@ func (p *Worker) start(ctx context.Context, h host) error {
 		wcfg.ID = hostID("worker") + "-" + nuid.Next()[:6]
 	}
 	wcfg.Version, wcfg.Metrics = cfg.Version, reg
+	if h.local != nil {
+		wcfg.Local = h.local
+	}
 	if wcfg.Usage == nil {
 		var ureg prometheus.Registerer
 		if h.metrics == nil { // in dev, the workers share one registry: the gateway's publisher counts

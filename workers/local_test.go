@@ -1,0 +1,106 @@
+package workers
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// receiver is a LocalReplies with one client: it records the frames it is
+// handed, by token.
+type receiver struct {
+	prefix string
+	mu     sync.Mutex
+	got    map[string][]schemas.Frame
+}
+
+func (r *receiver) Receiver(prefix string) Receiver {
+	if prefix == r.prefix {
+		return r
+	}
+	return nil
+}
+
+func (r *receiver) Deliver(token string, frame []byte) {
+	f, err := schemas.ParseFrame(frame)
+	if err != nil {
+		panic(fmt.Sprintf("bad frame %q", frame))
+	}
+	f.Payload = append([]byte(nil), f.Payload...) // the worker reuses frame
+	r.mu.Lock()
+	r.got[token] = append(r.got[token], f)
+	r.mu.Unlock()
+}
+
+func (r *receiver) frames(token string) []schemas.Frame {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]schemas.Frame(nil), r.got[token]...)
+}
+
+// Frames for a client in the process go to it in memory, numbered and in
+// order, and none of them on the bus, also when the request asks for
+// multiplexed replies; a request from any other client is answered on the
+// bus as before.
+func TestLocalReplies(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	local := &receiver{prefix: "_INBOX.gw.", got: map[string][]schemas.Frame{}}
+	startWorker(t, nc, eng, Config{ID: "w1", Local: local})
+	var mu sync.Mutex
+	var onBus []string
+	if _, err := nc.Subscribe("_INBOX.gw.>", func(m *nats.Msg) {
+		mu.Lock()
+		onBus = append(onBus, m.Subject)
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	for i, mux := range []string{"", "1"} {
+		h := nats.Header{}
+		h.Set(schemas.HdrRequestID, fmt.Sprintf("r%d", i))
+		h.Set(schemas.HdrKind, "chat")
+		h.Set(schemas.HdrModel, "m")
+		h.Set(schemas.HdrMux, mux)
+		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: fmt.Sprintf("_INBOX.gw.s%d", i), Header: h,
+			Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remote := send(t, nc, schemas.WorkSubject("w1"), "r2", nil)
+	close(eng.release)
+	for _, tok := range []string{"s0", "s1"} {
+		testenv.WaitFor(t, 5*time.Second, func() error {
+			fs := local.frames(tok)
+			var got []string
+			for _, f := range fs {
+				got = append(got, fmt.Sprintf("%d:%v", f.Seq, f.Type))
+			}
+			want := fmt.Sprintf("1:%v 2:%v 3:%v", schemas.FrameAccepted, schemas.FrameChunk, schemas.FrameDone)
+			if strings.Join(got, " ") != want {
+				return fmt.Errorf("stream %s got %v in memory, want %s", tok, got, want)
+			}
+			return nil
+		})
+	}
+	testenv.WaitFor(t, 5*time.Second, wantTypes(remote, schemas.FrameAccepted, schemas.FrameChunk, schemas.FrameDone))
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(onBus) > 0 {
+		t.Fatalf("frames for the local client went on the bus too: %v", onBus)
+	}
+}
