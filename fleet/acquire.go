@@ -243,9 +243,8 @@ func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map
 // coldest, or the (k+1)-th coldest when its slots are k over-committed
 // (loads started or sent there whose evictions its heartbeat does not show
 // yet: those take the k coldest); +Inf when there is none. [0] leaves out
-// the adapters we routed a request for there within AdapterBusyFor
-// (probably in use: the worker evicts none in use); [1] counts them, to
-// order workers whose adapters all seem in use (the guess is a guess).
+// the adapters in use there (adapterBusyLocked: the worker evicts none in
+// use); [1] counts them, to order workers whose adapters all seem in use.
 func (f *Fleet) victimRatesLocked(id string, w *workerState, now time.Time) [2]float64 {
 	var idleBuf, allBuf [16]float64
 	idle, all := idleBuf[:0], allBuf[:0]
@@ -255,7 +254,7 @@ func (f *Fleet) victimRatesLocked(id string, w *workerState, now time.Time) [2]f
 		}
 		r := f.AdapterRate(a, now)
 		all = append(all, r)
-		if at, ok := w.routedAt[a]; !ok || now.Sub(at) >= f.AdapterBusyFor {
+		if !f.adapterBusyLocked(w, a, now) {
 			idle = append(idle, r)
 		}
 	}
@@ -330,4 +329,18 @@ func (f *Fleet) Pending(adapter string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// adapterBusyLocked reports whether adapter a is in use on worker w: its
+// last heartbeat lists it (InUse), or we routed a request for it there
+// since, or less than a heartbeat interval before that heartbeat arrived
+// (the request may not have reached the worker when it was built). A
+// worker whose heartbeats do not say (InUse null: an older worker) gets the
+// guess: in use for AdapterBusyFor after we routed a request for it there.
+func (f *Fleet) adapterBusyLocked(w *workerState, a string, now time.Time) bool {
+	at, routed := w.routedAt[a]
+	if w.hb.InUse == nil {
+		return routed && now.Sub(at) < f.AdapterBusyFor
+	}
+	return slices.Contains(w.hb.InUse, a) || routed && at.After(w.lastSeen.Add(-w.interval()))
 }

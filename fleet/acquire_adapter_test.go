@@ -268,6 +268,51 @@ func TestAcquireAdapterEvictsColdest(t *testing.T) {
 	}
 }
 
+// A worker whose heartbeats list the adapters in use (InUse) is believed:
+// an adapter listed is no victim however long ago we routed to it, one no
+// longer listed is a victim again at once, and one we routed a request for
+// since the last heartbeat is in use until a heartbeat says otherwise.
+func TestAdapterInUseFromHeartbeats(t *testing.T) {
+	now := time.Now()
+	l := func(s ...string) []string { return s }
+	rate := func(a string, _ time.Time) float64 { return map[string]float64{"cold": 1, "warm": 5}[a] }
+	beat := func(id string, adapters, inUse []string) schemas.Heartbeat {
+		h := lw{id, 0, 10, 1, adapters, nil}.beat()
+		h.InUse = inUse
+		return h
+	}
+	fl := New()
+	fl.AdapterRate = rate
+	observe := func(at time.Time, inUse []string) {
+		fl.Observe(beat("a", l("warm"), l()), at)
+		fl.Observe(beat("c", l("cold"), inUse), at)
+	}
+	want := func(at time.Time, id, why string) {
+		t.Helper()
+		if got, _, how, _ := fl.AcquireAdapter("x", "b", "", at); got != id || how != PlacedEvict {
+			t.Fatalf("x went to %s (%v), want %s: %s", got, how, id, why)
+		}
+	}
+	observe(now, l("cold"))
+	want(now.Add(3*fl.AdapterBusyFor), "a", "c's heartbeat says its cold adapter is in use")
+
+	later := now.Add(5 * fl.AdapterBusyFor) // the pending load of x on a settles
+	observe(later, l())
+	if id, _, how, _ := fl.AcquireAdapter("cold", "b", "", later.Add(-time.Millisecond)); id != "c" || how != PlacedHolder {
+		t.Fatalf("cold: %s %v", id, how)
+	}
+	fl.Observe(beat("c", l("cold"), l()), later.Add(2*time.Second)) // a heartbeat that has seen the request end
+	fl.Observe(beat("a", l("warm"), l()), later.Add(2*time.Second))
+	want(later.Add(2*time.Second), "c", "the heartbeat after the request no longer lists cold")
+
+	last := later.Add(4 * time.Second) // x's load on c settles
+	observe(last, l())
+	if id, _, how, _ := fl.AcquireAdapter("cold", "b", "", last.Add(time.Millisecond)); id != "c" || how != PlacedHolder {
+		t.Fatalf("cold: %s %v", id, how)
+	}
+	want(last.Add(10*time.Millisecond), "a", "a request for cold went to c after its last heartbeat")
+}
+
 // BenchmarkAcquireAdapter is one routing decision for a LoRA adapter over 64
 // workers of four full slots each: "holder" for an adapter one worker holds
 // (the common case), "evict" for one no worker holds (every decision then

@@ -45,7 +45,8 @@ type Fleet struct {
 	// AdapterBusyFor is how long after it routes a request for an adapter
 	// to a worker the fleet counts the adapter as in use there, and so as
 	// no eviction victim (the worker evicts none a request runs on or waits
-	// for): the heartbeats do not say which adapters are in use. It should
+	// for), when the worker's heartbeats do not say which adapters are in
+	// use (schemas.Heartbeat.InUse; workers of this version do). It should
 	// cover a load and a request's run; default 1s. Without it the newest
 	// one-off adapter, the coldest by rate and still serving its request,
 	// would draw every next load to its worker, which would then evict a

@@ -29,6 +29,13 @@ type Heartbeat struct {
 	// Adapters), so that every dispatcher sends the next requests for one to
 	// the worker already loading it rather than start a load elsewhere.
 	Loading []string `json:"loading,omitempty"`
+	// InUse lists the LoRA adapters a request runs on or waits for: the
+	// worker evicts none of them, so a dispatcher sends no load there that
+	// would need one evicted. Absent (null) from workers that do not say
+	// (before this field); such a worker's adapters count as in use for a
+	// while after a dispatcher routed a request for one (fleet.Fleet's
+	// AdapterBusyFor).
+	InUse []string `json:"in_use"`
 
 	// MaxModelLen is the context length (prompt + completion, in tokens) of
 	// each base model, as the engine reports it (vLLM's max_model_len, the

@@ -58,6 +58,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Models:         w.eng.Models(),
 		Adapters:       st.Adapters,
 		Loading:        w.adapters.Loading(),
+		InUse:          w.adapters.InUse(),
 		MaxLoras:       st.MaxLoras,
 		MaxConcurrency: w.cfg.MaxConcurrency,
 		Running:        w.Running(),

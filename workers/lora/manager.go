@@ -445,6 +445,22 @@ func (m *Manager) Loading() []string {
 	return out
 }
 
+// InUse lists the adapters a request runs on or waits for, sorted, never
+// nil (a heartbeat's empty list says "none", see schemas.Heartbeat.InUse):
+// the manager evicts none of them.
+func (m *Manager) InUse() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := []string{}
+	for name, u := range m.uses {
+		if u.inUse > 0 || u.wanted > 0 {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // forgetLocked drops adapter name's entry once it is unloaded, unless a
 // request still runs on it (past an unload's grace) or waits for it: its
 // entry must stay the one that request holds.

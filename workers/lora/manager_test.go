@@ -273,9 +273,17 @@ func TestWaitsWhenFull(t *testing.T) {
 		}
 		return nil
 	})
+	// In use (no victims, and what heartbeats say): the one running and the
+	// ones waiting.
+	if got := m.InUse(); !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Fatalf("in use %v, want x running and y, z waiting", got)
+	}
 	cancel()
 	if err := <-gaveUp; !errors.Is(err, context.Canceled) {
 		t.Fatalf("the waiter that gave up got %v", err)
+	}
+	if got := m.InUse(); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("in use %v after z gave up", got)
 	}
 	if got := f.ops(); !slices.Equal(got, []string{"load x"}) {
 		t.Fatalf("while x is in use the engine was asked %v", got)
@@ -289,6 +297,9 @@ func TestWaitsWhenFull(t *testing.T) {
 	}
 	if f.maxLoaded() != 1 {
 		t.Fatalf("%d adapters loaded at once with one slot", f.maxLoaded())
+	}
+	if got := m.InUse(); got == nil || len(got) != 0 {
+		t.Fatalf("in use %#v once every request ended, want an empty list", got)
 	}
 }
 
