@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -84,6 +85,19 @@ type Config struct {
 	KeyTimeout time.Duration
 	// Placement: adapter placement by demand (placement.go); off by default.
 	Placement PlacementConfig
+	// Local hands requests to the workers in this process (dev) in memory
+	// instead of publishing them; nil: every request goes on the bus.
+	Local LocalWorkers
+}
+
+// LocalWorkers takes requests for the workers that run in this process
+// (dev), past the bus.
+type LocalWorkers interface {
+	// Take hands m, a request for worker, to that worker as its work
+	// subject would, and reports whether it did: false when the worker is
+	// not in this process or not taking requests (the bus then answers for
+	// it). It never blocks.
+	Take(worker string, m *nats.Msg) bool
 }
 
 func (c *Config) defaults() {
@@ -702,6 +716,15 @@ func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span tr
 		tracing.InjectSpan(span, m.Header)
 	}
 	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
+	if d.cfg.Local != nil {
+		// The worker gets its own header map, as from the bus.
+		local := &nats.Msg{Subject: fwd.Subject, Reply: fwd.Reply, Header: maps.Clone(fwd.Header), Data: fwd.Data}
+		if d.cfg.Local.Take(worker, local) {
+			d.m.routed.Inc()
+			endSpan(span, worker, nil, "")
+			return
+		}
+	}
 	if err := d.nc.PublishMsg(fwd); err != nil {
 		d.fail(span, m.Reply, schemas.ErrForward.New(err))
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -410,5 +411,64 @@ func TestExcludeHas(t *testing.T) {
 		if got := schemas.ExcludeHas(tc.list, tc.id); got != tc.want {
 			t.Errorf("ExcludeHas(%q, %q) = %v", tc.list, tc.id, got)
 		}
+	}
+}
+
+// takeLocal is a LocalWorkers holding some workers in memory: it records
+// what it takes.
+type takeLocal struct {
+	ids map[string]bool
+	mu  sync.Mutex
+	got []*nats.Msg
+}
+
+func (l *takeLocal) Take(worker string, m *nats.Msg) bool {
+	if !l.ids[worker] {
+		return false
+	}
+	l.mu.Lock()
+	l.got = append(l.got, m)
+	l.mu.Unlock()
+	return true
+}
+
+func (l *takeLocal) count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.got)
+}
+
+// A request for a worker in this process is handed to it in memory, with
+// the headers the bus would carry and nothing on the worker's subject; one
+// for a worker that is not goes on the bus.
+func TestLocalWorkers(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	local := &takeLocal{ids: map[string]bool{"near": true}}
+	startDispatcher(t, nc, Config{Local: local})
+	near := newFakeWorker(t, nc, "near", 1)
+	sendRequest(t, nc, "m", "r1")
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if n := local.count(); n != 1 {
+			return fmt.Errorf("%d requests taken in memory", n)
+		}
+		return nil
+	})
+	local.mu.Lock()
+	m := local.got[0]
+	local.mu.Unlock()
+	if m.Subject != schemas.WorkSubject("near") || m.Header.Get(schemas.HdrRequestID) != "r1" ||
+		m.Header.Get(schemas.HdrWorker) != "near" || m.Header.Get(schemas.HdrCancelToken) == "" || !strings.HasPrefix(m.Reply, "_INBOX.") {
+		t.Fatalf("taken: subject %q reply %q header %v", m.Subject, m.Reply, m.Header)
+	}
+	near.beat(t, 1, 1) // full: the next request goes to the other worker, on the bus
+	far := newFakeWorker(t, nc, "far", 1)
+	sendRequest(t, nc, "m", "r2")
+	testenv.WaitFor(t, 2*time.Second, wantCount(far, 1))
+	if n := near.count(); n != 0 {
+		t.Fatalf("the worker in memory got %d requests on the bus too", n)
+	}
+	if n := local.count(); n != 1 {
+		t.Fatalf("%d requests taken in memory, want only r1", n)
 	}
 }

@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -103,4 +104,53 @@ func TestLocalReplies(t *testing.T) {
 	if len(onBus) > 0 {
 		t.Fatalf("frames for the local client went on the bus too: %v", onBus)
 	}
+}
+
+// A request handed over in memory (Take) is served as one from the work
+// subject; a worker that is stopping declines it (the dispatcher then
+// publishes it, and the bus answers for the worker).
+func TestTake(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &gateEngine{release: make(chan struct{})}
+	close(eng.release)
+	w, stop, _ := startWorker(t, nc, eng, Config{ID: "w1"})
+	inbox := nats.NewInbox()
+	f := &frames{}
+	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
+		fr, err := schemas.ParseFrame(m.Data)
+		if err != nil {
+			t.Errorf("bad frame %q", m.Data)
+			return
+		}
+		f.mu.Lock()
+		f.got = append(f.got, fr)
+		f.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	req := func(id string) *nats.Msg {
+		h := nats.Header{}
+		h.Set(schemas.HdrRequestID, id)
+		h.Set(schemas.HdrKind, "chat")
+		h.Set(schemas.HdrModel, "m")
+		return &nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: inbox, Header: h,
+			Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}
+	}
+	if !w.Take(req("r1")) {
+		t.Fatal("a running worker declined a request")
+	}
+	testenv.WaitFor(t, 5*time.Second, wantTypes(f, schemas.FrameAccepted, schemas.FrameChunk, schemas.FrameDone))
+	stop()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if w.Take(req("r2")) {
+			return errors.New("a stopping worker took a request")
+		}
+		return nil
+	})
 }

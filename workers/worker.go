@@ -94,9 +94,14 @@ type Worker struct {
 
 	running  atomic.Int64
 	draining atomic.Bool
-	m        *metrics
-	hbSeq    atomic.Uint64
-	wake     chan struct{} // asks the heartbeat loop for an early beat
+	// serving: subscribed to the work subject and not stopping, so Take
+	// may hand requests over; takeMu makes the stop wait for a Take under
+	// way (its wg.Add must come before the drain's wg.Wait).
+	takeMu  sync.RWMutex
+	serving bool
+	m       *metrics
+	hbSeq   atomic.Uint64
+	wake    chan struct{} // asks the heartbeat loop for an early beat
 
 	// partSize is the largest frame payload sent in one message: the
 	// server's max_payload less room for the frame and mux headers; larger
@@ -202,6 +207,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.nc.Flush(); err != nil {
 		return err
 	}
+	w.takeMu.Lock()
+	w.serving = true
+	w.takeMu.Unlock()
 	close(w.ready)
 	w.log.Info("worker up", "engine", w.eng.Name(), "models", w.eng.Models(), "max_concurrency", w.cfg.MaxConcurrency)
 
@@ -214,6 +222,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer loops.Done(); w.lingerLoop(stop) }()
 
 	<-ctx.Done()
+	w.takeMu.Lock()
+	w.serving = false
+	w.takeMu.Unlock()
 	w.Drain()
 	// Stop taking requests at once; a request already forwarded to us is
 	// bounced back to its dispatcher by onRequest.
@@ -248,6 +259,21 @@ func (w *Worker) waitInflight(timeout time.Duration) {
 }
 
 var errShutdown = schemas.ErrShuttingDown.New("worker")
+
+// Take does for m what a request on the worker's work subject does, for a
+// request a dispatcher in this process (dev) hands over in memory
+// (dispatcher.LocalWorkers); false, and m not taken, when the worker is not
+// taking requests (not yet running, or stopping): the bus then answers for
+// it. It never blocks.
+func (w *Worker) Take(m *nats.Msg) bool {
+	w.takeMu.RLock()
+	defer w.takeMu.RUnlock()
+	if !w.serving {
+		return false
+	}
+	w.onRequest(m)
+	return true
+}
 
 func (w *Worker) onRequest(m *nats.Msg) {
 	if m.Reply == "" {

@@ -187,7 +187,7 @@ func (d *Dev) start(ctx context.Context) error {
 
 	// Every program gets its own connection, as in a distributed deployment,
 	// and one metrics registry: the gateway's /metrics shows them all.
-	h := host{dial: dial, store: d.store, cache: cache, metrics: newRegistry(), local: &localReplies{}}
+	h := host{dial: dial, store: d.store, cache: cache, metrics: newRegistry(), local: &inProcess{}}
 	registerConnMetrics(h.metrics, d.nc, cache)
 	// The programs name their components on cfg.Log themselves.
 	if d.dispatcher, err = startDispatcher(ctx, DispatcherConfig{Dispatcher: cfg.Dispatcher,

@@ -91,6 +91,9 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 		p.part("metrics", p.metrics.serve)
 	}
 	dcfg := p.cfg.Dispatcher
+	if h.local != nil {
+		dcfg.Local = h.local
+	}
 	if store := h.store; store != nil || p.store != nil {
 		if store == nil {
 			store = p.store

@@ -27,9 +27,9 @@ type host struct {
 	// engine, for a worker: drive this engine (dev builds its engines first,
 	// to learn which models they serve); the worker closes it.
 	engine engine.Engine
-	// local, in dev: the gateway's client, which the workers hand their
-	// reply frames to in memory.
-	local *localReplies
+	// local, in dev: the workers and the gateway's client, which dev's
+	// programs hand requests and reply frames to in memory.
+	local *inProcess
 }
 
 func (h host) dialer() dialer {

@@ -120,6 +120,9 @@ func (p *Worker) start(ctx context.Context, h host) error {
 	if p.w, err = workers.New(wcfg, p.nc, p.eng, log); err != nil {
 		return err
 	}
+	if h.local != nil {
+		h.local.addWorker(wcfg.ID, p.w)
+	}
 	p.part("worker", func() error { return p.w.Run(p.ctx) })
 	return p.waitReady(ctx, p.w.Ready(), "the worker")
 }

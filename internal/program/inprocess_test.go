@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
-// In dev, a stream's frames go from the worker to the gateway in memory:
-// the client gets every chunk and the end, and the gateway's inbox on the
-// bus carries none of them.
-func TestDevRepliesInMemory(t *testing.T) {
+// In dev, a request goes from the dispatcher to the worker, and its
+// stream's frames from the worker to the gateway, in memory: the client gets
+// every chunk and the end, and neither the worker's work subject nor the
+// gateway's inbox on the bus carries any of it.
+func TestDevInMemory(t *testing.T) {
 	cfg := DefaultDev()
 	cfg.HTTP.Listen, cfg.HTTP.Admin, cfg.NATSListen = "127.0.0.1:0", "", "127.0.0.1:-1"
 	fast(&cfg.Engine)
@@ -30,8 +33,10 @@ func TestDevRepliesInMemory(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	var onBus atomic.Int64
-	if _, err := nc.Subscribe(d.gateway.cl.Prefix()+">", func(*nats.Msg) { onBus.Add(1) }); err != nil {
-		t.Fatal(err)
+	for _, subject := range []string{d.gateway.cl.Prefix() + ">", schemas.WorkPrefix + ">"} {
+		if _, err := nc.Subscribe(subject, func(*nats.Msg) { onBus.Add(1) }); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
@@ -66,6 +71,6 @@ func TestDevRepliesInMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	if n := onBus.Load(); n > 0 {
-		t.Fatalf("%d messages to the gateway's inbox on the bus, want none", n)
+		t.Fatalf("%d messages to the worker or the gateway's inbox on the bus, want none", n)
 	}
 }
