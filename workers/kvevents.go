@@ -16,10 +16,10 @@ const kvEventsEvery = 50 * time.Millisecond
 
 // kvEventsLoop publishes the engine's KV events (engine.KVEventer) on
 // schemas.KVEventsSubject until stop closes; an engine that reports none
-// makes it return at once.
+// (KVEventsOn false) makes it return at once.
 func (w *Worker) kvEventsLoop(stop <-chan struct{}) {
 	kv, ok := w.eng.(engine.KVEventer)
-	if !ok {
+	if !ok || !kv.KVEventsOn() {
 		return
 	}
 	t := time.NewTicker(kvEventsEvery)

@@ -16,13 +16,18 @@ import (
 // kvEngine reports one batch of KV events per value sent on next.
 type kvEngine struct {
 	gateEngine
-	mu   sync.Mutex
-	next []schemas.KVEvents
+	off    bool // KVEventsOn is false
+	mu     sync.Mutex
+	next   []schemas.KVEvents
+	drains int
 }
+
+func (e *kvEngine) KVEventsOn() bool { return !e.off }
 
 func (e *kvEngine) DrainKVEvents() (schemas.KVEvents, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	e.drains++
 	if len(e.next) == 0 {
 		return schemas.KVEvents{}, false
 	}
@@ -67,5 +72,23 @@ func TestWorkerPublishesKVEvents(t *testing.T) {
 	defer mu.Unlock()
 	if got[0].Worker != "kvw" || got[0].Seq != 1 || len(got[0].Stored) != 1 || got[1].Seq != 2 || got[1].Removed[0] != 2 {
 		t.Fatalf("messages %+v", got)
+	}
+}
+
+// An engine that reports no KV events (vLLM without --kv-events-config) is
+// never polled for them: an idle worker does not wake every 50 ms for
+// nothing.
+func TestNoKVEventsNoPolling(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	eng := &kvEngine{off: true, next: []schemas.KVEvents{{BlockBytes: 64, Stored: [][]uint64{{1}}}}}
+	w, stop, _ := startWorker(t, nc, eng, Config{ID: "kvw", MaxConcurrency: 4})
+	<-w.Ready()
+	time.Sleep(4 * kvEventsEvery) // long enough for a ticker's polls; nothing to wait for instead
+	stop()
+	eng.mu.Lock()
+	defer eng.mu.Unlock()
+	if eng.drains != 0 {
+		t.Fatalf("polled %d times for KV events it does not report", eng.drains)
 	}
 }

@@ -92,6 +92,10 @@ type Stats struct {
 // returns on schemas.KVEventsSubject, filling in Worker and Seq; ok is false
 // when there is nothing new.
 type KVEventer interface {
+	// KVEventsOn reports whether the engine reports KV events at all (the
+	// sim unless told not to, vLLM with Config.KVEvents): a worker polls
+	// DrainKVEvents only then, not every 50 ms of an idle process's life.
+	KVEventsOn() bool
 	DrainKVEvents() (ev schemas.KVEvents, ok bool)
 }
 

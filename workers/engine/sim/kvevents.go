@@ -63,6 +63,10 @@ func (q *kvEvents) flush() {
 	q.pending, q.removing = q.pending[:0], q.removing[:0]
 }
 
+// KVEventsOn reports whether the sim reports KV events (engine.KVEventer):
+// unless Config.KVEventBytes < 0.
+func (e *Engine) KVEventsOn() bool { return e.cfg.KVEventBytes >= 0 }
+
 // DrainKVEvents returns the prefix-cache events since the last call (the
 // worker publishes them: engine.KVEventer); ok is false when there are none
 // or the sim reports none (Config.KVEventBytes < 0).

@@ -210,6 +210,10 @@ func tokenizeBody(j kvJob, span []byte) ([]byte, bool) {
 	return b, err == nil
 }
 
+// KVEventsOn reports whether the engine reads vLLM's KV events
+// (Config.KVEvents; engine.KVEventer).
+func (e *Engine) KVEventsOn() bool { return e.kv != nil }
+
 // DrainKVEvents returns the prefix-cache events since the last call, named
 // by text block hashes (engine.KVEventer); ok is false when there are none
 // or KV events are off.
