@@ -115,25 +115,7 @@ func TestTake(t *testing.T) {
 	eng := &gateEngine{release: make(chan struct{})}
 	close(eng.release)
 	w, stop, _ := startWorker(t, nc, eng, Config{ID: "w1"})
-	inbox := nats.NewInbox()
-	f := &frames{}
-	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
-		fr, err := schemas.ParseFrame(m.Data)
-		if err != nil {
-			t.Errorf("bad frame %q", m.Data)
-			return
-		}
-		f.mu.Lock()
-		f.got = append(f.got, fr)
-		f.mu.Unlock()
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	f, inbox := collect(t, nc)
 	req := func(id string) *nats.Msg {
 		h := nats.Header{}
 		h.Set(schemas.HdrRequestID, id)

@@ -103,7 +103,8 @@ func (f *frames) last() schemas.Frame {
 	return f.got[len(f.got)-1]
 }
 
-func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string) *frames {
+// collect subscribes to a new inbox and records the frames that come to it.
+func collect(t *testing.T, nc *nats.Conn) (*frames, string) {
 	t.Helper()
 	f := &frames{}
 	inbox := nats.NewInbox()
@@ -122,6 +123,15 @@ func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return f, inbox
+}
+
+func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string) *frames {
+	t.Helper()
+	f, inbox := collect(t, nc)
 	h := nats.Header{}
 	h.Set(schemas.HdrRequestID, id)
 	h.Set(schemas.HdrKind, "chat")
