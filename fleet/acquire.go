@@ -331,16 +331,16 @@ func (f *Fleet) Pending(adapter string) []string {
 	return out
 }
 
-// adapterBusyLocked reports whether adapter a is in use on worker w: its
-// last heartbeat lists it (InUse), or we routed a request for it there
-// since, or less than a heartbeat interval before that heartbeat arrived
-// (the request may not have reached the worker when it was built). A
-// worker whose heartbeats do not say (InUse null: an older worker) gets the
-// guess: in use for AdapterBusyFor after we routed a request for it there.
+// adapterBusyLocked reports whether adapter a seems in use on worker w: its
+// last heartbeat lists it (InUse: a generation longer than any guess), or
+// we routed a request for it there within AdapterBusyFor (the heartbeat may
+// not show it yet). The second also holds an adapter whose short request
+// has just ended for a moment longer; taking the heartbeat's word for that
+// at once made a burst of one-off adapters evict hot ones (their recent
+// requests all over, the one-off just routed still counted in use).
 func (f *Fleet) adapterBusyLocked(w *workerState, a string, now time.Time) bool {
-	at, routed := w.routedAt[a]
-	if w.hb.InUse == nil {
-		return routed && now.Sub(at) < f.AdapterBusyFor
+	if at, ok := w.routedAt[a]; ok && now.Sub(at) < f.AdapterBusyFor {
+		return true
 	}
-	return slices.Contains(w.hb.InUse, a) || routed && at.After(w.lastSeen.Add(-w.interval()))
+	return slices.Contains(w.hb.InUse, a)
 }

@@ -45,9 +45,9 @@ type Fleet struct {
 	// AdapterBusyFor is how long after it routes a request for an adapter
 	// to a worker the fleet counts the adapter as in use there, and so as
 	// no eviction victim (the worker evicts none a request runs on or waits
-	// for), when the worker's heartbeats do not say which adapters are in
-	// use (schemas.Heartbeat.InUse; workers of this version do). It should
-	// cover a load and a request's run; default 1s. Without it the newest
+	// for), besides those its heartbeat lists (schemas.Heartbeat.InUse),
+	// which does not show a request just routed. It should cover a load and
+	// a short request's run; default 1s. Without it the newest
 	// one-off adapter, the coldest by rate and still serving its request,
 	// would draw every next load to its worker, which would then evict a
 	// hotter one.

@@ -31,11 +31,10 @@ type Heartbeat struct {
 	Loading []string `json:"loading,omitempty"`
 	// InUse lists the LoRA adapters a request runs on or waits for: the
 	// worker evicts none of them, so a dispatcher sends no load there that
-	// would need one evicted. Absent (null) from workers that do not say
-	// (before this field); such a worker's adapters count as in use for a
-	// while after a dispatcher routed a request for one (fleet.Fleet's
-	// AdapterBusyFor).
-	InUse []string `json:"in_use"`
+	// would need one evicted (besides those it routed a request for there
+	// lately: fleet.Fleet's AdapterBusyFor). Absent from workers older than
+	// the field.
+	InUse []string `json:"in_use,omitempty"`
 
 	// MaxModelLen is the context length (prompt + completion, in tokens) of
 	// each base model, as the engine reports it (vLLM's max_model_len, the

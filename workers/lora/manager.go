@@ -446,8 +446,7 @@ func (m *Manager) Loading() []string {
 }
 
 // InUse lists the adapters a request runs on or waits for, sorted, never
-// nil (a heartbeat's empty list says "none", see schemas.Heartbeat.InUse):
-// the manager evicts none of them.
+// nil: the manager evicts none of them.
 func (m *Manager) InUse() []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
