@@ -717,17 +717,13 @@ func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span tr
 	}
 	fwd := &nats.Msg{Subject: schemas.WorkSubject(worker), Reply: m.Reply, Header: m.Header, Data: m.Data}
 	if d.cfg.Local != nil {
-		// The worker gets its own header map, as from the bus.
-		local := &nats.Msg{Subject: fwd.Subject, Reply: fwd.Reply, Header: maps.Clone(fwd.Header), Data: fwd.Data}
-		if d.cfg.Local.Take(worker, local) {
-			d.m.routed.Inc()
-			endSpan(span, worker, nil, "")
+		fwd.Header = maps.Clone(m.Header) // the worker gets its own header map, as from the bus
+	}
+	if d.cfg.Local == nil || !d.cfg.Local.Take(worker, fwd) {
+		if err := d.nc.PublishMsg(fwd); err != nil {
+			d.fail(span, m.Reply, schemas.ErrForward.New(err))
 			return
 		}
-	}
-	if err := d.nc.PublishMsg(fwd); err != nil {
-		d.fail(span, m.Reply, schemas.ErrForward.New(err))
-		return
 	}
 	d.m.routed.Inc()
 	endSpan(span, worker, nil, "")

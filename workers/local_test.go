@@ -69,13 +69,8 @@ func TestLocalReplies(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, mux := range []string{"", "1"} {
-		h := nats.Header{}
-		h.Set(schemas.HdrRequestID, fmt.Sprintf("r%d", i))
-		h.Set(schemas.HdrKind, "chat")
-		h.Set(schemas.HdrModel, "m")
-		h.Set(schemas.HdrMux, mux)
-		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: fmt.Sprintf("_INBOX.gw.s%d", i), Header: h,
-			Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}); err != nil {
+		m := workMsg(fmt.Sprintf("r%d", i), fmt.Sprintf("_INBOX.gw.s%d", i), map[string]string{schemas.HdrMux: mux})
+		if err := nc.PublishMsg(m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -116,14 +111,7 @@ func TestTake(t *testing.T) {
 	close(eng.release)
 	w, stop, _ := startWorker(t, nc, eng, Config{ID: "w1"})
 	f, inbox := collect(t, nc)
-	req := func(id string) *nats.Msg {
-		h := nats.Header{}
-		h.Set(schemas.HdrRequestID, id)
-		h.Set(schemas.HdrKind, "chat")
-		h.Set(schemas.HdrModel, "m")
-		return &nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: inbox, Header: h,
-			Data: []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)}
-	}
+	req := func(id string) *nats.Msg { return workMsg(id, inbox, nil) }
 	if !w.Take(req("r1")) {
 		t.Fatal("a running worker declined a request")
 	}

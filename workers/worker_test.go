@@ -129,9 +129,10 @@ func collect(t *testing.T, nc *nats.Conn) (*frames, string) {
 	return f, inbox
 }
 
-func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string) *frames {
-	t.Helper()
-	f, inbox := collect(t, nc)
+// workMsg is a streaming chat request with id for worker "w1"'s subject,
+// replying to reply, with hdr's headers set besides (model "m" unless hdr
+// names another).
+func workMsg(id, reply string, hdr map[string]string) *nats.Msg {
 	h := nats.Header{}
 	h.Set(schemas.HdrRequestID, id)
 	h.Set(schemas.HdrKind, "chat")
@@ -140,7 +141,15 @@ func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string
 		h.Set(k, v)
 	}
 	body := `{"model":"` + h.Get(schemas.HdrModel) + `","stream":true,"messages":[{"role":"user","content":"hi"}]}`
-	if err := nc.PublishMsg(&nats.Msg{Subject: subject, Reply: inbox, Header: h, Data: []byte(body)}); err != nil {
+	return &nats.Msg{Subject: schemas.WorkSubject("w1"), Reply: reply, Header: h, Data: []byte(body)}
+}
+
+func send(t *testing.T, nc *nats.Conn, subject, id string, hdr map[string]string) *frames {
+	t.Helper()
+	f, inbox := collect(t, nc)
+	m := workMsg(id, inbox, hdr)
+	m.Subject = subject
+	if err := nc.PublishMsg(m); err != nil {
 		t.Fatal(err)
 	}
 	return f
