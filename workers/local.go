@@ -17,8 +17,9 @@ type LocalReplies interface {
 // Receiver takes reply frames in memory (see LocalReplies).
 type Receiver interface {
 	// Deliver takes one frame for the stream whose reply subject ends in
-	// token, as the client would get it from the bus. It copies what it
-	// keeps and never blocks.
+	// token, as the client would get it from the bus, and keeps it: the
+	// caller gives frame up (a frame is built for it, so nobody copies it
+	// again). It never blocks.
 	Deliver(token string, frame []byte)
 }
 

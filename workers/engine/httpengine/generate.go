@@ -40,7 +40,9 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	if e.closed() {
 		return nil, errClosed
 	}
-	if !req.Deadline.IsZero() {
+	// A worker's context carries the deadline already: another timer for
+	// the same instant would be one more per request.
+	if dl, ok := ctx.Deadline(); !req.Deadline.IsZero() && (!ok || req.Deadline.Before(dl)) {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
 		defer cancel()
@@ -271,7 +273,8 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 			if !s.finished && hasFinish(data) {
 				s.finished = true
 			}
-			if hasUsage(data) && !s.usageAsSent {
+			withUsage := hasUsage(data)
+			if withUsage && !s.usageAsSent {
 				if c, u, ok := schemas.SplitUsage(data); ok {
 					// Usage on a chunk of choices (transformers serve's last
 					// chunk, sent whether asked or not): OpenAI's two chunks,
@@ -290,7 +293,7 @@ func (s *sseState) run(br *bufio.Reader, sink engine.Sink) error {
 					goto next
 				}
 			}
-			if hasUsage(data) {
+			if withUsage {
 				if quoted(data, []byte(`choices"`)) < 0 {
 					// A usage chunk without "choices" (some servers): OpenAI's
 					// has "choices":[], and clients read the key.
@@ -421,11 +424,21 @@ func lineReady(br *bufio.Reader) bool {
 // error object: servers send it alone, {"error": {...}} (vLLM, SGLang,
 // OpenAI) or {"error": "...", ...} (TGI), so its first key is "error".
 func errorFirst(d []byte) bool {
-	d = bytes.TrimLeft(d, " \t")
-	if len(d) == 0 || d[0] != '{' {
+	i := skipSpace(d, 0)
+	if i == len(d) || d[i] != '{' {
 		return false
 	}
-	return bytes.HasPrefix(bytes.TrimLeft(d[1:], " \t\r\n"), []byte(`"error"`))
+	return bytes.HasPrefix(d[skipSpace(d, i+1):], []byte(`"error"`))
+}
+
+// skipSpace is the index of the first byte of d from i on that is not JSON
+// whitespace. (bytes.TrimLeft with a cutset builds a set on every call: a
+// few percent of the worker's CPU per token.)
+func skipSpace(d []byte, i int) int {
+	for i < len(d) && (d[i] == ' ' || d[i] == '\t' || d[i] == '\r' || d[i] == '\n') {
+		i++
+	}
+	return i
 }
 
 // hasUsage is the cheap test for a chunk with a usage object ("usage", ':',
@@ -438,10 +451,8 @@ func hasUsage(d []byte) bool {
 			return false
 		}
 		d = d[i+len(`usage"`):]
-		r := bytes.TrimLeft(d, " \t")
-		if len(r) > 0 && r[0] == ':' {
-			r = bytes.TrimLeft(r[1:], " \t")
-			if len(r) > 0 && r[0] == '{' {
+		if j := skipSpace(d, 0); j < len(d) && d[j] == ':' {
+			if j = skipSpace(d, j+1); j < len(d) && d[j] == '{' {
 				return true
 			}
 		}
@@ -472,10 +483,8 @@ func hasFinish(d []byte) bool {
 			return false
 		}
 		d = d[i+len(`finish_reason"`):]
-		r := bytes.TrimLeft(d, " \t")
-		if len(r) > 0 && r[0] == ':' {
-			r = bytes.TrimLeft(r[1:], " \t")
-			if len(r) > 0 && r[0] == '"' {
+		if j := skipSpace(d, 0); j < len(d) && d[j] == ':' {
+			if j = skipSpace(d, j+1); j < len(d) && d[j] == '"' {
 				return true
 			}
 		}

@@ -515,3 +515,38 @@ func TestSendsItsModel(t *testing.T) {
 		t.Fatalf("server got %s: want model base", f.Body(req.ID))
 	}
 }
+
+// The byte tests the stream reader runs on every chunk instead of decoding
+// it, on the shapes servers send (whitespace anywhere JSON allows it).
+func TestChunkTests(t *testing.T) {
+	tests := []struct {
+		chunk                      string
+		errFirst, usage, finishStr bool
+	}{
+		{`{"id":"c","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`, false, false, false},
+		{`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":null}`, false, false, true},
+		{`{"id":"c","choices":[],"usage":{"prompt_tokens":3}}`, false, true, false},
+		{`{ "id" : "c" , "choices" : [ { "finish_reason" :	"length" } ] , "usage" : { } }`, false, true, true},
+		{"{\"choices\":[{\"finish_reason\"\n:\r\n\"stop\"}],\"usage\"\t:\t{}}", false, true, true},
+		{`{"error":{"message":"boom","code":500}}`, true, false, false},
+		{` {  "error": "TGI's"}`, true, false, false},
+		{"{\n\"error\":{}}", true, false, false},
+		{`{"id":"c","error":null}`, false, false, false},
+		{`{"choices":[{"delta":{"content":"\"usage\":{ and \"finish_reason\":\"x"}}]}`, false, false, false},
+		{`{"choices":[{"delta":{"content":"usage\":{"}}]}`, false, false, false},
+		{``, false, false, false},
+		{`[`, false, false, false},
+	}
+	for _, tt := range tests {
+		d := []byte(tt.chunk)
+		if got := errorFirst(d); got != tt.errFirst {
+			t.Errorf("errorFirst(%s) = %v", tt.chunk, got)
+		}
+		if got := hasUsage(d); got != tt.usage {
+			t.Errorf("hasUsage(%s) = %v", tt.chunk, got)
+		}
+		if got := hasFinish(d); got != tt.finishStr {
+			t.Errorf("hasFinish(%s) = %v", tt.chunk, got)
+		}
+	}
+}
