@@ -78,7 +78,9 @@
 // read deadline and a one-byte Read. End of file or a socket error means the
 // client hung up, and the request's context is cancelled. A client that stops
 // reading while frames wait for the writer (StuckTimeout without a frame) is
-// cut the same way. No SSE comments are sent during silence: openai-go before
+// cut the same way. One goroutine probes all of a Server's watchers, and
+// only while there are any (a goroutine and a ticker per request cost more
+// than most requests' whole watch). No SSE comments are sent during silence: openai-go before
 // v3.43 breaks on them.
 //
 // Tokenbus imports: internal/runners, schemas.

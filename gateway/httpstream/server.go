@@ -24,7 +24,8 @@ type Server struct {
 	// next serves handed-back connections on kept goroutines: the
 	// hijacked connection's goroutine is new per request, and the next
 	// request's handler would grow its stack again.
-	next *runners.Runners
+	next   *runners.Runners
+	probes *prober // the watchers' probes
 }
 
 // New takes over the hijacked connections of srv: it sets
@@ -37,7 +38,7 @@ func New(srv *fasthttp.Server, cfg Config) *Server {
 	if cfg.StuckTimeout <= 0 {
 		cfg.StuckTimeout = 30 * time.Second
 	}
-	s := &Server{srv: srv, cfg: cfg, next: runners.New(10 * time.Second)}
+	s := &Server{srv: srv, cfg: cfg, next: runners.New(10 * time.Second), probes: newProber(cfg.ProbeInterval)}
 	srv.KeepHijackedConns = true
 	return s
 }

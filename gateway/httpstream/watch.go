@@ -21,7 +21,8 @@ import (
 //
 // It runs from Watch until Stop (the handler's, for a request answered
 // without a stream; Run's, after a stream): after that fasthttp may read the
-// connection again.
+// connection again. The probes of all of a Server's watchers run from one
+// goroutine (prober).
 type Watcher struct {
 	conn     net.Conn
 	interval time.Duration
@@ -29,56 +30,107 @@ type Watcher struct {
 	waiting  func() bool // frames are waiting for the writer
 	cancel   context.CancelCauseFunc
 	cause    error
+	p        *prober
 
 	last   atomic.Int64 // unix nanoseconds of the last frame
 	gone   atomic.Bool
 	probes atomic.Int32 // probes made, for tests
-	stopc  chan struct{}
-	donec  chan struct{}
-	once   sync.Once
+	// mu is held by a probe: Stop takes it, so no probe uses the connection
+	// once Stop has returned.
+	mu      sync.Mutex
+	stopped bool
 }
 
 // Watch starts watching the client of rc: when it has gone, or frames have
 // waited (waiting reports true) StuckTimeout without a Touch, cancel is
 // called with cause. Call it from the handler; Stop ends it.
 func (s *Server) Watch(rc *fasthttp.RequestCtx, waiting func() bool, cancel context.CancelCauseFunc, cause error) *Watcher {
-	return watch(rc.Conn(), s.cfg.ProbeInterval, s.cfg.StuckTimeout, waiting, cancel, cause)
+	return s.probes.watch(rc.Conn(), s.cfg.StuckTimeout, waiting, cancel, cause)
 }
 
-func watch(conn net.Conn, interval, stuckFor time.Duration, waiting func() bool, cancel context.CancelCauseFunc, cause error) *Watcher {
-	w := &Watcher{conn: conn, interval: interval, stuckFor: stuckFor, waiting: waiting, cancel: cancel, cause: cause,
-		stopc: make(chan struct{}), donec: make(chan struct{})}
+// prober probes the connections of a Server's watchers every interval, from
+// one goroutine that runs while there are watchers: a goroutine and a ticker
+// per request cost their start, the timer heap's work and a hand-shake to
+// stop them, for requests that mostly end before their first probe.
+type prober struct {
+	interval time.Duration
+	mu       sync.Mutex
+	ws       map[*Watcher]struct{}
+	running  bool
+}
+
+func newProber(interval time.Duration) *prober {
+	return &prober{interval: interval, ws: map[*Watcher]struct{}{}}
+}
+
+func (p *prober) watch(conn net.Conn, stuckFor time.Duration, waiting func() bool, cancel context.CancelCauseFunc, cause error) *Watcher {
+	w := &Watcher{conn: conn, interval: p.interval, stuckFor: stuckFor, waiting: waiting, cancel: cancel, cause: cause, p: p}
 	w.last.Store(time.Now().UnixNano())
 	if conn == nil {
-		close(w.donec)
+		w.stopped = true
 		return w
 	}
-	go w.run()
+	p.mu.Lock()
+	p.ws[w] = struct{}{}
+	if !p.running {
+		p.running = true
+		go p.run()
+	}
+	p.mu.Unlock()
 	return w
 }
 
-func (w *Watcher) run() {
-	defer close(w.donec)
-	t := time.NewTicker(w.interval)
+func (p *prober) remove(w *Watcher) {
+	p.mu.Lock()
+	delete(p.ws, w)
+	p.mu.Unlock()
+}
+
+// run probes every interval; it returns once a tick finds no watcher (the
+// next Watch starts it again).
+func (p *prober) run() {
+	t := time.NewTicker(p.interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-w.stopc:
+	var batch []*Watcher
+	for now := range t.C {
+		p.mu.Lock()
+		if len(p.ws) == 0 {
+			p.running = false
+			p.mu.Unlock()
 			return
-		case now := <-t.C:
-			quiet := now.UnixNano() - w.last.Load()
-			if quiet < int64(w.interval) {
-				continue
-			}
-			w.probes.Add(1)
-			// A client that stopped reading blocks the writer in a write while
-			// frames pile up: its socket looks alive, so it is cut by time.
-			if quiet >= int64(w.stuckFor) && w.waiting() || peerGone(w.conn) {
-				w.gone.Store(true)
-				w.cancel(w.cause)
-				return
-			}
 		}
+		for w := range p.ws {
+			batch = append(batch, w)
+		}
+		p.mu.Unlock()
+		for _, w := range batch {
+			w.probe(now)
+		}
+		clear(batch) // let stopped watchers go
+		batch = batch[:0]
+	}
+}
+
+// probe checks the client if no frame came for an interval.
+func (w *Watcher) probe(now time.Time) {
+	w.mu.Lock()
+	quiet := now.UnixNano() - w.last.Load()
+	if w.stopped || quiet < int64(w.interval) {
+		w.mu.Unlock()
+		return
+	}
+	w.probes.Add(1)
+	// A client that stopped reading blocks the writer in a write while
+	// frames pile up: its socket looks alive, so it is cut by time.
+	gone := quiet >= int64(w.stuckFor) && w.waiting() || peerGone(w.conn)
+	if gone {
+		w.stopped = true
+		w.gone.Store(true)
+	}
+	w.mu.Unlock()
+	if gone {
+		w.p.remove(w)
+		w.cancel(w.cause)
 	}
 }
 
@@ -89,11 +141,16 @@ func (w *Watcher) Touch(t time.Time) { w.last.Store(t.UnixNano()) }
 // cancelled the request.
 func (w *Watcher) Gone() bool { return w.gone.Load() }
 
-// Stop ends the watcher and waits until it no longer uses the connection.
-// It may be called more than once.
+// Stop ends the watcher; once it returns, no probe uses the connection. It
+// may be called more than once.
 func (w *Watcher) Stop() {
-	w.once.Do(func() { close(w.stopc) })
-	<-w.donec
+	w.mu.Lock()
+	was := w.stopped
+	w.stopped = true
+	w.mu.Unlock()
+	if !was {
+		w.p.remove(w)
+	}
 }
 
 // peerGone reports whether the other end of conn has closed it or the

@@ -100,7 +100,7 @@ func TestWatcherNoticesHangUp(t *testing.T) {
 	srv, cli := tcpPair(t)
 	ctx, cancel := context.WithCancelCause(context.Background())
 	defer cancel(nil)
-	w := watch(srv, interval, time.Hour, func() bool { return false }, cancel, errTestGone)
+	w := newProber(interval).watch(srv, time.Hour, func() bool { return false }, cancel, errTestGone)
 	defer w.Stop()
 	testenv.WaitFor(t, 5*time.Second, func() error {
 		if n := w.probes.Load(); n < 3 {
@@ -125,4 +125,64 @@ func TestWatcherNoticesHangUp(t *testing.T) {
 	if context.Cause(ctx) != errTestGone || !w.Gone() {
 		t.Fatalf("cause %v, gone %v", context.Cause(ctx), w.Gone())
 	}
+}
+
+// One prober serves many watchers: a stopped watcher is never probed again,
+// the others go on, a hung-up client among them is noticed, and the probing
+// goroutine ends once no watcher is left.
+func TestProberSharedAndStops(t *testing.T) {
+	const interval = 20 * time.Millisecond
+	p := newProber(interval)
+	type watched struct {
+		w   *Watcher
+		cli net.Conn
+		ctx context.Context
+	}
+	var ws []watched
+	for range 3 {
+		srv, cli := tcpPair(t)
+		ctx, cancel := context.WithCancelCause(context.Background())
+		t.Cleanup(func() { cancel(nil) })
+		ws = append(ws, watched{p.watch(srv, time.Hour, func() bool { return false }, cancel, errTestGone), cli, ctx})
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		for i, x := range ws {
+			if n := x.w.probes.Load(); n < 2 {
+				return fmt.Errorf("watcher %d: %d probes", i, n)
+			}
+		}
+		return nil
+	})
+	ws[0].w.Stop()
+	stoppedAt := ws[0].w.probes.Load()
+	_ = ws[0].cli.Close() // stopped: its hang-up is not its watcher's business any more
+	_ = ws[1].cli.Close()
+	select {
+	case <-ws[1].ctx.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a client that hung up was not noticed")
+	}
+	before := ws[2].w.probes.Load()
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := ws[2].w.probes.Load(); n < before+2 {
+			return fmt.Errorf("the quiet watcher got %d probes since", n-before)
+		}
+		return nil
+	})
+	if n := ws[0].w.probes.Load(); n != stoppedAt || ws[0].ctx.Err() != nil {
+		t.Fatalf("a stopped watcher was probed (%d → %d) or cancelled (%v)", stoppedAt, n, ws[0].ctx.Err())
+	}
+	if !ws[1].w.Gone() || ws[2].w.Gone() || ws[2].ctx.Err() != nil {
+		t.Fatalf("gone: %v %v; the quiet one's context: %v", ws[1].w.Gone(), ws[2].w.Gone(), ws[2].ctx.Err())
+	}
+	ws[2].w.Stop()
+	ws[2].w.Stop() // twice is fine
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.running || len(p.ws) != 0 {
+			return fmt.Errorf("running %v with %d watchers", p.running, len(p.ws))
+		}
+		return nil
+	})
 }
