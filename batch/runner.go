@@ -158,15 +158,28 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer tick.Stop()
 	for ctx.Err() == nil {
 		r.step(ctx)
+		// With no batch to look at, the watcher's poke is what brings one:
+		// an idle runner does not wake every Poll.
+		poll := tick.C
+		if r.idle() {
+			poll = nil
+		}
 		select {
 		case <-ctx.Done():
-		case <-tick.C:
+		case <-poll:
 		case <-r.wake:
 		}
 	}
 	r.wg.Wait()
 	<-watchDone
 	return nil
+}
+
+// idle reports whether no batch is known and none is being worked on.
+func (r *Runner) idle() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.recs) == 0 && len(r.busy) == 0
 }
 
 // poke wakes Run's loop (a line ended, a record changed).

@@ -23,9 +23,17 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
 	// The served models can change between beats (an HTTP engine's list
-	// refreshes, an adapter loads elsewhere): beat at once when they do.
-	check := time.NewTicker(100 * time.Millisecond)
-	defer check.Stop()
+	// refreshes, an adapter loads): beat at once when they do. Engines that
+	// tell (engine.ModelsNotifier) and the adapter manager wake us; any
+	// other engine is polled.
+	var check <-chan time.Time
+	if n, ok := w.eng.(engine.ModelsNotifier); ok {
+		n.NotifyModels(w.beatSoon)
+	} else {
+		poll := time.NewTicker(100 * time.Millisecond)
+		defer poll.Stop()
+		check = poll.C
+	}
 	models := w.publishHeartbeat()
 	for {
 		select {
@@ -33,7 +41,7 @@ func (w *Worker) heartbeatLoop(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		case <-w.wake:
-		case <-check.C:
+		case <-check:
 			if now := w.eng.Models(); !slices.Equal(now, models) {
 				models = now
 				break

@@ -66,6 +66,15 @@ type Engine interface {
 	Close() error
 }
 
+// ModelsNotifier is implemented by engines whose served models change
+// without the worker asking (an HTTP engine re-reads the server's list):
+// NotifyModels sets f, called after each change, so that the worker
+// heartbeats at once instead of polling Models. f must not block. (Adapter
+// loads go through the worker's adapter manager, which tells it itself.)
+type ModelsNotifier interface {
+	NotifyModels(f func())
+}
+
 // ContextLengths is implemented by engines that know their base models'
 // context lengths (prompt + completion, in tokens): vLLM's max_model_len
 // from its /v1/models, the sim's configured one. Workers advertise them in

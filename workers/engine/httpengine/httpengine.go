@@ -141,6 +141,7 @@ type Engine struct {
 	inflight atomic.Int64
 	health   atomic.Pointer[healthState]
 	models   atomic.Pointer[[]string]
+	onModels atomic.Pointer[func()]         // NotifyModels's
 	lens     atomic.Pointer[map[string]int] // max_model_len by base model, from /v1/models
 	refresh  chan struct{}                  // asks the models loop for an early refresh
 
@@ -247,11 +248,21 @@ func (e *Engine) InFlight() int { return int(e.inflight.Load()) }
 // configured list).
 func (e *Engine) Models() []string { return slices.Clone(*e.models.Load()) }
 
-// SetModels replaces the model list (for a RefreshModels hook).
+// SetModels replaces the model list (for a RefreshModels hook); a change is
+// told to the function NotifyModels set.
 func (e *Engine) SetModels(m []string) {
 	m = slices.Clone(m)
-	e.models.Store(&m)
+	if old := e.models.Swap(&m); old != nil && slices.Equal(*old, m) {
+		return
+	}
+	if f := e.onModels.Load(); f != nil {
+		(*f)()
+	}
 }
+
+// NotifyModels sets f, called after the model list changed
+// (engine.ModelsNotifier).
+func (e *Engine) NotifyModels(f func()) { e.onModels.Store(&f) }
 
 // MaxModelLens is the context length of each base model that the server's
 // /v1/models reported (vLLM's max_model_len); nil when none did.

@@ -2,6 +2,7 @@ package httpengine
 
 import (
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -60,5 +61,26 @@ func TestModelsVariants(t *testing.T) {
 	}
 	if got := e.MaxModelLens(); len(got) != 1 || got["base"] != 8192 {
 		t.Errorf("MaxModelLens %v, want map[base:8192]", got)
+	}
+}
+
+// SetModels tells NotifyModels's function of a change, and only of one.
+func TestSetModelsNotifies(t *testing.T) {
+	e := newEngine(t, Config{URL: "http://127.0.0.1:1", Models: []string{"m"}, Logger: slog.New(slog.DiscardHandler)})
+	var told atomic.Int32
+	e.NotifyModels(func() { told.Add(1) })
+	for _, s := range []struct {
+		models []string
+		told   int32
+	}{
+		{[]string{"m"}, 0},
+		{[]string{"m", "m-lora"}, 1},
+		{[]string{"m", "m-lora"}, 1},
+		{nil, 2},
+	} {
+		e.SetModels(s.models)
+		if n := told.Load(); n != s.told {
+			t.Fatalf("after SetModels(%v): told %d times, want %d", s.models, n, s.told)
+		}
 	}
 }

@@ -88,6 +88,8 @@ type Engine struct {
 	names map[string]bool // base model names
 	lens  map[string]int  // MaxModelLen by base model name, made once
 
+	onModels atomic.Pointer[func()] // NotifyModels's
+
 	mu       sync.Mutex
 	incoming []*seq // submitted, not yet taken by the scheduler
 	spare    []*seq // the scheduler's: incoming's next backing array
@@ -418,17 +420,30 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	e.mu.Lock()
 	a.ready = true
 	e.mu.Unlock()
+	e.modelsChanged()
 	return nil
+}
+
+// NotifyModels sets f, called after an adapter was loaded or unloaded
+// (engine.ModelsNotifier): the only changes to the sim's model list.
+func (e *Engine) NotifyModels(f func()) { e.onModels.Store(&f) }
+
+func (e *Engine) modelsChanged() {
+	if f := e.onModels.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // UnloadAdapter frees an adapter's slot. Requests already running on it finish.
 func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if a := e.adapters[name]; a == nil || !a.ready {
+		e.mu.Unlock()
 		return schemas.ErrAdapterNotFound.At("lora_name", name)
 	}
 	delete(e.adapters, name)
+	e.mu.Unlock()
+	e.modelsChanged()
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -746,5 +747,35 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := New(Config{DecodeBase: -1}); err == nil {
 		t.Error("negative duration accepted")
+	}
+}
+
+// The sim tells of each change of its model list (an adapter loaded or
+// unloaded), and only of changes.
+func TestNotifyModels(t *testing.T) {
+	cfg := fastConfig()
+	cfg.MaxLoras = 1
+	e := newEngine(t, cfg)
+	var told atomic.Int32
+	e.NotifyModels(func() { told.Add(1) })
+	ctx := context.Background()
+	steps := []struct {
+		name string
+		do   func() error
+		told int32
+	}{
+		{"load", func() error { return e.LoadAdapter(ctx, "a", "/loras/a") }, 1},
+		{"load again (refused)", func() error { _ = e.LoadAdapter(ctx, "a", "/loras/a"); return nil }, 1},
+		{"no slot (refused)", func() error { _ = e.LoadAdapter(ctx, "b", "/loras/b"); return nil }, 1},
+		{"unload", func() error { return e.UnloadAdapter(ctx, "a") }, 2},
+		{"unload again (refused)", func() error { _ = e.UnloadAdapter(ctx, "a"); return nil }, 2},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if n := told.Load(); n != s.told {
+			t.Fatalf("after %s: told %d times, want %d", s.name, n, s.told)
+		}
 	}
 }

@@ -108,6 +108,10 @@ func New(cfg Config) (*Engine, error) {
 // Name is "vllm".
 func (e *Engine) Name() string { return e.core.Name() }
 
+// NotifyModels sets f, called when the server's model list changes
+// (engine.ModelsNotifier; adapters are the worker's adapter manager's).
+func (e *Engine) NotifyModels(f func()) { e.core.NotifyModels(f) }
+
 // URL is the server's root URL.
 func (e *Engine) URL() string { return e.core.URL() }
 
