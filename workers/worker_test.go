@@ -510,3 +510,30 @@ func TestRetrySameIDNewToken(t *testing.T) {
 		return nil
 	})
 }
+
+// When a frame may skip the linger: after a quiet spell, unless the last
+// message carried several streams' frames recently (streams between two
+// engine steps).
+func TestOutboxQuiet(t *testing.T) {
+	const linger = time.Millisecond
+	t0 := time.Unix(1000, 0)
+	for _, tc := range []struct {
+		name  string
+		lastN int
+		since time.Duration
+		want  bool
+	}{
+		{"just sent", 1, 0, false},
+		{"within the linger", 1, linger / 2, false},
+		{"quiet after a lone frame", 1, 10 * time.Millisecond, true},
+		{"quiet after nothing", 0, 10 * time.Millisecond, true},
+		{"between steps of several streams", 16, 10 * time.Millisecond, false},
+		{"between slow steps of two streams", 2, burstGap - time.Millisecond, false},
+		{"quiet long after several streams", 16, burstGap, true},
+	} {
+		ob := &outbox{w: &Worker{cfg: Config{ChunkLinger: linger}}, last: t0, lastN: tc.lastN}
+		if got := ob.quiet(t0.Add(tc.since)); got != tc.want {
+			t.Errorf("%s: quiet = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
