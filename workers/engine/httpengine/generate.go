@@ -163,13 +163,23 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 			// holds the connection open after [DONE] gets a second.
 			drained = true
 			stopCaller()
+			finish := func() {
+				resp.Body.Close()
+				stopAbort()
+				cancel(nil)
+			}
+			if e, ok := resp.Body.(endBuffered); ok && e.endBuffered() {
+				// The body's end is off the socket already (the usual case):
+				// reading it waits for nothing, so no goroutine for it.
+				_, _ = io.Copy(io.Discard, resp.Body)
+				finish()
+				return res, nil
+			}
 			go func() {
 				t := time.AfterFunc(time.Second, func() { cancel(nil) })
 				_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 				t.Stop()
-				resp.Body.Close()
-				stopAbort()
-				cancel(nil)
+				finish()
 			}()
 		}
 		return res, err

@@ -250,6 +250,16 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// endBuffered is implemented by a body that can tell that reading it to its
+// end makes no system call.
+type endBuffered interface{ endBuffered() bool }
+
+// endBuffered reports whether the body has ended already: net/http's reader
+// sees a chunked body's end with its last chunk when both came in one read
+// (the usual case: servers send them together or right after each other),
+// and the connection is then back in the pool.
+func (b *h1Body) endBuffered() bool { return b.done.Load() }
+
 func (b *h1Body) Close() error {
 	b.release(false)
 	return nil

@@ -314,3 +314,67 @@ func TestH1OnlyForPlainHTTP(t *testing.T) {
 		}
 	}
 }
+
+// A chunked body's end that came with its last chunk is seen with the last
+// event: endBuffered says so (the stream's end is then read inline), reading
+// on takes nothing more from the socket, and the connection is back in the
+// pool. An end still on its way is not seen.
+func TestH1EndBuffered(t *testing.T) {
+	const event = "data: [DONE]\n\n"
+	for _, tc := range []struct {
+		name     string
+		together bool
+	}{{"end with the last chunk", true}, {"end later", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			later := make(chan struct{})
+			srv, _ := h1Server(t, func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				conn, bw, err := w.(http.Hijacker).Hijack()
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer conn.Close()
+				head := "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+					fmt.Sprintf("%x\r\n%s\r\n", len(event), event)
+				if tc.together {
+					head += "0\r\n\r\n"
+				}
+				_, _ = bw.WriteString(head)
+				_ = bw.Flush()
+				<-later
+				if !tc.together {
+					_, _ = bw.WriteString("0\r\n\r\n")
+					_ = bw.Flush()
+				}
+				_, _ = io.Copy(io.Discard, conn) // until the client closes it
+			})
+			tr := h1For(t, srv.URL)
+			resp, err := h1Do(t, &http.Client{Transport: tr}, context.Background(), http.MethodPost, srv.URL+"/v1/chat/completions", `{}`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			buf := make([]byte, len(event))
+			if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != event {
+				t.Fatalf("read %q, %v", buf, err)
+			}
+			b := resp.Body.(*h1Body)
+			if got := b.endBuffered(); got != tc.together {
+				t.Fatalf("endBuffered = %v", got)
+			}
+			if tc.together {
+				if n, err := io.Copy(io.Discard, resp.Body); n != 0 || err != nil {
+					t.Fatalf("after the last event: %d bytes, %v", n, err)
+				}
+				tr.mu.Lock()
+				idle := len(tr.idle)
+				tr.mu.Unlock()
+				if idle != 1 {
+					t.Fatalf("%d idle connections after the body's end, want 1", idle)
+				}
+			}
+			close(later)
+		})
+	}
+}

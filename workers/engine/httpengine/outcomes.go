@@ -45,6 +45,11 @@ type watchBody struct {
 	o *outcomes
 }
 
+func (b *watchBody) endBuffered() bool {
+	e, ok := b.ReadCloser.(endBuffered)
+	return ok && e.endBuffered()
+}
+
 func (b *watchBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if n > 0 && !b.o.served.Load() {
