@@ -99,8 +99,8 @@ const burstGap = 100 * time.Millisecond
 // sent nothing for ChunkLinger, and not because streams are between two
 // engine steps (see outbox).
 func (ob *outbox) quiet(now time.Time) bool {
-	since := now.Sub(ob.last)
-	return since >= ob.w.cfg.ChunkLinger && (ob.lastN < 2 || since >= burstGap)
+	linger, since := ob.w.cfg.ChunkLinger, now.Sub(ob.last)
+	return linger <= 0 || since >= linger && (ob.lastN < 2 || since >= burstGap)
 }
 
 // flushLinger is the linger timer firing for ob.

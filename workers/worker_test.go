@@ -518,20 +518,26 @@ func TestOutboxQuiet(t *testing.T) {
 	const linger = time.Millisecond
 	t0 := time.Unix(1000, 0)
 	for _, tc := range []struct {
-		name  string
-		lastN int
-		since time.Duration
-		want  bool
+		name   string
+		linger time.Duration // 0: linger
+		lastN  int
+		since  time.Duration
+		want   bool
 	}{
-		{"just sent", 1, 0, false},
-		{"within the linger", 1, linger / 2, false},
-		{"quiet after a lone frame", 1, 10 * time.Millisecond, true},
-		{"quiet after nothing", 0, 10 * time.Millisecond, true},
-		{"between steps of several streams", 16, 10 * time.Millisecond, false},
-		{"between slow steps of two streams", 2, burstGap - time.Millisecond, false},
-		{"quiet long after several streams", 16, burstGap, true},
+		{"lingering off", -1, 16, 0, true},
+		{"just sent", 0, 1, 0, false},
+		{"within the linger", 0, 1, linger / 2, false},
+		{"quiet after a lone frame", 0, 1, 10 * time.Millisecond, true},
+		{"quiet after nothing", 0, 0, 10 * time.Millisecond, true},
+		{"between steps of several streams", 0, 16, 10 * time.Millisecond, false},
+		{"between slow steps of two streams", 0, 2, burstGap - time.Millisecond, false},
+		{"quiet long after several streams", 0, 16, burstGap, true},
 	} {
-		ob := &outbox{w: &Worker{cfg: Config{ChunkLinger: linger}}, last: t0, lastN: tc.lastN}
+		l := linger
+		if tc.linger != 0 {
+			l = tc.linger
+		}
+		ob := &outbox{w: &Worker{cfg: Config{ChunkLinger: l}}, last: t0, lastN: tc.lastN}
 		if got := ob.quiet(t0.Add(tc.since)); got != tc.want {
 			t.Errorf("%s: quiet = %v, want %v", tc.name, got, tc.want)
 		}
