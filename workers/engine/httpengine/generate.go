@@ -168,7 +168,7 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 				stopAbort()
 				cancel(nil)
 			}
-			if e, ok := resp.Body.(endBuffered); ok && e.endBuffered() {
+			if eb, ok := resp.Body.(endBuffered); ok && eb.endBuffered() {
 				// The body's end is off the socket already (the usual case):
 				// reading it waits for nothing, so no goroutine for it.
 				_, _ = io.Copy(io.Discard, resp.Body)
