@@ -356,8 +356,13 @@ func (w *Worker) serve(c *call) {
 	release, err := w.adapters.Acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
 	var res *engine.Result
 	if err == nil {
-		defer release() // after the last frame
 		res, err = w.eng.Generate(c.ctx, &c.req, c)
+		// The engine is done with the adapter. It is released before the
+		// last frame: a client that sends its next request as soon as it
+		// has this one's end must find the adapter no longer in use, or a
+		// load that must evict would pass over it and evict a hotter one
+		// (integration TestAdapterEvictionByDemand on a loaded machine).
+		release()
 	}
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil && c.ctx.Err() != nil {
