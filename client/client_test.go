@@ -249,19 +249,24 @@ func TestFailsFast(t *testing.T) {
 	chunk := func(seq uint64) []byte { return frame(schemas.FrameChunk, seq, `{"choices":[]}`) }
 	for _, tc := range []struct {
 		name   string
-		worker func(reply string)
+		worker func(reply string, read <-chan struct{}) // read: the reader has the first chunk
 	}{
-		{"gap", func(r string) { _ = wc.Publish(r, accepted); _ = wc.Publish(r, chunk(2)); _ = wc.Publish(r, chunk(4)) }},
-		{"worker lost", func(r string) {
+		{"gap", func(r string, _ <-chan struct{}) {
+			_ = wc.Publish(r, accepted)
+			_ = wc.Publish(r, chunk(2))
+			_ = wc.Publish(r, chunk(4))
+		}},
+		{"worker lost", func(r string, read <-chan struct{}) {
 			_ = wc.Publish(r, accepted)
 			_ = wc.Publish(r, chunk(2))
 			_ = wc.Flush()
-			testenv.WaitFor(t, 5*time.Second, func() error {
-				if len(c.streamsOf("w9")) == 0 {
-					return fmt.Errorf("not accepted yet")
-				}
-				return nil
-			})
+			// The fault comes after the chunk has reached the reader (the
+			// accepted frame alone does not say the chunk has).
+			select {
+			case <-read:
+			case <-time.After(5 * time.Second):
+				t.Error("the first chunk never reached the reader")
+			}
 			c.WorkerLost("w9", "heartbeats stopped")
 		}},
 	} {
@@ -273,7 +278,8 @@ func TestFailsFast(t *testing.T) {
 			defer s.Close()
 			m := <-reqs
 			start := time.Now()
-			go tc.worker(m.Reply)
+			read := make(chan struct{})
+			go tc.worker(m.Reply, read)
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			chunks := 0
@@ -287,7 +293,9 @@ func TestFailsFast(t *testing.T) {
 					break
 				}
 				if f.Type == schemas.FrameChunk {
-					chunks++
+					if chunks++; chunks == 1 {
+						close(read)
+					}
 				}
 			}
 			if d := time.Since(start); chunks != 1 || d > 2*time.Second {
