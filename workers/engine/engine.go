@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -66,13 +67,27 @@ type Engine interface {
 	Close() error
 }
 
-// ModelsNotifier is implemented by engines whose served models change
-// without the worker asking (an HTTP engine re-reads the server's list):
-// NotifyModels sets f, called after each change, so that the worker
-// heartbeats at once instead of polling Models. f must not block. (Adapter
-// loads go through the worker's adapter manager, which tells it itself.)
+// ModelsNotifier is implemented by engines that tell when their served
+// models change (an HTTP engine re-reads the server's list; an adapter is
+// loaded or unloaded): NotifyModels sets f, called after each change, so
+// that the worker heartbeats at once instead of polling Models. f must not
+// block. An engine gets it by embedding ModelsNotice.
 type ModelsNotifier interface {
 	NotifyModels(f func())
+}
+
+// ModelsNotice implements ModelsNotifier for an engine that embeds it and
+// calls ModelsChanged after each change of its model list.
+type ModelsNotice struct{ f atomic.Pointer[func()] }
+
+// NotifyModels sets f, called by ModelsChanged (ModelsNotifier).
+func (n *ModelsNotice) NotifyModels(f func()) { n.f.Store(&f) }
+
+// ModelsChanged calls the function NotifyModels set, if any.
+func (n *ModelsNotice) ModelsChanged() {
+	if f := n.f.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // ContextLengths is implemented by engines that know their base models'

@@ -135,15 +135,15 @@ type Engine struct {
 	bareClient *http.Client
 	hooks      Hooks
 
-	outcomes outcomes
-	noPath   atomic.Bool // the last probe answered 404: see WaitReady
-	probedOK atomic.Bool // a probe has passed once
-	inflight atomic.Int64
-	health   atomic.Pointer[healthState]
-	models   atomic.Pointer[[]string]
-	onModels atomic.Pointer[func()]         // NotifyModels's
-	lens     atomic.Pointer[map[string]int] // max_model_len by base model, from /v1/models
-	refresh  chan struct{}                  // asks the models loop for an early refresh
+	outcomes            outcomes
+	noPath              atomic.Bool // the last probe answered 404: see WaitReady
+	probedOK            atomic.Bool // a probe has passed once
+	inflight            atomic.Int64
+	health              atomic.Pointer[healthState]
+	models              atomic.Pointer[[]string]
+	engine.ModelsNotice                                // tells the worker of SetModels's changes
+	lens                atomic.Pointer[map[string]int] // max_model_len by base model, from /v1/models
+	refresh             chan struct{}                  // asks the models loop for an early refresh
 
 	abortMu sync.Mutex
 	abort   context.Context // cancelled (with a cause) to end every request in flight
@@ -249,20 +249,13 @@ func (e *Engine) InFlight() int { return int(e.inflight.Load()) }
 func (e *Engine) Models() []string { return slices.Clone(*e.models.Load()) }
 
 // SetModels replaces the model list (for a RefreshModels hook); a change is
-// told to the function NotifyModels set.
+// told to the function NotifyModels set (engine.ModelsNotifier).
 func (e *Engine) SetModels(m []string) {
 	m = slices.Clone(m)
-	if old := e.models.Swap(&m); old != nil && slices.Equal(*old, m) {
-		return
-	}
-	if f := e.onModels.Load(); f != nil {
-		(*f)()
+	if old := e.models.Swap(&m); old == nil || !slices.Equal(*old, m) {
+		e.ModelsChanged()
 	}
 }
-
-// NotifyModels sets f, called after the model list changed
-// (engine.ModelsNotifier).
-func (e *Engine) NotifyModels(f func()) { e.onModels.Store(&f) }
 
 // MaxModelLens is the context length of each base model that the server's
 // /v1/models reported (vLLM's max_model_len); nil when none did.

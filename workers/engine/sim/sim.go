@@ -88,7 +88,9 @@ type Engine struct {
 	names map[string]bool // base model names
 	lens  map[string]int  // MaxModelLen by base model name, made once
 
-	onModels atomic.Pointer[func()] // NotifyModels's
+	// Tells the worker of adapter loads and unloads, the only changes to
+	// the sim's model list (engine.ModelsNotifier).
+	engine.ModelsNotice
 
 	mu       sync.Mutex
 	incoming []*seq // submitted, not yet taken by the scheduler
@@ -420,18 +422,8 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	e.mu.Lock()
 	a.ready = true
 	e.mu.Unlock()
-	e.modelsChanged()
+	e.ModelsChanged()
 	return nil
-}
-
-// NotifyModels sets f, called after an adapter was loaded or unloaded
-// (engine.ModelsNotifier): the only changes to the sim's model list.
-func (e *Engine) NotifyModels(f func()) { e.onModels.Store(&f) }
-
-func (e *Engine) modelsChanged() {
-	if f := e.onModels.Load(); f != nil {
-		(*f)()
-	}
 }
 
 // UnloadAdapter frees an adapter's slot. Requests already running on it finish.
@@ -443,7 +435,7 @@ func (e *Engine) UnloadAdapter(ctx context.Context, name string) error {
 	}
 	delete(e.adapters, name)
 	e.mu.Unlock()
-	e.modelsChanged()
+	e.ModelsChanged()
 	return nil
 }
 
