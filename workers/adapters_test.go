@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -411,5 +412,44 @@ func TestAdapterControlGoesThroughManager(t *testing.T) {
 	// Without a path a control load is refused.
 	if r := ctl(t, nc, schemas.CtlLoadAdapter, schemas.AdapterRequest{Name: "z"}); r.OK || r.Error.Status != 400 {
 		t.Fatalf("load without path: %+v", r)
+	}
+}
+
+// A request's adapter is no longer in use by the time the request's end
+// goes out: a client that sends its next request as soon as it has it finds
+// the adapter free to evict (else a load there would evict a hotter one).
+// The frames are handed over in memory, so the check runs as the end is
+// sent, not after a trip through NATS.
+func TestAdapterReleasedBeforeTheEnd(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	type end struct {
+		frame schemas.FrameType
+		inUse []string
+	}
+	ends := make(chan end, 1)
+	var wp atomic.Pointer[Worker]
+	local := &receiver{prefix: "_INBOX.gw.", got: map[string][]schemas.Frame{},
+		onFrame: func(_ string, f schemas.Frame) {
+			if f.Type.Terminal() {
+				ends <- end{f.Type, wp.Load().adapters.InUse()}
+			}
+		}}
+	w, _, _ := startWorker(t, nc, simEngine(t, 2, 0, 0), Config{ID: "w1", Local: local})
+	wp.Store(w)
+	m := workMsg("r1", "_INBOX.gw.r1", map[string]string{schemas.HdrModel: "x", schemas.HdrAdapterBase: "b", schemas.HdrAdapterPath: "sim://x"})
+	if err := nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case e := <-ends:
+		if e.frame != schemas.FrameDone {
+			t.Fatalf("ended with %s", e.frame)
+		}
+		if len(e.inUse) != 0 {
+			t.Fatalf("adapters %v still in use as the request's end went out", e.inUse)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no end")
 	}
 }

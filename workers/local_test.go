@@ -15,11 +15,12 @@ import (
 )
 
 // receiver is a LocalReplies with one client: it records the frames it is
-// handed, by token.
+// handed, by token, and calls onFrame (if set) with each as it is handed.
 type receiver struct {
-	prefix string
-	mu     sync.Mutex
-	got    map[string][]schemas.Frame
+	prefix  string
+	onFrame func(token string, f schemas.Frame)
+	mu      sync.Mutex
+	got     map[string][]schemas.Frame
 }
 
 func (r *receiver) Receiver(prefix string) Receiver {
@@ -33,6 +34,9 @@ func (r *receiver) Deliver(token string, frame []byte) {
 	f, err := schemas.ParseFrame(frame)
 	if err != nil {
 		panic(fmt.Sprintf("bad frame %q", frame))
+	}
+	if r.onFrame != nil {
+		r.onFrame(token, f)
 	}
 	r.mu.Lock()
 	r.got[token] = append(r.got[token], f)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -542,4 +543,80 @@ func TestOutboxQuiet(t *testing.T) {
 			t.Errorf("%s: quiet = %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// Streams running together cross the bus as one message per engine step:
+// after a message of several frames, the next step's first frame waits for
+// the rest of its step; a lone stream's frame, and the first after a long
+// quiet, never waits. (The test flushes held frames itself, as the linger
+// loop would at most ChunkLinger later.)
+func TestOutboxOneMessagePerStep(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	var mu sync.Mutex
+	var sizes []int // frames per message, in order
+	if _, err := nc.Subscribe("_INBOX.gw.>", func(m *nats.Msg) {
+		n := 1
+		if strings.HasSuffix(m.Subject, schemas.MuxToken) {
+			n = 0
+			if err := schemas.ForEachMuxEntry(m.Data, func(_, _ []byte) { n++ }); err != nil {
+				t.Error(err)
+			}
+		}
+		mu.Lock()
+		sizes = append(sizes, n)
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Config{ID: "w1", ChunkLinger: time.Millisecond}, nc, &gateEngine{}, nil) // not run: no linger loop
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.partSize.Store(1 << 20)
+	ob := w.outboxFor("_INBOX.gw.")
+	frame := schemas.AppendFrame(nil, schemas.FrameChunk, 2, []byte(`{"choices":[]}`))
+	held := func() int {
+		ob.mu.Lock()
+		defer ob.mu.Unlock()
+		return ob.n
+	}
+	// step adds one frame for each of streams at once, after gap; it
+	// returns how many of them the outbox holds back.
+	step := func(gap time.Duration, streams int) int {
+		at := time.Now().Add(gap)
+		for i := range streams {
+			if err := ob.add(fmt.Sprintf("_INBOX.gw.s%d", i), fmt.Sprintf("s%d", i), frame, false, at.Add(time.Duration(i)*time.Microsecond)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return held()
+	}
+	for _, s := range []struct {
+		name          string
+		gap           time.Duration
+		streams, held int
+	}{
+		{"a lone stream's frame goes at once", 0, 1, 0},
+		{"the first step of three streams: its first frame goes alone", 10 * time.Millisecond, 3, 2},
+		{"the next step waits whole", 10 * time.Millisecond, 3, 3},
+		{"after a long quiet a frame goes at once", 2 * burstGap, 1, 0},
+	} {
+		if got := step(s.gap, s.streams); got != s.held {
+			t.Fatalf("%s: %d frames held, want %d", s.name, got, s.held)
+		}
+		ob.flushLinger()
+	}
+	want := []int{1, 1, 2, 3, 1}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(sizes, want) {
+			return fmt.Errorf("frames per message %v, want %v", sizes, want)
+		}
+		return nil
+	})
 }
