@@ -142,6 +142,65 @@ func (s *scanner) readUsage(u *Usage, depth int) bool {
 	})
 }
 
+// AppendUsageRecord appends the JSON of r, the same object json.Marshal
+// writes.
+func AppendUsageRecord(b []byte, r *UsageRecord) []byte {
+	b = append(b, `{"request_id":`...)
+	b = appendJSONString(b, r.RequestID)
+	b = append(b, `,"key_id":`...)
+	b = appendJSONString(b, r.KeyID)
+	if r.Tenant != "" {
+		b = append(b, `,"tenant":`...)
+		b = appendJSONString(b, r.Tenant)
+	}
+	b = append(b, `,"model":`...)
+	b = appendJSONString(b, r.Model)
+	b = append(b, `,"usage":`...)
+	b = AppendUsage(b, &r.Usage)
+	if r.Estimated {
+		b = append(b, `,"estimated":true`...)
+	}
+	if r.Reserved != 0 {
+		b = append(b, `,"reserved":`...)
+		b = strconv.AppendInt(b, int64(r.Reserved), 10)
+	}
+	if r.Window != 0 {
+		b = append(b, `,"window":`...)
+		b = strconv.AppendInt(b, r.Window, 10)
+	}
+	return append(b, '}')
+}
+
+// ParseUsageRecord reads a usage record.
+func ParseUsageRecord(p []byte) (UsageRecord, bool) {
+	var r UsageRecord
+	ok := readPayload(p, func(s *scanner, key []byte, once func(int) bool) bool {
+		switch {
+		case keyIs(key, "request_id"):
+			return once(0) && s.readString(&r.RequestID)
+		case keyIs(key, "key_id"):
+			return once(1) && s.readString(&r.KeyID)
+		case keyIs(key, "tenant"):
+			return once(2) && s.readString(&r.Tenant)
+		case keyIs(key, "model"):
+			return once(3) && s.readString(&r.Model)
+		case keyIs(key, "usage"):
+			return once(4) && s.readUsage(&r.Usage, 1)
+		case keyIs(key, "estimated"):
+			return once(5) && s.readBool(&r.Estimated)
+		case keyIs(key, "reserved"):
+			return once(6) && s.readInt(&r.Reserved)
+		case keyIs(key, "window"):
+			w := 0 // int is 64 bits wherever tokenbus is built
+			ok := once(7) && s.readInt(&w)
+			r.Window = int64(w) // null leaves 0, the field's first value (the key comes once)
+			return ok
+		}
+		return s.skip(1)
+	})
+	return r, ok
+}
+
 // UsageOf reads the top-level usage member of a chunk, a response or a done
 // payload (nil when there is none, or it is null or malformed); the scan skips
 // the rest (choices, a whole completion) without decoding it.
@@ -219,6 +278,21 @@ func (s *scanner) readInt(dst *int) bool {
 		*dst = n
 	}
 	return ok
+}
+
+// readBool reads true or false, or null (which leaves dst).
+func (s *scanner) readBool(dst *bool) bool {
+	switch {
+	case s.null():
+		return true
+	case s.lit("true"):
+		*dst = true
+		return true
+	case s.lit("false"):
+		*dst = false
+		return true
+	}
+	return false
 }
 
 // appendJSONString appends s quoted; strings that need escaping (never ids

@@ -30,6 +30,16 @@ func TestAppendPayloads(t *testing.T) {
 			t.Errorf("got %s want %s", got, want)
 		}
 	}
+	for _, r := range []UsageRecord{
+		{RequestID: "req-1", Model: "m", Usage: Usage{PromptTokens: 3, CompletionTokens: 4, TotalTokens: 7}},
+		{RequestID: "r\"<", KeyID: "k1", Tenant: "acme", Model: "m", Estimated: true, Reserved: 64, Window: 29939301,
+			Usage: Usage{TotalTokens: 1, PromptTokensDetails: &TokenDetails{CachedTokens: 2}}},
+	} {
+		want, _ := json.Marshal(r)
+		if got := AppendUsageRecord(nil, &r); string(got) != string(want) {
+			t.Errorf("got %s want %s", got, want)
+		}
+	}
 	for _, n := range []DoneNotice{{Worker: "w1", RequestID: "r1", Running: 3}, {Worker: "\x01", Running: -1}} {
 		want, _ := json.Marshal(n)
 		if got := AppendDoneNotice(nil, n); string(got) != string(want) {
@@ -57,6 +67,15 @@ func TestParsePayloads(t *testing.T) {
 		`{"prompt_tokens_details":[]}`,
 		`[]`,
 		` { } `,
+		`{"request_id":"r","key_id":"","tenant":"t","model":"m","usage":{"prompt_tokens":1,"total_tokens":3},"estimated":true,"reserved":9,"window":29939301}`,
+		`{"request_id":"r","usage":null,"estimated":null,"window":null,"reserved":null}`,
+		`{"request_id":"r","estimated":1}`,
+		`{"request_id":"r","estimated":"true"}`,
+		`{"request_id":"r","estimated":false,"estimated":true}`,
+		`{"request_id":"r","usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}`,
+		`{"request_id":"r","usage":{"Prompt_Tokens":1,"x":[{}]},"window":1.0}`,
+		`{"request_id":"r","usage":[]}`,
+		`{"request_id":"r","usage":{"Prompt_Tokens":1,"completion_tokens":3}}`,
 	} {
 		checkPayloads(t, []byte(in))
 	}
@@ -84,12 +103,15 @@ func checkPayloads(t *testing.T, in []byte) {
 	check("done notice", n, ok, &DoneNotice{})
 	u, ok := ParseUsage(in)
 	check("usage", u, ok, &Usage{})
+	r, ok := ParseUsageRecord(in)
+	check("usage record", r, ok, &UsageRecord{})
 }
 
 func FuzzParsePayloads(f *testing.F) {
 	f.Add([]byte(`{"request_id":"req-1","worker":"w-1","cancel":"c","running":1}`))
 	f.Add([]byte(`{"WORKER":"a\"b","cancel":null,"Running":-2}`))
 	f.Add([]byte(`{"prompt_tokens":3,"total_tokens":7,"prompt_tokens_details":{"cached_tokens":2}}`))
+	f.Add([]byte(`{"request_id":"r","key_id":"k","model":"m","usage":{"prompt_tokens":1},"estimated":true,"reserved":5,"window":1796358070}`))
 	f.Fuzz(func(t *testing.T, in []byte) { checkPayloads(t, in) })
 }
 
@@ -130,6 +152,13 @@ func exactDecode(in []byte, dst any) error {
 				f.Set(reflect.New(f.Type().Elem()))
 			}
 			if err := exactDecode(raw, f.Interface()); err != nil {
+				return err
+			}
+		case f.Kind() == reflect.Struct:
+			if string(raw) == "null" {
+				continue // null leaves a struct as it is
+			}
+			if err := exactDecode(raw, f.Addr().Interface()); err != nil {
 				return err
 			}
 		default:

@@ -3,7 +3,6 @@ package usage
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"time"
 
@@ -69,12 +68,11 @@ func msgID(rec schemas.UsageRecord) string { return rec.KeyID + ":" + rec.Reques
 // EncodeRecords appends recs to dst as one usage message: JSON Lines, one
 // schemas.UsageRecord per line (a single record is the same, one line).
 func EncodeRecords(dst []byte, recs []schemas.UsageRecord) []byte {
-	for i, rec := range recs {
+	for i := range recs {
 		if i > 0 {
 			dst = append(dst, '\n')
 		}
-		b, _ := json.Marshal(rec) // a struct of strings and numbers: no error
-		dst = append(dst, b...)
+		dst = schemas.AppendUsageRecord(dst, &recs[i])
 	}
 	return dst
 }
@@ -87,10 +85,10 @@ func DecodeRecords(data []byte) (recs []schemas.UsageRecord, bad []error) {
 		if len(bytes.TrimSpace(line)) == 0 {
 			continue
 		}
-		var rec schemas.UsageRecord
-		switch err := json.Unmarshal(line, &rec); {
-		case err != nil:
-			bad = append(bad, err)
+		rec, ok := schemas.ParseUsageRecord(line)
+		switch {
+		case !ok:
+			bad = append(bad, errNotRecord)
 		case rec.RequestID == "":
 			bad = append(bad, errNoRequestID)
 		default:
@@ -100,4 +98,7 @@ func DecodeRecords(data []byte) (recs []schemas.UsageRecord, bad []error) {
 	return recs, bad
 }
 
-var errNoRequestID = errors.New("a usage record without request_id")
+var (
+	errNoRequestID = errors.New("a usage record without request_id")
+	errNotRecord   = errors.New("not a usage record: malformed JSON, a member of the wrong type or a repeated key")
+)

@@ -144,6 +144,9 @@ func (c *call) Chunks(b []byte) error {
 		c.lastChunk = now
 		return c.publishLocked(schemas.FrameChunk, b, now, first)
 	}
+	if c.pending == nil {
+		c.pending = getPending()
+	}
 	if len(c.pending) > 0 {
 		c.pending = append(c.pending, '\n')
 	}
@@ -160,6 +163,22 @@ func (c *call) Chunks(b []byte) error {
 
 // maxPending bounds the chunk bytes a stream holds back (and one message's size).
 const maxPending = 64 << 10
+
+// pendingPool keeps the buffers of held-back chunks between streams: a
+// stream that grows its own, up to tens of kilobytes under a fast engine,
+// was most of a worker's allocated bytes. A buffer goes back when its stream
+// ends (every frame copies what it sends).
+var pendingPool = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+func getPending() []byte { return (*pendingPool.Get().(*[]byte))[:0] }
+
+// putPendingLocked gives the stream's buffer back; the stream has ended.
+func (c *call) putPendingLocked() {
+	if b := c.pending; b != nil && cap(b) <= 2*maxPending {
+		c.pending = nil
+		pendingPool.Put(&b)
+	}
+}
 
 // flushLocked publishes the held-back chunks, if any.
 func (c *call) flushLocked(now time.Time) error {
@@ -194,6 +213,7 @@ func (c *call) send(t schemas.FrameType, payload []byte) error {
 	}
 	if t.Terminal() {
 		c.ended = true
+		c.putPendingLocked()
 	}
 	return c.publishLocked(t, payload, now, false)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -122,7 +123,10 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 		wait, why = e.cfg.StallTimeout, errStalled
 	}
 	timer := time.AfterFunc(wait, func() { cancel(why(wait)) })
-	resp, err = e.client.Do(hreq)
+	resp, err = e.gen.RoundTrip(hreq)
+	if err != nil {
+		err = &url.Error{Op: "Post", URL: hreq.URL.String(), Err: err} // as http.Client says it
+	}
 	if err != nil {
 		timer.Stop()
 		return nil, e.failure(ctx, rctx, err, false)

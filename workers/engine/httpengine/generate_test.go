@@ -6,8 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -548,5 +551,28 @@ func TestChunkTests(t *testing.T) {
 		if got := hasFinish(d); got != tt.finishStr {
 			t.Errorf("hasFinish(%s) = %v", tt.chunk, got)
 		}
+	}
+}
+
+// An engine that redirects a generation is answered as an error: the
+// request is not sent again elsewhere (an http.Client would follow a 307
+// with the body, or turn a 302 into a GET).
+func TestRedirectNotFollowed(t *testing.T) {
+	var moved atomic.Int32
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/models", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"object":"list","data":[{"id":"base","object":"model"}]}`)
+	})
+	mux.HandleFunc("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/elsewhere", http.StatusTemporaryRedirect)
+	})
+	mux.HandleFunc("/elsewhere", func(w http.ResponseWriter, r *http.Request) { moved.Add(1) })
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	e := newEngine(t, fastConfig(srv.URL))
+	_, err := e.Generate(t.Context(), chat(`{"model":"base","stream":true}`), &recSink{})
+	se := asError(t, err, http.StatusBadGateway, "")
+	if !strings.Contains(se.Error(), "307") || moved.Load() != 0 {
+		t.Errorf("error %v, redirect target hit %d times; want a 502 naming the 307 and no second request", se, moved.Load())
 	}
 }

@@ -128,7 +128,12 @@ type Engine struct {
 	cfg    Config
 	base   string // URL without a trailing slash or /v1
 	log    *slog.Logger
-	client *http.Client // generation requests, their outcomes watched
+	// gen carries generation requests, their outcomes watched. It is called
+	// as a RoundTripper, not through an http.Client: a client copies the
+	// headers and sets up redirect handling for every request (a few
+	// percent of the CPU per request), and an engine that redirects a
+	// generation is answered as an error, not followed.
+	gen *watchTransport
 	// bareClient (the same transport) makes probes and control calls: their
 	// answers say nothing of generation (vLLM serves /metrics with its
 	// engine dead).
@@ -193,7 +198,7 @@ func New(name string, cfg Config, hooks Hooks) (*Engine, error) {
 		tr = h1
 	}
 	e.bareClient = &http.Client{Transport: tr}
-	e.client = &http.Client{Transport: &watchTransport{rt: tr, o: &e.outcomes}}
+	e.gen = &watchTransport{rt: tr, o: &e.outcomes}
 	if e.hooks.RefreshModels == nil {
 		e.hooks.RefreshModels = e.refreshAll
 	}
