@@ -124,10 +124,10 @@ type Hooks struct {
 
 // Engine is an OpenAI-compatible HTTP server as an engine.Engine.
 type Engine struct {
-	name   string
-	cfg    Config
-	base   string // URL without a trailing slash or /v1
-	log    *slog.Logger
+	name string
+	cfg  Config
+	base string // URL without a trailing slash or /v1
+	log  *slog.Logger
 	// gen carries generation requests, their outcomes watched. It is called
 	// as a RoundTripper, not through an http.Client: a client copies the
 	// headers and sets up redirect handling for every request (a few
