@@ -24,7 +24,9 @@
 // OpenAI's nested error (from vLLM's flat or nested shape, TGI's, FastAPI's
 // "detail" or plain text), except that FastAPI's validation list is a 400
 // naming the field and a 500 that is not an error object a 502 with its
-// text; an empty one names the status and endpoint and is logged; a data line whose first key is "error" (vLLM,
+// text, and any status outside 4xx and 5xx a 502 (a redirect is not
+// followed: the body is not sent twice); an empty one names the status and
+// endpoint and is logged; a data line whose first key is "error" (vLLM,
 // SGLang, OpenAI and TGI send the error object alone) ends the request with
 // that error (status from its code, else 502); a connection that cannot be
 // made or breaks before the answer is a 503 engine_unhealthy; one that breaks
