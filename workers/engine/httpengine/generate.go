@@ -125,10 +125,8 @@ func (e *Engine) generate(ctx context.Context, req *engine.Request, sink engine.
 	timer := time.AfterFunc(wait, func() { cancel(why(wait)) })
 	resp, err = e.gen.RoundTrip(hreq)
 	if err != nil {
-		err = &url.Error{Op: "Post", URL: hreq.URL.String(), Err: err} // as http.Client says it
-	}
-	if err != nil {
 		timer.Stop()
+		err = &url.Error{Op: "Post", URL: hreq.URL.String(), Err: err} // as http.Client says it
 		return nil, e.failure(ctx, rctx, err, false)
 	}
 	statusOnSpan(span, resp.StatusCode)
