@@ -210,6 +210,9 @@ func fileOf(info *jetstream.ObjectInfo) File {
 // File returns tenant's file id; ErrFileNotFound if there is none, or it is
 // another tenant's.
 func (s *Store) File(ctx context.Context, tenant, id string) (File, error) {
+	if !validFileID(id) {
+		return File{}, schemas.ErrFileNotFound.New(id)
+	}
 	info, err := s.files.GetInfo(ctx, id)
 	if errors.Is(err, jetstream.ErrObjectNotFound) || (err == nil && info.Metadata[metaTenant] != tenant) {
 		return File{}, schemas.ErrFileNotFound.New(id)

@@ -451,7 +451,7 @@ func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 	} else {
 		if !d.replyAllowed(m.Reply) {
 			d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
-			d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes", "reply", m.Reply,
+			d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes or too long", "reply", schemas.Clip(m.Reply, schemas.MaxQuoted),
 				"request_id", m.Header.Get(schemas.HdrRequestID), "trace_id", tracing.HeaderTraceID(m.Header))
 			return
 		}
@@ -513,6 +513,9 @@ func (d *Dispatcher) reject(reply string, e *schemas.Error) {
 }
 
 func (d *Dispatcher) replyAllowed(reply string) bool {
+	if len(reply) > schemas.MaxReplyLen {
+		return false
+	}
 	for _, p := range d.cfg.ReplyPrefixes {
 		if strings.HasPrefix(reply, p) {
 			return true

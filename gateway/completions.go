@@ -85,7 +85,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		c.Locals(localModel, req.Model)
 		c.Locals(localLabel, label)
 		if span.IsRecording() {
-			span.SetAttributes(attribute.String(tracing.AttrModel, g.cfg.Redactor.String(req.Model)), attribute.Bool(tracing.AttrStream, req.Stream))
+			span.SetAttributes(attribute.String(tracing.AttrModel, schemas.Clip(g.cfg.Redactor.String(req.Model), schemas.MaxQuoted)), attribute.Bool(tracing.AttrStream, req.Stream))
 		}
 
 		var caller Principal

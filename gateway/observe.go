@@ -100,7 +100,7 @@ func (g *Gateway) logRequest(id, route, model string, status int, d time.Duratio
 	}
 	attrs := []slog.Attr{
 		slog.String("request_id", id), slog.String("method", method), slog.String("route", route),
-		slog.String("model", g.cfg.Redactor.String(model)), slog.Int("status", status), slog.Duration("duration", d),
+		slog.String("model", schemas.Clip(g.cfg.Redactor.String(model), schemas.MaxQuoted)), slog.Int("status", status), slog.Duration("duration", d),
 	}
 	if outcome != "" {
 		attrs = append(attrs, slog.String("outcome", outcome))

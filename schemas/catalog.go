@@ -38,13 +38,25 @@ func (d *ErrorDef) New(args ...any) *Error {
 	return d.At(d.Param, args...)
 }
 
-// At makes the error about param.
+// At makes the error about param. String and error arguments are quoted
+// at most MaxQuoted bytes long (Clip): they are often a client's.
 func (d *ErrorDef) At(param string, args ...any) *Error {
 	msg := d.Message
 	if len(args) > 0 {
-		msg = fmt.Sprintf(d.Message, args...)
+		quoted := make([]any, len(args)) // not in place: args may be the caller's slice
+		for i, a := range args {
+			switch v := a.(type) {
+			case string:
+				quoted[i] = Clip(v, MaxQuoted)
+			case error:
+				quoted[i] = Clip(v.Error(), MaxQuoted)
+			default:
+				quoted[i] = a
+			}
+		}
+		msg = fmt.Sprintf(d.Message, quoted...)
 	}
-	e := newError(d.Status, d.Type, d.Code, param, msg)
+	e := newError(d.Status, d.Type, d.Code, Clip(param, MaxQuoted), msg)
 	e.RetryAfter = d.RetryAfter
 	return e
 }

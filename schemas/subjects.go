@@ -44,6 +44,15 @@ const (
 	// WorkerInboxPrefix is the inbox prefix of workers' own requests (the
 	// start-up ping of their id), apart from every client's inbox.
 	WorkerInboxPrefix = "_INBOX.workers"
+
+	// MaxReplyLen bounds the reply subject of a request a dispatcher
+	// forwards. NATS refuses a protocol line longer than its max_control_line
+	// (4096 bytes by default) by closing the connection that sent it, and a
+	// dispatcher and a worker put a client's reply subject in their own
+	// lines: an unbounded one would let one request cut them off. tokenbus's
+	// own replies are _INBOX.<tenant token: at most 768 bytes>.<NUID>.<request
+	// id: at most 128 bytes>.
+	MaxReplyLen = 2048
 )
 
 // ReqSubject is the subject a client publishes a request for model to.

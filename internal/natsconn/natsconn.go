@@ -46,6 +46,11 @@ func (o *Options) NatsOptions(name string, log *slog.Logger) ([]nats.Option, err
 		nats.Name(name),
 		nats.Timeout(5 * time.Second),
 		nats.MaxReconnects(-1),
+		// nats.go gives a connection up for good after the same
+		// authorization error twice in a row (a password rotated on the
+		// server before the process's secret): the process would have to
+		// exit. It keeps trying instead; /ready says it is not connected.
+		nats.IgnoreAuthErrorAbort(),
 		nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectBufSize(64 << 20),
 		// A server that dies without closing the connection (power, a
