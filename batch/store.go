@@ -348,8 +348,9 @@ func (r CreateRequest) Check() error {
 		return schemas.ErrMissingParam.At("completion_window", "completion_window")
 	case r.CompletionWindow != "24h":
 		return schemas.ErrInvalidValue.At("completion_window", "completion_window", "only '24h' is supported")
-	case len(r.Metadata) > 16:
-		return schemas.ErrInvalidValue.At("metadata", "metadata", "at most 16 keys")
+	}
+	if err := schemas.CheckMetadata(r.Metadata); err != nil {
+		return err
 	}
 	if _, ok := endpoints[r.Endpoint]; !ok {
 		return schemas.ErrInvalidValue.At("endpoint", "endpoint", "supported are "+strings.Join(Endpoints(), ", "))

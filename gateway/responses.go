@@ -42,6 +42,9 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if req.Model == "" {
 		return schemas.ErrNoModel.New()
 	}
+	if err := schemas.CheckMetadata(req.Metadata); err != nil {
+		return err
+	}
 	store := g.cfg.Responses
 	if req.Background && !req.Stored() {
 		return schemas.ErrResponseInput.At("background", "background", "background mode needs store: true")

@@ -26,7 +26,7 @@ type edgeWorld struct {
 
 const edgeAdminToken = "edge-admin-token-0123456789"
 
-func startEdgeWorld(t *testing.T, trustedProxies string) *edgeWorld {
+func startEdgeWorld(t testing.TB, trustedProxies string) *edgeWorld {
 	t.Helper()
 	ns := testenv.NATS(t)
 	rd := testenv.StartRedis(t)
@@ -78,7 +78,7 @@ func (w *edgeWorld) do(t *testing.T, method, url, body string, hdr ...string) (i
 	return resp.StatusCode, resp.Header, string(b)
 }
 
-func (w *edgeWorld) key(t *testing.T, models ...string) string {
+func (w *edgeWorld) key(t testing.TB, models ...string) string {
 	t.Helper()
 	_, secret, err := w.store.CreateKey(context.Background(), registry.KeySpec{Tenant: "acme", Models: models})
 	if err != nil {
