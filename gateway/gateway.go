@@ -38,6 +38,8 @@ type Config struct {
 	// CORS lets browser pages of other origins call the API; its zero value
 	// is off.
 	CORS CORSConfig
+	// Metrics is what /metrics shows; nil: the registry New is given.
+	Metrics prometheus.Gatherer
 	// Redactor cleans what error bodies and log lines quote of a request
 	// (model names, paths): nil redacts key-shaped strings only; give it the
 	// process's own secrets (admin token, NATS credentials).
@@ -203,7 +205,11 @@ func (g *Gateway) routes(reg *prometheus.Registry) {
 	app.Get("/ready", g.ready)
 	// A gathering error panics before anything is written, so the recover
 	// middleware and the error handler answer it in OpenAI's shape.
-	app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.PanicOnError})))
+	var gather prometheus.Gatherer = reg
+	if g.cfg.Metrics != nil {
+		gather = g.cfg.Metrics
+	}
+	app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(gather, promhttp.HandlerOpts{ErrorHandling: promhttp.PanicOnError})))
 }
 
 // Serve serves HTTP on ln until Shutdown; it returns nil after Shutdown.

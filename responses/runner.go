@@ -54,11 +54,22 @@ func NewRunner(s *Store, cl *client.Client, cfg RunnerConfig) *Runner {
 
 // Run takes background responses until ctx ends.
 func (r *Runner) Run(ctx context.Context) error {
-	cons, err := r.s.work.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "runners",
-		AckPolicy: jetstream.AckExplicitPolicy, AckWait: r.cfg.AckWait, MaxAckPending: r.cfg.MaxInFlight * 4,
-		MaxDeliver: 20})
-	if err != nil {
-		return err
+	var cons jetstream.Consumer
+	for wait := 250 * time.Millisecond; ; wait = min(2*wait, 5*time.Second) {
+		var err error
+		if cons, err = r.s.work.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "runners",
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: r.cfg.AckWait, MaxAckPending: r.cfg.MaxInFlight * 4,
+			MaxDeliver: 20}); err == nil {
+			break
+		}
+		// JetStream not ready (a server just restarted, a cluster without
+		// a leader yet): the runner waits for it rather than end the program.
+		r.cfg.Log.Warn("responses: cannot create the work queue's consumer yet; retrying", "err", err, "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
 	}
 	sem := make(chan struct{}, r.cfg.MaxInFlight)
 	it, err := cons.Messages(jetstream.PullMaxMessages(r.cfg.MaxInFlight))

@@ -57,7 +57,7 @@ func DefaultBatch() BatchConfig {
 // startBatch opens the batch store and starts the runner as a part of the
 // gateway. The store needs JetStream; without it the APIs stay off (and
 // say why in the log) rather than fail the gateway.
-func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *registry.Store, reg prometheus.Registerer) (*batch.Store, error) {
+func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, store *registry.Store, reg prometheus.Registerer) (*batch.Store, error) {
 	cfg := gw.cfg.HTTP.Batch
 	if !cfg.Enabled {
 		return nil, nil

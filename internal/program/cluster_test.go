@@ -197,12 +197,12 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 			t.Cleanup(func() { _ = d.Close() })
 			gw := plainGateway(t, nodes[0], func(c *GatewayConfig) { c.NATS.URL = urls(nodes, 2) })
 			testenv.WaitFor(t, 10*time.Second, fleetLen(gw, 1))
-			kill := nodeOf(nodes, w.nc.ConnectedUrl())
+			kill := nodeOf(nodes, w.run().nc.ConnectedUrl())
 			if victim == "gateway's node" {
-				kill = nodeOf(nodes, gw.nc.ConnectedUrl())
+				kill = nodeOf(nodes, gw.run().nc.ConnectedUrl())
 			}
-			t.Logf("worker on n%d, gateway on n%d; stopping n%d", nodeOf(nodes, w.nc.ConnectedUrl())+1,
-				nodeOf(nodes, gw.nc.ConnectedUrl())+1, kill+1)
+			t.Logf("worker on n%d, gateway on n%d; stopping n%d", nodeOf(nodes, w.run().nc.ConnectedUrl())+1,
+				nodeOf(nodes, gw.run().nc.ConnectedUrl())+1, kill+1)
 
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

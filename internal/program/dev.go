@@ -187,8 +187,10 @@ func (d *Dev) start(ctx context.Context) error {
 
 	// Every program gets its own connection, as in a distributed deployment,
 	// and one metrics registry: the gateway's /metrics shows them all.
-	h := host{dial: dial, store: d.store, cache: cache, metrics: newRegistry(), local: &inProcess{}}
-	registerConnMetrics(h.metrics, d.nc, cache)
+	h := host{dial: dial, store: d.store, cache: cache, metrics: newGatherers(), local: &inProcess{}}
+	devReg := newRegistry()
+	h.metrics.set("dev", devReg)
+	registerConnMetrics(devReg, d.nc, cache)
 	// The programs name their components on cfg.Log themselves.
 	if d.dispatcher, err = startDispatcher(ctx, DispatcherConfig{Dispatcher: cfg.Dispatcher,
 		Limits: cfg.HTTP.Limits, Log: cfg.Log}, h); err != nil {
@@ -210,11 +212,13 @@ func (d *Dev) start(ctx context.Context) error {
 	if err := d.waitFleet(ctx); err != nil {
 		return err
 	}
-	h.dispatcher = d.dispatcher.d
+	h.dispatcher = func() *dispatcher.Dispatcher { return d.dispatcher.run().d }
 	if d.gateway, err = startGateway(ctx, GatewayConfig{HTTP: d.cfg.HTTP, Version: cfg.Version,
 		Log: cfg.Log}, h); err != nil {
 		return err
 	}
+	// The gateway routes through the dispatcher's current run.
+	d.dispatcher.k.setOnRestart(d.gateway.k.renew)
 	d.part("gateway", d.gateway.Wait)
 	return nil
 }
@@ -226,7 +230,7 @@ func (d *Dev) waitFleet(ctx context.Context) error {
 	defer deadline.Stop()
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	for d.dispatcher.d.Fleet().Len() < len(d.workers) {
+	for d.dispatcher.run().d.Fleet().Len() < len(d.workers) {
 		select {
 		case <-tick.C:
 		case <-deadline.C:

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
@@ -34,14 +35,14 @@ func DefaultDispatcher() DispatcherConfig {
 	}
 }
 
-// Dispatcher is a running dispatcher program.
+// Dispatcher is a running dispatcher program. Its /metrics listener is the
+// process's; its parts run in a dispatcherRun on one NATS connection,
+// started again on a new one if nats.go gives that up (rerun.go).
 type Dispatcher struct {
 	*life
 	cfg     DispatcherConfig
-	nc      *nats.Conn
-	store   *registry.Store // ours to close; nil when lent or absent
 	metrics *metricsServer
-	d       *dispatcher.Dispatcher
+	k       *keeper
 }
 
 // StartDispatcher starts a dispatcher: it connects to NATS (retrying for
@@ -53,18 +54,70 @@ func StartDispatcher(ctx context.Context, cfg DispatcherConfig) (*Dispatcher, er
 func startDispatcher(ctx context.Context, cfg DispatcherConfig, h host) (*Dispatcher, error) {
 	p := &Dispatcher{life: newLife(), cfg: cfg}
 	err := p.start(ctx, h)
-	if err := p.begin(err, p.metrics.shutdown, p.release); err != nil {
+	if err := p.begin(err, p.metrics.shutdown, func() {}); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
 func (p *Dispatcher) start(ctx context.Context, h host) error {
+	var err error
+	if p.metrics, err = listenMetrics(p.cfg.Metrics); err != nil {
+		return err
+	}
+	if p.metrics != nil {
+		p.part("metrics", p.metrics.serve)
+	}
+	p.k = newKeeper("dispatcher", componentLog(p.cfg.Log, "dispatcher"), func(ctx context.Context) (run, error) {
+		return startDispatcherRun(ctx, p.cfg, h, p.metrics, p.k.restarts)
+	})
+	first, err := startDispatcherRun(ctx, p.cfg, h, p.metrics, p.k.restarts)
+	if err != nil {
+		return err
+	}
+	p.part("dispatcher", p.k.keep(p.ctx, first))
+	return nil
+}
+
+// run is the dispatcher's current run.
+func (p *Dispatcher) run() *dispatcherRun { return p.k.current().(*dispatcherRun) }
+
+// Addr is the bound address of /metrics, "" when it is off.
+func (p *Dispatcher) Addr() string { return p.metrics.addr() }
+
+// ID is the dispatcher's id (its current run's: a new run is a new dispatcher).
+func (p *Dispatcher) ID() string { return p.run().d.ID() }
+
+// dispatcherRun is a dispatcher's parts on one NATS connection.
+type dispatcherRun struct {
+	*life
+	cfg   DispatcherConfig
+	watch *connWatch
+	nc    *nats.Conn
+	store *registry.Store // ours to close; nil when lent or absent
+	d     *dispatcher.Dispatcher
+}
+
+func startDispatcherRun(ctx context.Context, cfg DispatcherConfig, h host, ms *metricsServer, restarts prometheus.Counter) (*dispatcherRun, error) {
+	p := &dispatcherRun{life: newLife(), cfg: cfg, watch: newConnWatch()}
+	p.life.conn = p.watch
+	err := p.start(ctx, h, ms, restarts)
+	if err := p.begin(err, func() {}, p.release); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *dispatcherRun) lost() <-chan struct{} { return p.watch.lost() }
+func (p *dispatcherRun) conn() *nats.Conn      { return p.nc }
+
+func (p *dispatcherRun) start(ctx context.Context, h host, ms *metricsServer, restarts prometheus.Counter) error {
 	log := componentLog(p.cfg.Log, "dispatcher")
 	var err error
 	if p.nc, err = h.dialer()(ctx, p.cfg.NATS, "tokenbus-dispatcher", log); err != nil {
 		return err
 	}
+	p.watch.watch(p.nc)
 	var models dispatcher.Registry
 	cache := h.cache
 	if cache == nil && p.cfg.RedisURL != "" {
@@ -80,16 +133,12 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 	if cache != nil {
 		models = cache
 	}
-	reg := h.registry()
-	if h.metrics == nil {
+	reg := h.registry("dispatcher")
+	reg.MustRegister(restarts)
+	if !h.shared() {
 		registerConnMetrics(reg, p.nc, cache)
 	}
-	if p.metrics, err = listenMetrics(p.cfg.Metrics, reg); err != nil {
-		return err
-	}
-	if p.metrics != nil {
-		p.part("metrics", p.metrics.serve)
-	}
+	ms.show(reg)
 	dcfg := p.cfg.Dispatcher
 	if h.local != nil {
 		dcfg.Local = h.local
@@ -119,15 +168,9 @@ func (p *Dispatcher) start(ctx context.Context, h host) error {
 	return p.waitReady(ctx, p.d.Ready(), "the dispatcher")
 }
 
-func (p *Dispatcher) release() {
-	drain(p.nc)
+func (p *dispatcherRun) release() {
+	p.watch.close()
 	if p.store != nil {
 		_ = p.store.Close()
 	}
 }
-
-// Addr is the bound address of /metrics, "" when it is off.
-func (p *Dispatcher) Addr() string { return p.metrics.addr() }
-
-// ID is the dispatcher's id.
-func (p *Dispatcher) ID() string { return p.d.ID() }

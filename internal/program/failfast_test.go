@@ -19,10 +19,13 @@ import (
 )
 
 // simWorker starts a worker with the default (real-paced) sim on ns.
-func simWorker(t *testing.T, ns *server.Server, id string) *Worker {
+func simWorker(t *testing.T, ns *server.Server, id string, configure ...func(*WorkerConfig)) *Worker {
 	t.Helper()
 	wc := DefaultWorker()
 	wc.NATS.URL, wc.Worker.ID = ns.ClientURL(), id
+	for _, c := range configure {
+		c(&wc)
+	}
 	w, err := StartWorker(context.Background(), wc)
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +81,7 @@ func openStream(t *testing.T, ctx context.Context, addr string, n int) *bufio.Re
 // fleetLen is a WaitFor condition: gw's fleet has n workers.
 func fleetLen(gw *Gateway, n int) func() error {
 	return func() error {
-		if got := gw.workers.Len(); got != n {
+		if got := gw.run().workers.Len(); got != n {
 			return fmt.Errorf("%d workers in the fleet, want %d", got, n)
 		}
 		return nil
@@ -107,7 +110,7 @@ func TestDeadWorkerNoticedWithinASecond(t *testing.T) {
 	testenv.WaitFor(t, 10*time.Second, fleetLen(gw, 2))
 
 	killed := time.Now()
-	w1.nc.Close() // no drain, no goodbye: what NATS sees of kill -9
+	w1.run().nc.Close() // no drain, no goodbye: what NATS sees of kill -9
 	type end struct {
 		after time.Duration
 		last  string
@@ -209,7 +212,7 @@ func TestNATSDownIsAnImmediate503(t *testing.T) {
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if gw.nc.IsConnected() {
+		if gw.run().nc.IsConnected() {
 			return fmt.Errorf("the gateway still thinks it is connected")
 		}
 		return nil

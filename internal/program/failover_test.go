@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -48,7 +49,7 @@ func failoverFleet(t *testing.T, ns *server.Server) (*Dispatcher, []*Worker, *Ga
 		ws = append(ws, w)
 	}
 	testenv.WaitFor(t, 5*time.Second, func() error {
-		if n := disp.d.Fleet().Len(); n != 3 {
+		if n := disp.run().d.Fleet().Len(); n != 3 {
 			return fmt.Errorf("the dispatcher knows %d workers", n)
 		}
 		return nil
@@ -56,7 +57,7 @@ func failoverFleet(t *testing.T, ns *server.Server) (*Dispatcher, []*Worker, *Ga
 	gc := DefaultGateway()
 	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
-	gw, err := startGateway(ctx, gc, host{dispatcher: disp.d})
+	gw, err := startGateway(ctx, gc, host{dispatcher: func() *dispatcher.Dispatcher { return disp.run().d }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func kill(t *testing.T, ws []*Worker, dead map[string]bool) *Worker {
 		t.Fatal("no worker has streams to lose")
 	}
 	dead[victim.ID()] = true
-	victim.nc.Close()
+	victim.run().nc.Close()
 	return victim
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/admin"
 	"github.com/tokenbus/tokenbus/auth"
@@ -159,11 +160,91 @@ func (c HTTPConfig) check(haveStore bool) error {
 }
 
 // Gateway is a running gateway program: the OpenAI-compatible HTTP API, its
-// admin API if configured, and its embedded dispatcher if configured.
+// admin API if configured, and its embedded dispatcher if configured. Its
+// listeners are the process's; its parts run in a gatewayRun on one NATS
+// connection, started again on a new one if nats.go gives that up
+// (rerun.go).
 type Gateway struct {
 	*life
-	cfg GatewayConfig
-	log *slog.Logger
+	cfg       GatewayConfig
+	k         *keeper
+	ln, admLn *keptListener
+}
+
+// StartGateway starts a gateway: it connects to NATS (retrying for 30s) and
+// Redis, starts the embedded dispatcher, and serves once it takes requests.
+func StartGateway(ctx context.Context, cfg GatewayConfig) (*Gateway, error) {
+	return startGateway(ctx, cfg, host{})
+}
+
+func startGateway(ctx context.Context, cfg GatewayConfig, h host) (*Gateway, error) {
+	g := &Gateway{life: newLife(), cfg: cfg}
+	err := g.start(ctx, h)
+	if err := g.begin(err, func() {}, g.release); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+func (g *Gateway) start(ctx context.Context, h host) error {
+	cfg := g.cfg
+	if err := cfg.HTTP.check(h.store != nil || cfg.RedisURL != ""); err != nil {
+		return err
+	}
+	// The OpenAI API's listener first: the console needs its address.
+	ln, err := net.Listen("tcp", cfg.HTTP.Listen)
+	if err != nil {
+		return fmt.Errorf("gateway listen: %w", err)
+	}
+	g.ln = keep(ln)
+	if cfg.HTTP.Admin != "" {
+		aln, err := net.Listen("tcp", cfg.HTTP.Admin)
+		if err != nil {
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		g.admLn = keep(aln)
+	}
+	g.k = newKeeper("gateway", componentLog(cfg.Log, "gateway"), func(ctx context.Context) (run, error) {
+		return startGatewayRun(ctx, cfg, h, g.ln, g.admLn, g.k.restarts)
+	})
+	first, err := startGatewayRun(ctx, cfg, h, g.ln, g.admLn, g.k.restarts)
+	if err != nil {
+		return err
+	}
+	g.part("gateway", g.k.keep(g.ctx, first))
+	return nil
+}
+
+// release closes the listeners once the last run has ended.
+func (g *Gateway) release() {
+	if g.ln != nil {
+		_ = g.ln.Close()
+	}
+	if g.admLn != nil {
+		_ = g.admLn.Close()
+	}
+}
+
+// run is the gateway's current run.
+func (g *Gateway) run() *gatewayRun { return g.k.current().(*gatewayRun) }
+
+// Addr is the OpenAI API's bound address (host:port).
+func (g *Gateway) Addr() string { return g.ln.Addr().String() }
+
+// AdminAddr is the admin API's bound address, "" when it is off.
+func (g *Gateway) AdminAddr() string {
+	if g.admLn == nil {
+		return ""
+	}
+	return g.admLn.Addr().String()
+}
+
+// gatewayRun is a gateway's parts on one NATS connection.
+type gatewayRun struct {
+	*life
+	cfg   GatewayConfig
+	log   *slog.Logger
+	watch *connWatch
 
 	nc        *nats.Conn
 	store     *registry.Store // ours to close; nil when lent or absent
@@ -177,33 +258,29 @@ type Gateway struct {
 	stopUsage context.CancelFunc // the usage publisher and consumer
 	usageDone chan struct{}      // closed when both returned
 	adm       *admin.Server
-	ln, admLn net.Listener
+	ln, admLn net.Listener // views of the process's listeners
 }
 
-// StartGateway starts a gateway: it connects to NATS (retrying for 30s) and
-// Redis, starts the embedded dispatcher, and serves once it takes requests.
-func StartGateway(ctx context.Context, cfg GatewayConfig) (*Gateway, error) {
-	return startGateway(ctx, cfg, host{})
-}
-
-func startGateway(ctx context.Context, cfg GatewayConfig, h host) (*Gateway, error) {
-	gw := &Gateway{life: newLife(), cfg: cfg, log: componentLog(cfg.Log, "gateway")}
-	err := gw.start(ctx, h)
+func startGatewayRun(ctx context.Context, cfg GatewayConfig, h host, ln, admLn *keptListener, restarts prometheus.Counter) (*gatewayRun, error) {
+	gw := &gatewayRun{life: newLife(), cfg: cfg, log: componentLog(cfg.Log, "gateway"), watch: newConnWatch()}
+	gw.life.conn = gw.watch
+	err := gw.start(ctx, h, ln, admLn, restarts)
 	if err := gw.begin(err, gw.shutdown, gw.release); err != nil {
 		return nil, err
 	}
 	return gw, nil
 }
 
-func (gw *Gateway) start(ctx context.Context, h host) error {
+func (gw *gatewayRun) lost() <-chan struct{} { return gw.watch.lost() }
+func (gw *gatewayRun) conn() *nats.Conn      { return gw.nc }
+
+func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener, restarts prometheus.Counter) error {
 	cfg, log := gw.cfg, gw.log
-	if err := cfg.HTTP.check(h.store != nil || cfg.RedisURL != ""); err != nil {
-		return err
-	}
 	var err error
 	if gw.nc, err = h.dialer()(ctx, cfg.NATS, "tokenbus-gateway", log); err != nil {
 		return err
 	}
+	gw.watch.watch(gw.nc)
 	store, cache := h.store, h.cache
 	if store == nil && cfg.RedisURL != "" {
 		if store, err = registry.Open(ctx, cfg.RedisURL); err != nil {
@@ -214,12 +291,16 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		_ = cache.Refresh(ctx)
 		gw.part("registry cache", func() error { cache.Run(gw.ctx, gw.nc, 10*time.Second); return nil })
 	}
-	reg := h.registry()
-	if h.metrics == nil {
+	reg := h.registry("gateway")
+	reg.MustRegister(restarts)
+	if !h.shared() {
 		registerConnMetrics(reg, gw.nc, cache)
 	}
 
-	d := h.dispatcher
+	var d *dispatcher.Dispatcher
+	if h.dispatcher != nil {
+		d = h.dispatcher()
+	}
 	if d == nil && cfg.EmbedDispatcher {
 		var models dispatcher.Registry
 		if cache != nil {
@@ -277,6 +358,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
 		CORS:            cfg.HTTP.CORS,
+		Metrics:         h.gatherer(reg),
 	}
 	trusted, _ := gateway.ParseTrustedProxies(cfg.HTTP.TrustedProxies) // checked above
 	throttle := gateway.ThrottleConfig{Failures: cfg.HTTP.AuthFailures}
@@ -325,20 +407,15 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	}
 	gw.g = gateway.New(gcfg, gw.cl, gateway.NewCatalog(workers, models), gw.nc, reg, log)
 
-	// The OpenAI API's listener first: the console needs its address.
-	if gw.ln, err = net.Listen("tcp", cfg.HTTP.Listen); err != nil {
-		return fmt.Errorf("gateway listen: %w", err)
-	}
+	gw.ln = ln.view()
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
 			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
-			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: reg,
+			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: h.gatherer(reg),
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
 		}
-		if gw.admLn, err = net.Listen("tcp", cfg.HTTP.Admin); err != nil {
-			return fmt.Errorf("admin listen: %w", err)
-		}
+		gw.admLn = admLn.view()
 		gw.part("admin API", func() error { return gw.adm.Serve(gw.admLn) })
 	}
 	gw.part("gateway", func() error { return gw.g.Serve(gw.ln) })
@@ -348,7 +425,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 // shutdown stops the HTTP side within ShutdownTimeout (open streams may
 // finish; the admin API at once), waits for the usage of the last requests,
 // then stops the embedded dispatcher.
-func (gw *Gateway) shutdown() {
+func (gw *gatewayRun) shutdown() {
 	sctx, cancel := context.WithTimeout(context.Background(), gw.cfg.HTTP.ShutdownTimeout)
 	defer cancel()
 	if gw.adm != nil {
@@ -379,23 +456,12 @@ func (gw *Gateway) shutdown() {
 	}
 }
 
-func (gw *Gateway) release() {
+func (gw *gatewayRun) release() {
 	if gw.unsubKeys != nil {
 		gw.unsubKeys()
 	}
-	drain(gw.nc)
+	gw.watch.close()
 	if gw.store != nil {
 		_ = gw.store.Close()
 	}
-}
-
-// Addr is the OpenAI API's bound address (host:port).
-func (gw *Gateway) Addr() string { return gw.ln.Addr().String() }
-
-// AdminAddr is the admin API's bound address, "" when it is off.
-func (gw *Gateway) AdminAddr() string {
-	if gw.admLn == nil {
-		return ""
-	}
-	return gw.admLn.Addr().String()
 }

@@ -122,10 +122,10 @@ func startHostileWorld(t testing.TB) *hostileWorld {
 	w := &hostileWorld{edgeWorld: startEdgeWorld(t, "")}
 	w.key = w.edgeWorld.key(t)
 	w.base, w.admin = "http://"+w.gw.Addr(), "http://"+w.gw.AdminAddr()
-	if w.gw.g == nil || w.gw.adm == nil {
+	if w.gw.run().g == nil || w.gw.run().adm == nil {
 		t.Fatal("the gateway runs without its API or admin API")
 	}
-	if !w.gw.nc.IsConnected() || w.gw.nc.Stats().Reconnects != 0 {
+	if !w.gw.run().nc.IsConnected() || w.gw.run().nc.Stats().Reconnects != 0 {
 		t.Fatal("the gateway is not on its first connection")
 	}
 	// JetStream stores on: without them the files, batches and responses
@@ -207,8 +207,8 @@ func (w *hostileWorld) send(t *testing.T, r hostileRequest) (status int, body st
 			t.Errorf("%s: the error quotes %d bytes", what, len(e.Error.Message))
 		}
 	}
-	if !w.gw.nc.IsConnected() || w.gw.nc.Stats().Reconnects != 0 {
-		t.Fatalf("%s: the gateway lost its NATS connection (closed %v, last error %v)", what, w.gw.nc.IsClosed(), w.gw.nc.LastError())
+	if !w.gw.run().nc.IsConnected() || w.gw.run().nc.Stats().Reconnects != 0 {
+		t.Fatalf("%s: the gateway lost its NATS connection (closed %v, last error %v)", what, w.gw.run().nc.IsClosed(), w.gw.run().nc.LastError())
 	}
 	select {
 	case <-w.gw.Done():
@@ -258,7 +258,7 @@ func clipForLog(s string) string {
 
 func TestHostileIDsOnEveryRoute(t *testing.T) {
 	w := startHostileWorld(t)
-	apps := map[string]*fiber.App{"": w.gw.g.App(), "admin:": w.gw.adm.App()}
+	apps := map[string]*fiber.App{"": w.gw.run().g.App(), "admin:": w.gw.run().adm.App()}
 	n := 0
 	for _, x := range hostileIDs() {
 		for prefix, app := range apps {
@@ -303,10 +303,10 @@ func FuzzHostileIDs(f *testing.F) {
 	}
 	w := startHostileWorld(f)
 	f.Fuzz(func(t *testing.T, x string) {
-		for _, r := range routesWithParams(w.gw.g.App(), x) {
+		for _, r := range routesWithParams(w.gw.run().g.App(), x) {
 			w.send(t, r)
 		}
-		for _, r := range routesWithParams(w.gw.adm.App(), x) {
+		for _, r := range routesWithParams(w.gw.run().adm.App(), x) {
 			r.method = "admin:" + r.method
 			w.send(t, r)
 		}

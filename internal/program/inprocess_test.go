@@ -33,7 +33,7 @@ func TestDevInMemory(t *testing.T) {
 	}
 	t.Cleanup(nc.Close)
 	var onBus atomic.Int64
-	for _, subject := range []string{d.gateway.cl.Prefix() + ">", schemas.WorkPrefix + ">"} {
+	for _, subject := range []string{d.gateway.run().cl.Prefix() + ">", schemas.WorkPrefix + ">"} {
 		if _, err := nc.Subscribe(subject, func(*nats.Msg) { onBus.Add(1) }); err != nil {
 			t.Fatal(err)
 		}

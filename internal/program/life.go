@@ -26,6 +26,10 @@ type life struct {
 	g      *errgroup.Group
 	done   chan struct{} // closed once released
 	err    error         // the first error; read after done
+	// conn, when set (before the first part), is the NATS connection of a
+	// run (rerun.go): a part that stops because nats.go gave it up does not
+	// end the run, whose keeper starts the next one and closes this one.
+	conn *connWatch
 }
 
 func newLife() *life {
@@ -39,6 +43,9 @@ func newLife() *life {
 func (l *life) part(name string, run func() error) {
 	l.g.Go(func() error {
 		err := run()
+		if l.ctx.Err() == nil && l.conn.given() {
+			return nil // its connection is gone; the run's keeper replaces the run
+		}
 		if err == nil && l.ctx.Err() == nil {
 			err = errStopped
 		}

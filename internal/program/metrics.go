@@ -6,24 +6,28 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/tokenbus/tokenbus/registry"
 )
 
 // metricsServer serves /metrics for a program with no other HTTP listener
-// (dispatcher, worker). A nil *metricsServer is one that is off.
+// (dispatcher, worker): the registry of the program's current run. A nil
+// *metricsServer is one that is off.
 type metricsServer struct {
 	srv *http.Server
 	ln  net.Listener
+	reg atomic.Pointer[prometheus.Registry] // the current run's
 }
 
-// listenMetrics listens on addr for /metrics of reg; "" is off (nil).
-func listenMetrics(addr string, reg *prometheus.Registry) (*metricsServer, error) {
+// listenMetrics listens on addr for /metrics; "" is off (nil).
+func listenMetrics(addr string) (*metricsServer, error) {
 	if addr == "" {
 		return nil, nil
 	}
@@ -31,9 +35,21 @@ func listenMetrics(addr string, reg *prometheus.Registry) (*metricsServer, error
 	if err != nil {
 		return nil, fmt.Errorf("metrics listen: %w", err)
 	}
+	m := &metricsServer{ln: ln}
+	m.reg.Store(prometheus.NewRegistry())
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	return &metricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}, ln: ln}, nil
+	mux.Handle("/metrics", promhttp.HandlerFor(prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		return m.reg.Load().Gather()
+	}), promhttp.HandlerOpts{}))
+	m.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return m, nil
+}
+
+// show makes /metrics show reg (a new run's).
+func (m *metricsServer) show(reg *prometheus.Registry) {
+	if m != nil {
+		m.reg.Store(reg)
+	}
 }
 
 // serve serves until shutdown, then returns nil.

@@ -154,7 +154,7 @@ func TestGatewayServeFailureEndsTheProgram(t *testing.T) {
 	if !errors.Is(werr, errStopped) || !strings.HasPrefix(werr.Error(), "gateway: ") {
 		t.Fatalf("Wait: %v, want the gateway's", werr)
 	}
-	if !gw.nc.IsClosed() {
+	if !gw.run().nc.IsClosed() {
 		t.Fatal("the NATS connection outlived the program")
 	}
 	if err := gw.Close(); err != werr {

@@ -11,7 +11,7 @@ import (
 // runner as a part of the gateway. Like batches, it needs JetStream;
 // without it /v1/responses still answers, with neither store nor
 // background.
-func (gw *Gateway) startResponses(ctx context.Context) (*responses.Store, error) {
+func (gw *gatewayRun) startResponses(ctx context.Context) (*responses.Store, error) {
 	cfg := gw.cfg.HTTP.Batch // the same switch and replicas as batches: both are JetStream state
 	if !cfg.Enabled {
 		return nil, nil

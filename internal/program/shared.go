@@ -18,12 +18,15 @@ import (
 // registry; what a host lends, the program uses and does not close.
 type host struct {
 	dial    dialer               // nil: dialURL
-	store   *registry.Store      // nil: open the config's RedisURL, if any
-	cache   *registry.Cache      // with store: the shared, running model cache
-	metrics *prometheus.Registry // nil: a registry of the program's own
+	store *registry.Store // nil: open the config's RedisURL, if any
+	cache *registry.Cache // with store: the shared, running model cache
+	// metrics, in dev: the process's /metrics, which shows a registry of
+	// each program's current run (registry(name)); nil: every run has a
+	// registry of its own and serves it.
+	metrics *gatherers
 	// dispatcher, for a gateway: route in-process through this one (dev's),
 	// whose fleet also answers /ready, /v1/models and the admin API.
-	dispatcher *dispatcher.Dispatcher
+	dispatcher func() *dispatcher.Dispatcher
 	// engine, for a worker: drive this engine (dev builds its engines first,
 	// to learn which models they serve); the worker closes it.
 	engine engine.Engine
@@ -39,12 +42,30 @@ func (h host) dialer() dialer {
 	return h.dial
 }
 
-func (h host) registry() *prometheus.Registry {
+// registry is a fresh registry for a run of the program name: in dev, one
+// that the process's /metrics shows from now on instead of the program's
+// previous run's; otherwise one with the Go runtime's and the process's
+// collectors, which the run serves itself.
+func (h host) registry(name string) *prometheus.Registry {
 	if h.metrics != nil {
-		return h.metrics
+		reg := prometheus.NewRegistry()
+		h.metrics.set(name, reg)
+		return reg
 	}
 	return newRegistry()
 }
+
+// gatherer is what a run whose registry is reg serves on /metrics.
+func (h host) gatherer(reg *prometheus.Registry) prometheus.Gatherer {
+	if h.metrics != nil {
+		return h.metrics
+	}
+	return reg
+}
+
+// shared reports whether the run is one of dev's programs (which share the
+// process's connection metrics and usage publisher counts).
+func (h host) shared() bool { return h.metrics != nil }
 
 // newRegistry is a metrics registry with the Go runtime's and the process's
 // collectors, as every program exposes.

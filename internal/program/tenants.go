@@ -56,7 +56,7 @@ var _ workers.UsageSink = workerUsage{}
 
 // startWorkerUsage starts the publisher of worker p; stopWorkerUsage
 // flushes it at shutdown.
-func (p *Worker) startWorkerUsage(source string, reg prometheus.Registerer, log *slog.Logger) (workers.UsageSink, error) {
+func (p *workerRun) startWorkerUsage(source string, reg prometheus.Registerer, log *slog.Logger) (workers.UsageSink, error) {
 	pub, err := usage.NewPublisher(p.nc, usage.PublisherConfig{Source: source, Log: log, Metrics: reg})
 	if err != nil {
 		return nil, err

@@ -15,7 +15,7 @@ import (
 // requests into JetStream, written straight to Redis when JetStream refuses
 // them) and the consumer that writes the stream's records to Redis. Both
 // run until stopUsageAfter, after the last request's usage was published.
-func (gw *Gateway) startUsage(limiter *registry.Limiter, reg prometheus.Registerer) error {
+func (gw *gatewayRun) startUsage(limiter *registry.Limiter, reg prometheus.Registerer) error {
 	lim := gw.cfg.HTTP.Limits
 	record := func(ctx context.Context, recs []schemas.UsageRecord) error {
 		_, err := limiter.RecordBatch(ctx, recs)
@@ -45,7 +45,7 @@ func (gw *Gateway) startUsage(limiter *registry.Limiter, reg prometheus.Register
 // stopUsageAfter lets the publisher store what it holds until ctx ends,
 // then stops it and the consumer (records left in the stream wait there for
 // the next gateway).
-func (gw *Gateway) stopUsageAfter(ctx context.Context) {
+func (gw *gatewayRun) stopUsageAfter(ctx context.Context) {
 	if gw.pub == nil {
 		return
 	}

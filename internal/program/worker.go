@@ -41,14 +41,26 @@ func DefaultWorker() WorkerConfig {
 	}
 }
 
-// Worker is a running worker program.
+// Worker is a running worker program. Its engine and /metrics listener are
+// the process's; its parts run in a workerRun on one NATS connection,
+// started again on a new one if nats.go gives that up (rerun.go), with the
+// same id and engine.
 type Worker struct {
 	*life
 	cfg     WorkerConfig
 	eng     engine.Engine
-	nc      *nats.Conn
 	metrics *metricsServer
-	w       *workers.Worker
+	k       *keeper
+}
+
+// workerRun is a worker's parts on one NATS connection.
+type workerRun struct {
+	*life
+	cfg   WorkerConfig
+	watch *connWatch
+	eng   engine.Engine // lent by the Worker
+	nc    *nats.Conn
+	w     *workers.Worker
 
 	stopUsage func() // flushes the usage publisher; nil before it started
 }
@@ -71,46 +83,94 @@ func startWorker(ctx context.Context, cfg WorkerConfig, h host) (*Worker, error)
 }
 
 func (p *Worker) start(ctx context.Context, h host) error {
-	cfg, log := p.cfg, componentLog(p.cfg.Log, "worker")
 	var err error
 	if p.eng == nil {
-		if p.eng, err = newEngine(ctx, cfg.Engine, componentLog(cfg.Log, "engine")); err != nil {
+		if p.eng, err = newEngine(ctx, p.cfg.Engine, componentLog(p.cfg.Log, "engine")); err != nil {
 			p.eng = nil // newEngine closed it
 			return err
 		}
 	}
+	if p.cfg.Worker.ID == "" { // one id for every run
+		p.cfg.Worker.ID = hostID("worker") + "-" + nuid.Next()[:6]
+	}
+	if p.metrics, err = listenMetrics(p.cfg.Metrics); err != nil {
+		return err
+	}
+	if p.metrics != nil {
+		p.part("metrics", p.metrics.serve)
+	}
+	p.k = newKeeper(p.cfg.Worker.ID, componentLog(p.cfg.Log, "worker"), func(ctx context.Context) (run, error) {
+		return startWorkerRun(ctx, p.cfg, h, p.eng, p.metrics, p.k.restarts)
+	})
+	first, err := startWorkerRun(ctx, p.cfg, h, p.eng, p.metrics, p.k.restarts)
+	if err != nil {
+		return err
+	}
+	p.part("worker", p.k.keep(p.ctx, first))
+	return nil
+}
+
+// release closes the engine once the last run has ended.
+func (p *Worker) release() {
+	if p.eng != nil {
+		p.eng.Close()
+	}
+}
+
+// run is the worker's current run.
+func (p *Worker) run() *workerRun { return p.k.current().(*workerRun) }
+
+// Addr is the bound address of /metrics, "" when it is off.
+func (p *Worker) Addr() string { return p.metrics.addr() }
+
+// ID is the worker's id.
+func (p *Worker) ID() string { return p.cfg.Worker.ID }
+
+// Models are the models the worker's engine serves.
+func (p *Worker) Models() []string { return p.eng.Models() }
+
+func startWorkerRun(ctx context.Context, cfg WorkerConfig, h host, eng engine.Engine, ms *metricsServer, restarts prometheus.Counter) (*workerRun, error) {
+	p := &workerRun{life: newLife(), cfg: cfg, eng: eng, watch: newConnWatch()}
+	p.life.conn = p.watch
+	err := p.start(ctx, h, ms, restarts)
+	if err := p.begin(err, func() {}, p.release); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *workerRun) lost() <-chan struct{} { return p.watch.lost() }
+func (p *workerRun) conn() *nats.Conn      { return p.nc }
+
+func (p *workerRun) start(ctx context.Context, h host, ms *metricsServer, restarts prometheus.Counter) error {
+	cfg, log := p.cfg, componentLog(p.cfg.Log, "worker")
+	var err error
 	if cfg.NATS.Inbox == "" {
 		cfg.NATS.Inbox = schemas.WorkerInboxPrefix
 	}
 	if p.nc, err = h.dialer()(ctx, cfg.NATS, "tokenbus-worker", log); err != nil {
 		return err
 	}
+	p.watch.watch(p.nc)
 	if cfg.RedisURL != "" {
 		if err := registerModels(ctx, cfg.RedisURL, p.eng.Models(), p.nc); err != nil {
 			log.Warn("could not register models in Redis; serving anyway", "err", err)
 		}
 	}
-	reg := h.registry()
-	if h.metrics == nil {
+	wcfg := cfg.Worker
+	reg := h.registry(wcfg.ID)
+	reg.MustRegister(restarts)
+	if !h.shared() {
 		registerConnMetrics(reg, p.nc, nil)
 	}
-	if p.metrics, err = listenMetrics(cfg.Metrics, reg); err != nil {
-		return err
-	}
-	if p.metrics != nil {
-		p.part("metrics", p.metrics.serve)
-	}
-	wcfg := cfg.Worker
-	if wcfg.ID == "" {
-		wcfg.ID = hostID("worker") + "-" + nuid.Next()[:6]
-	}
+	ms.show(reg)
 	wcfg.Version, wcfg.Metrics = cfg.Version, reg
 	if h.local != nil {
 		wcfg.Local = h.local
 	}
 	if wcfg.Usage == nil {
 		var ureg prometheus.Registerer
-		if h.metrics == nil { // in dev, the workers share one registry: the gateway's publisher counts
+		if !h.shared() { // in dev, the gateway's publisher counts
 			ureg = reg
 		}
 		if wcfg.Usage, err = p.startWorkerUsage(wcfg.ID, ureg, log); err != nil {
@@ -127,26 +187,14 @@ func (p *Worker) start(ctx context.Context, h host) error {
 	return p.waitReady(ctx, p.w.Ready(), "the worker")
 }
 
-// release drains the connection once the worker has drained its requests,
-// then closes the engine.
-func (p *Worker) release() {
+// release drains the connection once the worker has drained its requests
+// (the engine is the Worker's).
+func (p *workerRun) release() {
 	if p.stopUsage != nil {
 		p.stopUsage()
 	}
-	drain(p.nc)
-	if p.eng != nil {
-		p.eng.Close()
-	}
+	p.watch.close()
 }
-
-// Addr is the bound address of /metrics, "" when it is off.
-func (p *Worker) Addr() string { return p.metrics.addr() }
-
-// ID is the worker's id.
-func (p *Worker) ID() string { return p.w.ID() }
-
-// Models are the models the worker's engine serves.
-func (p *Worker) Models() []string { return p.eng.Models() }
 
 // hostID is the host name as a subject token, prefix if it has none.
 func hostID(prefix string) string {
