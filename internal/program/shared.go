@@ -17,7 +17,7 @@ import (
 // connects them in-process and shares its store, model cache and metrics
 // registry; what a host lends, the program uses and does not close.
 type host struct {
-	dial    dialer               // nil: dialURL
+	dial  dialer          // nil: dialURL
 	store *registry.Store // nil: open the config's RedisURL, if any
 	cache *registry.Cache // with store: the shared, running model cache
 	// metrics, in dev: the process's /metrics, which shows a registry of
