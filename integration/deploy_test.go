@@ -138,9 +138,13 @@ func (c *componentLog) logger() *slog.Logger {
 // deployStack is a gateway (no embedded dispatcher), a dispatcher and a sim
 // worker, each logged in as its deploy user.
 type deployStack struct {
-	base, admin, worker string // the worker's: its /metrics
-	logs                map[string]*componentLog
+	base, admin string
+	metrics     busMetrics
+	logs        map[string]*componentLog
 }
+
+// busMetrics are the base URLs of the dispatcher's and worker's /metrics.
+type busMetrics struct{ dispatcher, worker string }
 
 const deployAdminToken = "deploy-admin-token"
 
@@ -153,7 +157,7 @@ func startDeployStack(t *testing.T, url, redisURL string) *deployStack {
 		s.logs[name] = l
 		return l.logger()
 	}
-	s.worker = startDispatcherWorker(t, url, redisURL, logFor)
+	s.metrics = startDispatcherWorker(t, url, redisURL, logFor)
 	gcfg := program.DefaultGateway()
 	gcfg.NATS, gcfg.RedisURL, gcfg.Log = deployLogin(url, "gateway"), redisURL, logFor("gateway")
 	gcfg.EmbedDispatcher = false
@@ -175,13 +179,13 @@ func deployLogin(url, user string) natsconn.Options {
 }
 
 // startDispatcherWorker starts a dispatcher and a sim worker (id w1, model
-// llama-8b) logged in as their deploy users, logging to logFor(name); the
-// worker's metrics URL.
-func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(string) *slog.Logger) string {
+// llama-8b) logged in as their deploy users, logging to logFor(name).
+func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(string) *slog.Logger) busMetrics {
 	t.Helper()
 	ctx := context.Background()
 	dcfg := program.DefaultDispatcher()
 	dcfg.NATS, dcfg.RedisURL, dcfg.Log = deployLogin(url, "dispatcher"), redisURL, logFor("dispatcher")
+	dcfg.Metrics = "127.0.0.1:0"
 	disp, err := program.StartDispatcher(ctx, dcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +202,7 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = wk.Close() })
-	return "http://" + wk.Addr()
+	return busMetrics{dispatcher: "http://" + disp.Addr(), worker: "http://" + wk.Addr()}
 }
 
 // TestDeployConfigEveryFeature runs every feature of tokenbus through a
@@ -280,7 +284,7 @@ func TestDeployConfigEveryFeature(t *testing.T) {
 
 	t.Run("prefix-aware routing", func(t *testing.T) {
 		// The worker publishes its prefix cache's events (kv.w1), the
-		// dispatcher reads them and predicts the repeated prompt cached.
+		// dispatcher takes them in, and predicts the repeated prompt cached.
 		system := strings.Repeat("You are a careful assistant who answers in plain words. ", 20)
 		body := fmt.Sprintf(`{"model":"llama-8b","max_tokens":2,"messages":[{"role":"system","content":%q},{"role":"user","content":"hi"}]}`, system)
 		// Again until one is predicted (the events go out every 50 ms).
@@ -289,8 +293,9 @@ func TestDeployConfigEveryFeature(t *testing.T) {
 				t.Fatalf("chat: %d %v %s", st, err, b)
 			}
 			requests++
-			if predicted, _, n := prefixCounts(t, s.worker); predicted <= 0 {
-				return fmt.Errorf("%d requests compared, %v tokens predicted cached", n, predicted)
+			kv := metricValue(t, s.metrics.dispatcher, "tokenbus_dispatcher_kv_events_total")
+			if predicted, _, n := prefixCounts(t, s.metrics.worker); kv <= 0 || predicted <= 0 {
+				return fmt.Errorf("dispatcher took %v KV event messages; %d requests compared, %v tokens predicted cached", kv, n, predicted)
 			}
 			return nil
 		})
