@@ -212,9 +212,6 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 // program's (nats.go reports a refused publish or subscription as an
 // asynchronous error, which every program logs), and no feature turned off.
 func TestDeployConfigEveryFeature(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: a whole distributed stack")
-	}
 	for k, v := range deployPasswords {
 		t.Setenv(k, v)
 	}
