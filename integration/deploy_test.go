@@ -547,6 +547,9 @@ func uploadFile(t *testing.T, base string, content []byte, hdr []string) string 
 // (rather than "JetStream is unavailable", which sends operators to
 // $JS.API.>).
 func TestDeployFeatureOffSaysWhy(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: each refused store takes its 5 s opening timeout")
+	}
 	for k, v := range deployPasswords {
 		t.Setenv(k, v)
 	}
