@@ -656,6 +656,82 @@ func TestNATSPermissions(t *testing.T) {
 		w.violation(t, "publish", "$JS.API.STREAM.PURGE.TOKENBUS_USAGE")
 	})
 
+	t.Run("prefix-cache events: workers publish, dispatchers and gateways read", func(t *testing.T) {
+		w := connect(t, ns, "worker-kv", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]))
+		d := connect(t, ns, "dispatcher-kv", nats.UserInfo("dispatcher", testPasswords["NATS_DISPATCHER_PASSWORD"]))
+		g := connect(t, ns, "gateway-kv", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+		var subs []*nats.Subscription
+		for _, c := range []*conn{d, g} {
+			sub, err := c.SubscribeSync("tokenbus.v1.kv.*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			subs = append(subs, sub)
+			c.noErrors(t)
+		}
+		if err := w.Publish("tokenbus.v1.kv.w1", []byte(`{"worker":"w1"}`)); err != nil {
+			t.Fatal(err)
+		}
+		w.noErrors(t)
+		for i, sub := range subs {
+			if _, err := sub.NextMsg(3 * time.Second); err != nil {
+				t.Errorf("reader %d: %v", i, err)
+			}
+		}
+		// A tenant can neither feed the routing nor watch what is cached.
+		_ = tenantA.Publish("tokenbus.v1.kv.w1", []byte(`{}`))
+		tenantA.violation(t, "publish", "tokenbus.v1.kv.w1")
+		_, _ = tenantA.SubscribeSync("tokenbus.v1.kv.*")
+		tenantA.violation(t, "subscription", "tokenbus.v1.kv.*")
+	})
+
+	t.Run("the gateway's JetStream: tokenbus's streams, none deleted", func(t *testing.T) {
+		// What batch.Open and responses.Open create, on the gateway's
+		// connection; then what no feature does is refused.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		g := connect(t, ns, "gateway-js", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+		js, err := jetstream.New(g.Conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "TOKENBUS_FILES"}); err != nil {
+			t.Errorf("files: %v", err)
+		}
+		for _, b := range []string{"TOKENBUS_BATCHES", "TOKENBUS_RESPONSES"} {
+			if _, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: b}); err != nil {
+				t.Errorf("%s: %v", b, err)
+			}
+		}
+		for name, subj := range map[string]string{"TOKENBUS_BATCH": "tokenbus.v1.batch.work.*",
+			"TOKENBUS_BATCH_RESULTS": "tokenbus.v1.batch.result.>", "TOKENBUS_RESPONSE_EVENTS": "tokenbus.v1.responses.events.*",
+			"TOKENBUS_RESPONSE_WORK": "tokenbus.v1.responses.work.*"} {
+			if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subj}}); err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+		g.noErrors(t)
+		streams := []string{"OBJ_TOKENBUS_FILES", "KV_TOKENBUS_BATCHES", "KV_TOKENBUS_RESPONSES", "TOKENBUS_BATCH",
+			"TOKENBUS_BATCH_RESULTS", "TOKENBUS_RESPONSE_EVENTS", "TOKENBUS_RESPONSE_WORK", "TOKENBUS_USAGE"}
+		refused := []string{"$JS.API.STREAM.LIST", "$JS.API.STREAM.NAMES", "$JS.API.ACCOUNT.PURGE.TOKENBUS",
+			"$JS.API.STREAM.PURGE.KV_TOKENBUS_RESPONSES", "$JS.API.STREAM.PURGE.KV_TOKENBUS_BATCHES",
+			"$JS.API.STREAM.PURGE.TOKENBUS_RESPONSE_WORK", "$JS.API.STREAM.MSG.DELETE.KV_TOKENBUS_RESPONSES",
+			"$JS.API.CONSUMER.CREATE.OTHER.x", "$JS.API.DIRECT.GET.OTHER"}
+		for _, st := range streams {
+			refused = append(refused, "$JS.API.STREAM.DELETE."+st, "$JS.API.STREAM.SNAPSHOT."+st,
+				"$JS.API.STREAM.RESTORE."+st, "$JS.API.CONSUMER.PAUSE."+st+".x")
+		}
+		for _, subj := range refused {
+			_ = g.Publish(subj, nil)
+			g.violation(t, "publish", subj)
+		}
+		// The workers, dispatchers and tenants have no JetStream API at all.
+		for _, c := range []*conn{f.w1, tenantA} {
+			_ = c.Publish("$JS.API.STREAM.INFO.TOKENBUS_BATCH", nil)
+			c.violation(t, "publish", "$JS.API.STREAM.INFO.TOKENBUS_BATCH")
+		}
+	})
+
 	t.Run("operator drives a worker's control subject", func(t *testing.T) {
 		op := connect(t, ns, "operator", nats.UserInfo("operator", testPasswords["NATS_OPERATOR_PASSWORD"]))
 		m, err := op.Request("tokenbus.v1.ctl.w1.drain", []byte("{}"), 3*time.Second)
@@ -687,6 +763,49 @@ func TestNATSPermissions(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestNATSJetStreamLimits: the limits nats.conf sets are the ones the
+// server applies to the TOKENBUS account (as the gateway reads them), and
+// a stream's MaxBytes is reserved against them at creation, as nats.conf
+// says: the sum of every tokenbus stream's MaxBytes must fit in max_file.
+func TestNATSJetStreamLimits(t *testing.T) {
+	setEnv(t, testPasswords)
+	opts := natsOpts(t)
+	const gib = 1 << 30
+	if opts.JetStreamMaxStore != 24*gib || opts.JetStreamMaxMemory != 256<<20 {
+		t.Errorf("server max_file_store %d, max_memory_store %d", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
+	}
+	ns := startNATS(t)
+	g := connect(t, ns, "gateway", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
+	js, err := jetstream.New(g.Conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := jetstream.AccountLimits{MaxMemory: 256 << 20, MaxStore: 20 * gib, MaxStreams: 64, MaxConsumers: 32768}
+	got := info.Limits
+	if got.MaxMemory != want.MaxMemory || got.MaxStore != want.MaxStore || got.MaxStreams != want.MaxStreams || got.MaxConsumers != want.MaxConsumers {
+		t.Errorf("TOKENBUS limits %+v, want %+v", got, want)
+	}
+	if got.MaxStore > opts.JetStreamMaxStore {
+		t.Errorf("the account may reserve %d, more than the server's %d", got.MaxStore, opts.JetStreamMaxStore)
+	}
+	// 15 GiB fits; another 6 GiB does not (20 GiB in all).
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "TOKENBUS_BATCH",
+		Subjects: []string{"tokenbus.v1.batch.work.*"}, MaxBytes: 15 * gib}); err != nil {
+		t.Fatalf("a 15 GiB stream: %v", err)
+	}
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "TOKENBUS_BATCH_RESULTS",
+		Subjects: []string{"tokenbus.v1.batch.result.>"}, MaxBytes: 6 * gib})
+	if err == nil || !strings.Contains(err.Error(), "insufficient") {
+		t.Errorf("a second stream reserving past max_file: %v, want insufficient resources", err)
+	}
 }
 
 // TestNATSPrefixWildcard backs a claim of nats.conf: `*` is a wildcard only

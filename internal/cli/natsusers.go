@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/natsusers"
@@ -20,7 +21,7 @@ func runNATSUsers(ctx context.Context, args []string, stdout, _ io.Writer) error
 		nkeys    map[string]string
 	)
 	fs.StringVar(&redisURL, "redis-url", "", "Redis holding the API keys: one user per tenant of those keys (empty: only --tenant)")
-	fs.StringArrayVar(&pairs, "tenant", nil, "key-id:tenant or key-id:tenant:model,model (repeat for each key)")
+	fs.StringArrayVar(&pairs, "tenant", nil, "key-id:tenant or key-id:tenant:model,model (repeat for each key); a tenant named after a deploy user (gateway, dispatcher, worker, operator, sys) or workers is refused")
 	fs.StringToStringVar(&nkeys, "nkey", nil, "tenant=public nkey (U...): the tenant logs in with that nkey instead of a password")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
@@ -46,5 +47,15 @@ func runNATSUsers(ctx context.Context, args []string, stdout, _ io.Writer) error
 	if len(keys) == 0 {
 		return fmt.Errorf("no keys: give --redis-url or --tenant")
 	}
-	return natsusers.Write(stdout, natsusers.FromKeys(keys, nkeys))
+	tenants := natsusers.FromKeys(keys, nkeys)
+	// An --nkey for a tenant with no key is a typo: that tenant would
+	// silently keep a password login.
+	for name := range nkeys {
+		if !slices.ContainsFunc(tenants, func(t natsusers.Tenant) bool { return t.Name == name }) {
+			return fmt.Errorf("--nkey %s=...: no API key of tenant %q", name, name)
+		}
+	}
+	// Written only if every tenant passes natsusers.Check: distinct users,
+	// password variables, inboxes, nkeys and keys, no reserved name.
+	return natsusers.Write(stdout, tenants)
 }

@@ -60,7 +60,7 @@ func TestNATSUsersFromRegistry(t *testing.T) {
 		`"tokenbus.v1.treq.` + a2.ID + `.meta-llama~2fLlama-3~2e1-8B"`,
 		`subscribe: { allow: [ "_INBOX.acme.>" ] }`,
 		// A tenant name with a '.' is one token: no prefix of another's.
-		`{ user: "acme.eu", password: $NATS_ACME_EU_PASSWORD,`,
+		`{ user: "acme.eu", password: $NATS_ACMEx2eEU_PASSWORD,`,
 		`"tokenbus.v1.treq.` + b1.ID + `.>"`,
 		`subscribe: { allow: [ "_INBOX.acme~2eeu.>" ] }`,
 	} {
@@ -70,5 +70,30 @@ func TestNATSUsersFromRegistry(t *testing.T) {
 	}
 	if strings.Count(got, "{ user:") != 2 {
 		t.Errorf("want two users:\n%s", got)
+	}
+}
+
+// Input that would make two tenants one, or a tenant a component, is
+// refused with nothing printed.
+func TestNATSUsersRefuses(t *testing.T) {
+	const nk = "UAYVCPJBLDUFZMHEC2ST6SQIEA34TONJVYWJK4WLQNRDSD7DULJF3KOC"
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--tenant", "k1:workers"}, `tenant "workers": the name is reserved`},
+		{[]string{"--tenant", "k1:gateway"}, `tenant "gateway": the name is reserved`},
+		{[]string{"--tenant", "k1:a", "--tenant", "k1:b"}, `tenants "a" and "b" would share the NATS request subjects of API key k1`},
+		{[]string{"--tenant", "k1:a", "--tenant", "k2:b", "--nkey", "a=" + nk, "--nkey", "b=" + nk}, `would share the NATS nkey`},
+		{[]string{"--tenant", "k1:a", "--nkey", "ab=" + nk}, `--nkey ab=...: no API key of tenant "ab"`},
+	} {
+		var out bytes.Buffer
+		err := Run(context.Background(), append([]string{"nats-users"}, tc.args...), &out, &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %s", tc.args, err, tc.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("%q: printed %q", tc.args, out.String())
+		}
 	}
 }

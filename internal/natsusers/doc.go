@@ -6,5 +6,11 @@
 // (schemas.TenantInbox). Dispatchers trust the key id on the subject because
 // of these permissions: they are the tenant's identity on the bus.
 //
+// A tenant's user, inbox and password variable are each an injective
+// function of its name (names.go), so no two tenants share a login, a
+// password or replies; the names of the deploy users, and "workers" (the
+// workers' own inbox), are refused, as is input that would give two tenants
+// one nkey or one API key.
+//
 // Tokenbus imports: schemas, registry.
 package natsusers

@@ -22,21 +22,8 @@ type Tenant struct {
 	Name string
 	Keys []Key
 	// NKey is the user's public nkey (U…); empty: a user named Name with the
-	// password $NATS_<NAME>_PASSWORD from the nats-server's environment.
+	// password $PasswordVar(Name) from the nats-server's environment.
 	NKey string
-}
-
-// PasswordVar is the environment variable that holds a tenant user's
-// password: NATS_<NAME>_PASSWORD, the name upper-cased with every byte that
-// is not a letter or digit written '_' ("tenant-a": NATS_TENANT_A_PASSWORD).
-func PasswordVar(tenant string) string {
-	b := []byte(strings.ToUpper(tenant))
-	for i, c := range b {
-		if !(c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
-			b[i] = '_'
-		}
-	}
-	return "NATS_" + string(b) + "_PASSWORD"
 }
 
 // FromKeys groups registry keys by tenant, tenants and keys in name order;
@@ -61,21 +48,16 @@ func FromKeys(keys []registry.Key, nkeys map[string]string) []Tenant {
 }
 
 // Write writes the users entries of tenants, indented for the users list of
-// deploy/nats/nats.conf's TOKENBUS account.
+// deploy/nats/nats.conf's TOKENBUS account; it writes nothing when Check
+// refuses them.
 func Write(w io.Writer, tenants []Tenant) error {
+	if err := Check(tenants); err != nil {
+		return err
+	}
 	for _, t := range tenants {
-		if t.Name == "" {
-			return fmt.Errorf("a tenant without a name")
-		}
-		if strings.ContainsAny(t.Name, "\"\\\n\r") {
-			return fmt.Errorf("tenant %q: quotes, backslashes and line breaks cannot stand in the config", t.Name)
-		}
 		var pub []string
 		var ids []string
 		for _, k := range t.Keys {
-			if !schemas.ValidToken(k.ID) {
-				return fmt.Errorf("tenant %s: key id %q is not a subject token", t.Name, k.ID)
-			}
 			ids = append(ids, k.ID)
 			if len(k.Models) == 0 {
 				pub = append(pub, quote(schemas.TenantReqPrefix+k.ID+".>"))

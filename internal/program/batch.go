@@ -64,13 +64,14 @@ func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, stor
 	}
 	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	before := gw.nc.LastError()
 	s, err := batch.Open(octx, gw.nc, batch.Config{Replicas: cfg.Replicas, MaxLines: cfg.MaxLines,
 		MaxLineBytes: int(gw.nc.MaxPayload()) - 16<<10})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		gw.log.Warn("files and batches are off: JetStream is unavailable", "err", err)
+		gw.featureOff("files and batches", before, err)
 		return nil, nil
 	}
 	if reg != nil {

@@ -18,12 +18,13 @@ func (gw *gatewayRun) startResponses(ctx context.Context) (*responses.Store, err
 	}
 	octx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	before := gw.nc.LastError()
 	s, err := responses.Open(octx, gw.nc, responses.Config{Replicas: cfg.Replicas, Retention: cfg.ResponseRetention})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		gw.log.Warn("stored and background responses are off: JetStream is unavailable", "err", err)
+		gw.featureOff("stored and background responses", before, err)
 		return nil, nil
 	}
 	if !cfg.Runner {
