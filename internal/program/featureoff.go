@@ -33,7 +33,7 @@ var violationRe = regexp.MustCompile(`(?i)violation for (publish|subscription) t
 // its store did not open (err), the NATS connection's last error having
 // been before when it began: at error level naming the refused permission
 // if the server refused one, else as JetStream being unavailable.
-func (gw *Gateway) featureOff(feature string, before, err error) {
+func (gw *gatewayRun) featureOff(feature string, before, err error) {
 	refused := refusedSince(gw.nc, before)
 	if refused == nil {
 		gw.log.Warn(feature+" are off: JetStream is unavailable", "err", err)
