@@ -55,6 +55,7 @@ func TestMetricsAfterARequest(t *testing.T) {
 		"tokenbus_dispatcher_workers_joined_total":     true,
 		"tokenbus_dispatcher_workers_lost_total":       false,
 		"tokenbus_nats_connected":                      true,
+		"tokenbus_nats_connection_restarts_total":      false,
 		"tokenbus_redis_up":                            true,
 		"tokenbus_auth_usage_pending":                  false,
 	}
