@@ -443,16 +443,19 @@ func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 		}
 		if !tenantReplyAllowed(m.Reply, key.Tenant) {
 			d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
-			d.log.Warn("dropping a tenant request whose reply subject is outside its tenant's inbox", "reply", m.Reply,
-				"key_id", key.ID, "tenant", key.Tenant, "request_id", m.Header.Get(schemas.HdrRequestID))
+			d.log.Warn("dropping a tenant request whose reply subject is outside its tenant's inbox or too long",
+				"reply", schemas.Clip(m.Reply, schemas.MaxQuoted), "key_id", key.ID, "tenant", key.Tenant,
+				"request_id", schemas.Clip(m.Header.Get(schemas.HdrRequestID), schemas.MaxQuoted))
 			return
 		}
 		model, tenant = mdl, true
 	} else {
 		if !d.replyAllowed(m.Reply) {
 			d.m.rejected.WithLabelValues("bad_reply_subject").Inc()
-			d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes or too long", "reply", schemas.Clip(m.Reply, schemas.MaxQuoted),
-				"request_id", m.Header.Get(schemas.HdrRequestID), "trace_id", tracing.HeaderTraceID(m.Header))
+			d.log.Warn("dropping a request whose reply subject is outside the allowed prefixes or too long",
+				"reply", schemas.Clip(m.Reply, schemas.MaxQuoted),
+				"request_id", schemas.Clip(m.Header.Get(schemas.HdrRequestID), schemas.MaxQuoted),
+				"trace_id", schemas.Clip(tracing.HeaderTraceID(m.Header), schemas.MaxQuoted))
 			return
 		}
 		model, _ = schemas.ModelFromReqSubject(m.Subject)

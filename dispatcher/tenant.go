@@ -54,7 +54,7 @@ func (d *Dispatcher) tenantKey(keyID string) (registry.Key, bool) {
 // prefix: a tenant cannot aim a stream at another's inbox.
 func tenantReplyAllowed(reply, tenant string) bool {
 	p := schemas.TenantInbox(tenant)
-	return len(reply) > len(p) && reply[len(p)] == '.' && strings.HasPrefix(reply, p)
+	return len(reply) <= schemas.MaxReplyLen && len(reply) > len(p) && reply[len(p)] == '.' && strings.HasPrefix(reply, p)
 }
 
 // admitTenant checks a read tenant request against its key: the model list,

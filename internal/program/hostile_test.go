@@ -2,6 +2,7 @@ package program
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,8 +11,13 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Hostile ids against every route: each path parameter of every route of the
@@ -314,4 +320,66 @@ func FuzzHostileIDs(f *testing.F) {
 			w.send(t, r)
 		}
 	})
+}
+
+// A NATS-native request whose reply subject is long enough that a
+// dispatcher's or worker's own protocol line carrying it would pass the
+// server's control line (a worker id longer than the request's subject) is
+// dropped by the dispatcher, whose connection stays up; before, forwarding
+// it made the server close the dispatcher's connection.
+func TestLongReplySubjectDropped(t *testing.T) {
+	ns := testenv.NATS(t)
+	ctx := context.Background()
+	dc := DefaultDispatcher()
+	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), ""
+	d, err := StartDispatcher(ctx, dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = d.Close() })
+	wc := DefaultWorker()
+	wc.NATS.URL, wc.Worker.ID = ns.ClientURL(), "w-"+strings.Repeat("h", 250) // a long host name
+	fast(&wc.Engine)
+	w, err := StartWorker(ctx, wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Close() })
+	nc := testenv.Connect(t, ns)
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if d.run().d.Fleet().Len() != 1 {
+			return fmt.Errorf("the dispatcher does not know the worker yet")
+		}
+		return nil
+	})
+	send := func(reply string) {
+		m := nats.NewMsg(schemas.ReqSubject("llama-8b"))
+		m.Reply = reply
+		m.Header.Set(schemas.HdrRequestID, "req-long-reply")
+		m.Header.Set(schemas.HdrKind, string(schemas.KindChat))
+		m.Data = []byte(`{"model":"llama-8b","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Under the server's control line as the client sends it, over it as
+	// the dispatcher would forward it to the worker.
+	reply := "_INBOX." + strings.Repeat("r", 4096-len("HPUB "+schemas.ReqSubject("llama-8b")+"  1000 10000\r\n")-len("_INBOX.")-20)
+	send(reply)
+	ok := nats.NewInbox()
+	sub, err := nc.SubscribeSync(ok + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(ok + ".1")
+	if _, err := sub.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("a normal request after the long one got no answer: %v", err)
+	}
+	dnc := d.run().conn()
+	if dnc.IsClosed() || dnc.Stats().Reconnects != 0 || dnc.LastError() != nil {
+		t.Fatalf("the dispatcher's connection: closed %v, reconnects %d, error %v", dnc.IsClosed(), dnc.Stats().Reconnects, dnc.LastError())
+	}
 }
