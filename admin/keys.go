@@ -51,7 +51,10 @@ func (s *Server) listKeys(c *fiber.Ctx) error {
 }
 
 // DELETE /keys/{id}: the key stops working on every gateway as soon as the
-// event reaches it.
+// event reaches it, and its batches not yet ended are cancelled (their
+// lines not yet run are answered key_revoked). batches_cancelled says how
+// many; -1 if they could not be (the runners still stop their lines, as
+// they ask whether a batch's key exists before each line).
 func (s *Server) deleteKey(c *fiber.Ctx) error {
 	id := pathParam(c, "id")
 	ctx, cancel := s.ctx()
@@ -62,8 +65,23 @@ func (s *Server) deleteKey(c *fiber.Ctx) error {
 	if err := registry.AnnounceKeys(s.cfg.NC, id); err != nil {
 		s.log.Warn("could not announce a key deletion: gateways forget it within their cache TTL", "key_id", id, "err", err)
 	}
-	return c.JSON(fiber.Map{"id": id, "object": "api_key", "deleted": true})
+	out := fiber.Map{"id": id, "object": "api_key", "deleted": true}
+	if s.cfg.Batches != nil {
+		bctx, cancel := context.WithTimeout(context.Background(), keyBatchesTimeout)
+		defer cancel()
+		n, err := s.cfg.Batches.CancelKeyBatches(bctx, id)
+		if err != nil {
+			s.log.Warn("could not cancel a deleted key's batches: runners stop their lines before each one", "key_id", id, "cancelled", n, "err", err)
+			n = -1
+		}
+		out["batches_cancelled"] = n
+	}
+	return c.JSON(out)
 }
+
+// keyBatchesTimeout bounds the cancel of a deleted key's batches (a read of
+// every batch record, then a write per batch of the key).
+const keyBatchesTimeout = 30 * time.Second
 
 // GET /usage?key_id=&model=: requests and tokens per key and model; an
 // absent filter matches all.

@@ -4,15 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// lease takes batch id for this runner if it is in status want and no
-// other runner holds it; ok is false when it is not to be had.
-func (r *Runner) lease(ctx context.Context, id string, want ...string) (rec record, rev uint64, ok bool) {
+// lease takes batch id for this runner, for d, if it is in status want and
+// no other runner holds it; ok is false when it is not to be had.
+func (r *Runner) lease(ctx context.Context, id string, d time.Duration, want ...string) (rec record, rev uint64, ok bool) {
 	rec, rev, err := r.s.get(ctx, id)
 	if err != nil {
 		return record{}, 0, false
@@ -25,7 +26,7 @@ func (r *Runner) lease(ctx context.Context, id string, want ...string) (rec reco
 	if !status || (rec.Leaser != r.cfg.ID && rec.LeaseUntil >= now.UnixMilli()) {
 		return record{}, 0, false
 	}
-	rec.Leaser, rec.LeaseUntil = r.cfg.ID, now.Add(leaseFor).UnixMilli()
+	rec.Leaser, rec.LeaseUntil = r.cfg.ID, now.Add(d).UnixMilli()
 	if err := r.s.put(ctx, rec, rev); err != nil {
 		return record{}, 0, false // another runner was quicker, or JetStream is away
 	}
@@ -56,76 +57,36 @@ func (r *Runner) change(ctx context.Context, id string, fn func(rec *record) boo
 	}
 }
 
-// validate checks a validating batch's input file and queues its lines:
-// in_progress, or failed with OpenAI's errors. A runner that dies midway
-// leaves the lease to expire; the next one starts over (queueing is
-// idempotent).
-func (r *Runner) validate(ctx context.Context, id string) {
-	rec, _, ok := r.lease(ctx, id, StatusValidating, StatusCancelling)
-	if !ok {
-		return
-	}
-	if rec.Status == StatusCancelling && !unvalidated(rec) {
-		r.release(ctx, id)
-		return
-	}
-	var allowed func(string) (bool, error)
-	if r.cfg.ModelAllowed != nil && rec.KeyID != "" {
-		allowed = func(model string) (bool, error) { return r.cfg.ModelAllowed(ctx, rec.KeyID, model) }
-	}
-	c, err := r.s.check(ctx, rec, allowed)
-	if err != nil {
-		r.log.Warn("batch: validation could not read the input file; will retry", "batch", id, "err", err)
-		r.release(ctx, id)
-		return
-	}
-	now := time.Now().Unix()
-	if len(c.errs) > 0 {
-		_, err = r.change(ctx, id, func(rec *record) bool {
-			if rec.Status != StatusValidating && rec.Status != StatusCancelling {
-				return false
-			}
-			rec.Status, rec.FailedAt, rec.Leaser, rec.LeaseUntil = StatusFailed, &now, "", 0
-			rec.Errors = &BatchErrors{Object: "list", Data: c.errs}
-			rec.RequestCounts.Total = c.total
-			return true
-		})
-		if err != nil {
-			r.log.Warn("batch: could not record a failed validation", "batch", id, "err", err)
-		}
-		return
-	}
-	if err := r.s.enqueue(ctx, rec); err != nil {
-		r.log.Warn("batch: could not queue the lines; will retry", "batch", id, "err", err)
-		r.release(ctx, id)
-		return
-	}
-	// A batch cancelled while it validated stays cancelling: its lines are
-	// queued, and the runners answer them as cancelled.
-	_, err = r.change(ctx, id, func(rec *record) bool {
-		if rec.Status != StatusValidating && rec.Status != StatusCancelling {
-			return false
-		}
-		if rec.Status == StatusValidating {
-			rec.Status, rec.InProgressAt = StatusInProgress, &now
-		}
-		rec.RequestCounts.Total, rec.Model, rec.Leaser, rec.LeaseUntil = c.total, c.model, "", 0
-		return true
-	})
-	if err != nil {
-		r.log.Warn("batch: could not start a validated batch; will retry", "batch", id, "err", err)
-	}
-}
-
 // release gives up this runner's lease on id now, so another may try.
-func (r *Runner) release(ctx context.Context, id string) {
+func (r *Runner) release(ctx context.Context, id string) { r.retryLater(ctx, id, 0) }
+
+// retryLater gives up this runner's lease on id, and lets no runner take
+// it before d has passed: a validation or finalisation that failed for
+// want of JetStream or Redis is not tried again every Poll.
+func (r *Runner) retryLater(ctx context.Context, id string, d time.Duration) {
+	until := int64(0)
+	if d > 0 {
+		until = time.Now().Add(d).UnixMilli()
+	}
 	_, _ = r.change(ctx, id, func(rec *record) bool {
 		if rec.Leaser != r.cfg.ID {
 			return false
 		}
-		rec.Leaser, rec.LeaseUntil = "", 0
+		rec.Leaser, rec.LeaseUntil = "", until
 		return true
 	})
+}
+
+// purgeLines removes every queued line of batch id and its consumer: it
+// ended (or never started) with lines left, which no runner will take.
+func (r *Runner) purgeLines(ctx context.Context, id string) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = r.s.work.DeleteConsumer(cctx, consumerName(id))
+	_ = r.s.work.Purge(cctx, jetstream.WithPurgeSubject(WorkPrefix+id))
+	r.mu.Lock()
+	delete(r.cons, id)
+	r.mu.Unlock()
 }
 
 // Output file ids of a batch: fixed, so that a finalisation run again
@@ -138,7 +99,7 @@ func errorFileID(id string) string  { return "file-" + id[len("batch_"):] + "-er
 // the finalizing lease; a runner that dies midway leaves it to expire and
 // the next one writes the files again under the same ids.
 func (r *Runner) finalize(ctx context.Context, id string) {
-	rec, _, ok := r.lease(ctx, id, StatusInProgress, StatusCancelling, StatusFinalizing)
+	rec, _, ok := r.lease(ctx, id, leaseFor, StatusInProgress, StatusCancelling, StatusFinalizing)
 	if !ok {
 		return
 	}
@@ -158,16 +119,24 @@ func (r *Runner) finalize(ctx context.Context, id string) {
 		}
 	}
 	res, err := r.s.writeOutputs(ctx, rec)
-	if err != nil || res.ok+res.failed < rec.RequestCounts.Total {
+	if err != nil {
+		// JetStream failed (or this runner is stopping): finalising again
+		// after retryAfter, by any runner, not at once and every Poll.
+		r.log.Warn("batch: finalising failed; will retry", "batch", id, "err", err, "after", retryAfter)
+		r.retryLater(ctx, id, retryAfter)
+		return
+	}
+	if res.ok+res.failed < rec.RequestCounts.Total {
 		// Results missing (a repeat counted twice made the batch look
-		// done, or JetStream failed): back to running.
+		// done): back to running, and not finalised again for a while.
 		r.log.Warn("batch: finalising found results missing; back to running", "batch", id, "answered", res.ok+res.failed,
-			"total", rec.RequestCounts.Total, "err", err)
+			"total", rec.RequestCounts.Total)
+		until := time.Now().Add(retryAfter).UnixMilli()
 		_, _ = r.change(ctx, id, func(x *record) bool {
 			if x.Status != StatusFinalizing || x.Leaser != r.cfg.ID {
 				return false
 			}
-			x.Status, x.FinalizingAt, x.Leaser, x.LeaseUntil = StatusInProgress, nil, "", 0
+			x.Status, x.FinalizingAt, x.Leaser, x.LeaseUntil = StatusInProgress, nil, "", until
 			if x.CancellingAt != nil {
 				x.Status = StatusCancelling
 			}
@@ -198,14 +167,43 @@ func (r *Runner) finalize(ctx context.Context, id string) {
 	}
 	// Ended: what ran it can go. Left behind by a crash, the consumer
 	// goes by its inactivity threshold and the results by their age.
+	r.purgeLines(ctx, id)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = r.s.work.DeleteConsumer(cctx, consumerName(id))
-	_ = r.s.work.Purge(cctx, jetstream.WithPurgeSubject(WorkPrefix+id))
 	_ = r.s.results.Purge(cctx, jetstream.WithPurgeSubject(ResultPrefix+id+".*"))
-	r.mu.Lock()
-	delete(r.cons, id)
-	r.mu.Unlock()
+}
+
+// forceEnd ends a batch stuck forceEndAfter past its expires_at (its
+// finalisation kept failing, or its lines could not be taken): expired, or
+// cancelled if it was being cancelled, without output files, with an
+// errors entry saying so. Its lines not yet run are purged; its answers stay
+// in the results stream until they age out (ResultsMaxAge), for an operator
+// to recover.
+func (r *Runner) forceEnd(ctx context.Context, id string) {
+	ok, failed, _ := r.s.resultCounts(ctx, id)
+	now := time.Now()
+	rec, err := r.change(ctx, id, func(x *record) bool {
+		if !stuck(*x, now) {
+			return false
+		}
+		at := now.Unix()
+		if x.CancellingAt != nil {
+			x.Status, x.CancelledAt = StatusCancelled, &at
+		} else {
+			x.Status, x.ExpiredAt = StatusExpired, &at
+		}
+		x.RequestCounts.Completed = min(ok, x.RequestCounts.Total)
+		x.RequestCounts.Failed = min(failed, x.RequestCounts.Total-x.RequestCounts.Completed)
+		x.Errors = &BatchErrors{Object: "list", Data: []BatchError{lineErr(0, "not_finalized", "", fmt.Sprintf(
+			"The batch could not be finalised within %s after its completion window ended; it was ended without its output files.", forceEndAfter))}}
+		x.Leaser, x.LeaseUntil = "", 0
+		return true
+	})
+	if err != nil || !terminal(rec.Status) {
+		return
+	}
+	r.log.Warn("batch: ended without its output files: not finalised long after it expired", "batch", id, "status", rec.Status)
+	r.purgeLines(ctx, id)
 }
 
 // outputs is what writeOutputs wrote.

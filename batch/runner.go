@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/url"
@@ -45,6 +46,16 @@ type RunnerConfig struct {
 	// ModelAllowed, if set, says whether the API key keyID may use model;
 	// a batch naming a model its key may not use fails validation.
 	ModelAllowed func(ctx context.Context, keyID, model string) (bool, error)
+	// KeyRevoked, if set, says whether the API key keyID has been deleted
+	// (registry.Revocations.Revoked). It is asked before each line starts and
+	// before validation, so it must be cheap (cached): a revoked key's
+	// lines are answered key_revoked without running, and its batch is
+	// cancelled.
+	KeyRevoked func(ctx context.Context, keyID string) bool
+	// ValidationTimeout bounds one validation of a batch's input file
+	// (reading and checking every line, then queueing them); past it the
+	// batch fails with validation_timeout. Default 90s.
+	ValidationTimeout time.Duration
 	// OnUsage, if set, gets the usage of every line that ran, so that limits
 	// and usage accounting count batch tokens. It must not block.
 	OnUsage func(rec schemas.UsageRecord)
@@ -78,14 +89,28 @@ func (c *RunnerConfig) defaults() {
 	if c.Poll <= 0 {
 		c.Poll = 250 * time.Millisecond
 	}
+	if c.ValidationTimeout <= 0 {
+		c.ValidationTimeout = 90 * time.Second
+	}
 	if c.Log == nil {
 		c.Log = slog.New(slog.DiscardHandler)
 	}
 }
 
-// leaseFor is how long a runner holds a validating or finalizing batch
-// before another may take it over (it died).
+// leaseFor is how long a runner holds a finalizing batch before another
+// may take it over (it died); a validation holds its batch for
+// ValidationTimeout and this much more (validationLease).
 const leaseFor = 2 * time.Minute
+
+// retryAfter is how long a batch whose validation or finalisation failed
+// for want of JetStream (or Redis) waits before a runner tries again: not
+// every Poll, reading the whole file or every result each time.
+const retryAfter = 30 * time.Second
+
+// forceEndAfter: a batch not ended this long after its expires_at (its
+// finalisation keeps failing, its lines cannot be taken) is ended without
+// its output files (forceEnd), so that no batch stays open for ever.
+const forceEndAfter = time.Hour
 
 // Runner runs batches: it validates and queues new batches, runs their
 // lines through the bus with cl, records each result once, and finalises
@@ -106,7 +131,8 @@ type Runner struct {
 	recs       map[string]record // non-terminal batches, as last seen
 	running    map[string]int    // lines of each batch running here
 	inFlight   int
-	busy       map[string]bool // batches being validated or finalised here
+	busy       map[string]bool                    // batches being validated or finalised here
+	validating map[string]context.CancelCauseFunc // validations running here, stopped by a cancel
 	cons       map[string]jetstream.Consumer
 	turn       int // round-robin start among batches (step)
 	tenantTurn int // and among tenants (pullFairly); both only on Run's goroutine
@@ -119,7 +145,7 @@ func NewRunner(s *Store, cl *client.Client, cfg RunnerConfig) *Runner {
 	cfg.defaults()
 	return &Runner{cfg: cfg, s: s, cl: cl, log: cfg.Log, m: newRunnerMetrics(cfg.Metrics),
 		wake: make(chan struct{}, 1), recs: map[string]record{}, running: map[string]int{},
-		busy: map[string]bool{}, cons: map[string]jetstream.Consumer{}}
+		busy: map[string]bool{}, validating: map[string]context.CancelCauseFunc{}, cons: map[string]jetstream.Consumer{}}
 }
 
 type runnerMetrics struct {
@@ -132,7 +158,7 @@ func newRunnerMetrics(reg prometheus.Registerer) runnerMetrics {
 	m := runnerMetrics{
 		lines: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tokenbus_batch_lines_total",
-			Help: "Batch lines this runner answered, by outcome (ok, error, cancelled, expired), and those sent back to the queue to run again (retried).",
+			Help: "Batch lines this runner answered, by outcome (ok, error, cancelled, expired, revoked: the batch's API key was deleted), and those sent back to the queue to run again (retried).",
 		}, []string{"outcome"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "tokenbus_batch_lines_running",
@@ -190,36 +216,75 @@ func (r *Runner) poke() {
 	}
 }
 
-// watch keeps recs up to date from the batches bucket: a watcher for
-// changes, and a full read every resync in case a watcher missed one
-// while NATS was away.
+// watch keeps recs up to date from the batches bucket: one watcher, which
+// delivers every record once when it starts and then only changes, so that
+// the runner reads what changed, not every batch ever made (ended ones
+// included) on a timer. After a reconnect to NATS (the server may have
+// restarted, losing the watcher's consumer: the watcher would only notice
+// its missing heartbeats some 20 s later) a new watcher reads every record
+// again, once; so does one that ended for any other reason.
 func (r *Runner) watch(ctx context.Context) {
-	const resync = 15 * time.Second
+	backoff := 250 * time.Millisecond
 	for ctx.Err() == nil {
-		if recs, err := r.s.all(ctx); err == nil {
+		if r.watchOnce(ctx) {
+			backoff = 250 * time.Millisecond
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}
+
+// watchOnce runs one watcher until it ends or the connection reconnects;
+// ok says it delivered the records at all.
+func (r *Runner) watchOnce(ctx context.Context) (ok bool) {
+	nc := r.s.js.Conn()
+	reconnects := nc.Stats().Reconnects
+	w, err := r.s.batches.WatchAll(ctx)
+	if err != nil {
+		r.log.Debug("batch: watching the batches bucket", "err", err)
+		return false
+	}
+	defer func() { _ = w.Stop() }()
+	check := time.NewTicker(time.Second)
+	defer check.Stop()
+	fresh := map[string]record{} // the records as of the watcher's start
+	initial := true
+	for {
+		var e jetstream.KeyValueEntry
+		select {
+		case <-ctx.Done():
+			return ok
+		case <-check.C:
+			if nc.Stats().Reconnects != reconnects {
+				return ok
+			}
+			continue
+		case u, open := <-w.Updates():
+			if !open {
+				return ok
+			}
+			e = u
+		}
+		switch {
+		case e == nil && initial: // every record delivered once: the watcher's view replaces ours
+			initial, ok = false, true
 			r.mu.Lock()
-			r.recs = map[string]record{}
-			for _, rec := range recs {
-				if !terminal(rec.Status) {
-					r.recs[rec.ID] = rec
-				}
-			}
+			r.recs = fresh
 			r.mu.Unlock()
+			r.stopValidations()
 			r.poke()
-		}
-		wctx, cancel := context.WithTimeout(ctx, resync)
-		w, err := r.s.batches.WatchAll(wctx, jetstream.UpdatesOnly())
-		if err == nil {
-			for e := range w.Updates() {
-				if e == nil {
-					continue
-				}
-				r.seen(e)
+		case e == nil:
+		case initial:
+			var rec record
+			if e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &rec) == nil && !terminal(rec.Status) {
+				fresh[rec.ID] = rec
 			}
-			_ = w.Stop()
+		default:
+			r.seen(e)
 		}
-		<-wctx.Done()
-		cancel()
 	}
 }
 
@@ -229,16 +294,13 @@ func (r *Runner) seen(e jetstream.KeyValueEntry) {
 	if e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &rec) != nil {
 		r.mu.Lock()
 		delete(r.recs, e.Key())
+		if stop := r.validating[e.Key()]; stop != nil {
+			stop(errCancelled) // deleted: nothing to validate
+		}
 		r.mu.Unlock()
 		return
 	}
-	r.mu.Lock()
-	if terminal(rec.Status) {
-		delete(r.recs, rec.ID)
-	} else {
-		r.recs[rec.ID] = rec
-	}
-	r.mu.Unlock()
+	r.note(rec)
 	r.poke()
 }
 
@@ -251,6 +313,24 @@ func (r *Runner) note(rec record) {
 		r.recs[rec.ID] = rec
 	}
 	r.mu.Unlock()
+	r.stopValidations()
+}
+
+// errCancelled stops a validation whose batch was cancelled or ended
+// meanwhile (by its tenant, or by another runner: expired).
+var errCancelled = errors.New("the batch was cancelled while it was validated")
+
+// stopValidations stops this runner's validations of batches that are no
+// longer validating (cancelled, or ended by another runner), so that a
+// cancel reaches a validation at once, not when it ends.
+func (r *Runner) stopValidations() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id, stop := range r.validating {
+		if rec, ok := r.recs[id]; ok && rec.Status != StatusValidating {
+			stop(errCancelled)
+		}
+	}
 }
 
 // step looks at every live batch once: validates new ones, starts lines
@@ -279,7 +359,15 @@ func (r *Runner) step(ctx context.Context) {
 			continue
 		}
 		switch {
-		case rec.Status == StatusValidating || unvalidated(rec):
+		case stuck(rec, now):
+			r.background(id, func() { r.forceEnd(ctx, id) })
+		case unvalidated(rec):
+			// Cancelled before its lines were queued: ended now, whoever
+			// holds its validation (that one finds it ended and stops).
+			r.background(id, func() { r.endUnvalidated(ctx, id, StatusCancelled, r.revokedErrors(ctx, rec), 0) })
+		case rec.Status == StatusValidating && expired(rec, now):
+			r.background(id, func() { r.endUnvalidated(ctx, id, StatusExpired, nil, 0) })
+		case rec.Status == StatusValidating:
 			if rec.LeaseUntil < now.UnixMilli() {
 				r.background(id, func() { r.validate(ctx, id) })
 			}
@@ -288,7 +376,7 @@ func (r *Runner) step(ctx context.Context) {
 				r.background(id, func() { r.finalize(ctx, id) })
 			}
 		case rec.Status == StatusInProgress || rec.Status == StatusCancelling:
-			if r.answered(ctx, rec) {
+			if rec.LeaseUntil < now.UnixMilli() && r.answered(ctx, rec) {
 				r.background(id, func() { r.finalize(ctx, id) })
 				continue
 			}
@@ -334,12 +422,24 @@ func (r *Runner) pullFairly(ctx context.Context, running []record) {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / max(b, 1) }
 
-// unvalidated: a batch cancelled before its lines were queued. It is
-// validated and queued all the same, and its lines then answered as
-// cancelled: one path to its end, whatever a validation that was under way
-// did.
+// unvalidated: a batch cancelled before its lines were queued (validation
+// sets the model and the total as it queues them). It ends cancelled at
+// once, without its file being read: a file that cannot be validated
+// cannot hold its cancel up.
 func unvalidated(rec record) bool {
 	return rec.Status == StatusCancelling && rec.Model == "" && rec.RequestCounts.Total == 0
+}
+
+// expired: rec is past its expires_at.
+func expired(rec record, now time.Time) bool {
+	return rec.ExpiresAt != nil && now.Unix() >= *rec.ExpiresAt
+}
+
+// stuck: rec has been past its expires_at for forceEndAfter and is still
+// running or finalising (validating ones end at expires_at).
+func stuck(rec record, now time.Time) bool {
+	return !terminal(rec.Status) && rec.Status != StatusValidating && !unvalidated(rec) &&
+		rec.ExpiresAt != nil && now.After(time.Unix(*rec.ExpiresAt, 0).Add(forceEndAfter))
 }
 
 // background runs fn for batch id, one at a time per batch.
@@ -369,7 +469,7 @@ func ending(rec record, now time.Time) string {
 	switch {
 	case rec.Status == StatusCancelling:
 		return "batch_cancelled"
-	case rec.ExpiresAt != nil && now.Unix() >= *rec.ExpiresAt:
+	case expired(rec, now):
 		return "batch_expired"
 	}
 	return ""
@@ -383,7 +483,7 @@ func (r *Runner) pull(ctx context.Context, rec record, share int) (taken int) {
 	r.mu.Lock()
 	room := min(r.cfg.MaxInFlight-r.inFlight, r.cfg.MaxPerBatch-r.running[rec.ID], share)
 	r.mu.Unlock()
-	if ending(rec, time.Now()) == "" && r.cfg.Capacity != nil {
+	if ending(rec, time.Now()) == "" && !r.revoked(ctx, rec) && r.cfg.Capacity != nil {
 		room = min(room, r.cfg.Capacity(rec.Model))
 	}
 	if room <= 0 {
@@ -502,7 +602,13 @@ func (r *Runner) runLine(ctx context.Context, id string, msg jetstream.Msg) {
 	}
 	out := OutputLine{ID: lineReqID(id, msg.Headers().Get(HdrLine)), CustomID: in.CustomID}
 	outcome := "ok"
-	if why := ending(rec, time.Now()); why != "" {
+	if r.revoked(ctx, rec) {
+		// Checked first: the batch is cancelled below, and its lines are
+		// to say why.
+		outcome = "revoked"
+		out.Error = &LineError{Code: "key_revoked", Message: "This request was not run: the batch's API key was deleted."}
+		r.cancelRevoked(ctx, rec)
+	} else if why := ending(rec, time.Now()); why != "" {
 		outcome = why[len("batch_"):]
 		msg := "This request was not run: the batch was cancelled."
 		if why == "batch_expired" {
@@ -522,13 +628,60 @@ func (r *Runner) runLine(ctx context.Context, id string, msg jetstream.Msg) {
 			outcome = "error"
 		}
 	}
-	if err := r.s.record(ctx, id, out); err != nil {
+	err := r.s.record(ctx, id, out)
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// A result that can never be stored would run again for ever:
+		// it is answered with why instead.
+		r.log.Warn("batch: a line's result is over the NATS payload limit; answered response_too_large", "batch", id, "line", msg.Headers().Get(HdrLine))
+		outcome = "error"
+		out.Response, out.Error = nil, &LineError{Code: "response_too_large", Message: fmt.Sprintf(
+			"The response was larger than the %d bytes a batch result may have, and was not kept.", r.s.maxPayload())}
+		err = r.s.record(ctx, id, out)
+	}
+	if err != nil {
 		r.log.Warn("batch: could not record a line's result; it runs again", "batch", id, "custom_id", in.CustomID, "err", err)
 		_ = msg.NakWithDelay(time.Second)
 		return
 	}
 	r.m.lines.WithLabelValues(outcome).Inc()
 	_ = msg.Ack() // a lost ack runs the line again; its result is stored once
+}
+
+// revoked reports whether rec's API key has been deleted.
+func (r *Runner) revoked(ctx context.Context, rec record) bool {
+	return rec.KeyID != "" && r.cfg.KeyRevoked != nil && r.cfg.KeyRevoked(ctx, rec.KeyID)
+}
+
+// revokedErrors is the errors of a batch ended before validation because
+// its API key was deleted (nil if it was not).
+func (r *Runner) revokedErrors(ctx context.Context, rec record) []BatchError {
+	if !r.revoked(ctx, rec) {
+		return nil
+	}
+	return []BatchError{lineErr(0, "key_revoked", "",
+		"The batch's API key was deleted before its input file was validated; no request was run.")}
+}
+
+// cancelRevoked cancels a running batch whose API key was deleted: its
+// lines not yet run are answered key_revoked, and it ends cancelled, as a
+// batch its tenant cancelled (the lines that ran are in its output file).
+func (r *Runner) cancelRevoked(ctx context.Context, rec record) {
+	if rec.Status != StatusInProgress {
+		return // cancelling already, or finalising
+	}
+	now := time.Now().Unix()
+	_, err := r.change(ctx, rec.ID, func(x *record) bool {
+		if x.Status != StatusInProgress {
+			return false
+		}
+		x.Status, x.CancellingAt = StatusCancelling, &now
+		return true
+	})
+	if err != nil {
+		r.log.Warn("batch: could not cancel the batch of a deleted API key; its lines are still answered key_revoked", "batch", rec.ID, "err", err)
+		return
+	}
+	r.log.Info("batch: cancelled, its API key was deleted", "batch", rec.ID, "key_id", rec.KeyID)
 }
 
 // call sends one line through the bus and waits for its whole response.
