@@ -384,7 +384,7 @@ func TestDeployConfigEveryFeature(t *testing.T) {
 	t.Run("stored response and previous_response_id", func(t *testing.T) {
 		var r1, r2 struct{ ID, Status string }
 		if st, b, err := httpJSON("POST", s.base+"/v1/responses", "application/json", strings.NewReader(
-			`{"model":"llama-8b","input":"hi","max_output_tokens":4}`), &r1, auth...); st != 200 || err != nil || !ended(r1.Status) {
+			`{"model":"llama-8b","input":"hi","max_output_tokens":4}`), &r1, auth...); st != 200 || err != nil || !responseEnded(r1.Status) {
 			t.Fatalf("create: %d %v %s", st, err, b)
 		}
 		if st, b, err := httpJSON("GET", s.base+"/v1/responses/"+r1.ID, "", nil, &r2, auth...); st != 200 || err != nil || r2.ID != r1.ID {
@@ -397,7 +397,7 @@ func TestDeployConfigEveryFeature(t *testing.T) {
 		}
 		if st, b, err := httpJSON("POST", s.base+"/v1/responses", "application/json", strings.NewReader(
 			`{"model":"llama-8b","input":"and then?","max_output_tokens":4,"previous_response_id":"`+r1.ID+`"}`), &r3, auth...); st != 200 || err != nil ||
-			!ended(r3.Status) || r3.PreviousResponseID != r1.ID {
+			!responseEnded(r3.Status) || r3.PreviousResponseID != r1.ID {
 			t.Fatalf("previous_response_id: %d %v %s", st, err, b)
 		}
 		var items struct{ Data []json.RawMessage }
@@ -523,7 +523,7 @@ func TestDeployConfigEveryFeature(t *testing.T) {
 
 // ended: a response the sim finished (at its end of sequence or at
 // max_output_tokens).
-func ended(status string) bool { return status == "completed" || status == "incomplete" }
+func responseEnded(status string) bool { return status == "completed" || status == "incomplete" }
 
 // uploadFile uploads content as a batch input file; its id.
 func uploadFile(t *testing.T, base string, content []byte, hdr []string) string {
