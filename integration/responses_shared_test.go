@@ -2,10 +2,12 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"strings"
 	"sync"
@@ -734,4 +736,57 @@ func TestResponsesKeyRevoked(t *testing.T) {
 		t.Fatalf("beta's stream: %v", ev)
 	}
 	s2.close()
+}
+
+// TestBatchFinalizeLeavesNoConsumer (finding 2, the batch side): a batch's
+// finalisation reads its results with an ordered consumer, deleted when it
+// is done; before, it stayed 5 minutes against the results stream's
+// consumer limit, which every tenant's batches share.
+func TestBatchFinalizeLeavesNoConsumer(t *testing.T) {
+	d := startDev(t, func(c *program.DevConfig) {
+		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
+	})
+	js, err := jetstream.New(connectNATS(t, d.NATSURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in bytes.Buffer
+	for i := range 3 {
+		fmt.Fprintf(&in, `{"custom_id":"c-%d","method":"POST","url":"/v1/chat/completions","body":{"model":"llama-8b","max_tokens":2,"messages":[{"role":"user","content":"x"}]}}`+"\n", i)
+	}
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	_ = mw.WriteField("purpose", "batch")
+	fw, _ := mw.CreateFormFile("file", "in.jsonl")
+	_, _ = fw.Write(in.Bytes())
+	_ = mw.Close()
+	var file struct{ ID string }
+	if st, b, err := httpJSON("POST", d.URL+"/v1/files", mw.FormDataContentType(), &body, &file); st != 200 || err != nil {
+		t.Fatalf("upload: %d %v %s", st, err, b)
+	}
+	var b batchState
+	if st, raw, err := httpJSON("POST", d.URL+"/v1/batches", "application/json", strings.NewReader(
+		`{"input_file_id":"`+file.ID+`","endpoint":"/v1/chat/completions","completion_window":"24h"}`), &b); st != 200 || err != nil {
+		t.Fatalf("create: %d %v %s", st, err, raw)
+	}
+	testenv.WaitFor(t, 60*time.Second, func() error {
+		if st, raw, err := httpJSON("GET", d.URL+"/v1/batches/"+b.ID, "", nil, &b); st != 200 || err != nil {
+			return fmt.Errorf("%d %v %s", st, err, raw)
+		}
+		if b.Status != "completed" {
+			return errors.New(b.Status)
+		}
+		return nil
+	})
+	s, err := js.Stream(context.Background(), "TOKENBUS_BATCH_RESULTS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 {
+		t.Fatalf("%d consumers left on TOKENBUS_BATCH_RESULTS after the batch completed", info.State.Consumers)
+	}
 }
