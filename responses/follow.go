@@ -63,13 +63,6 @@ func (f *followers) take(tenant string) (release func(), err error) {
 	}, nil
 }
 
-// Following is the number of follows open on this store (this gateway).
-func (s *Store) Following() int {
-	s.follow.mu.Lock()
-	defer s.follow.mu.Unlock()
-	return s.follow.n
-}
-
 // Follow is one follow of the events of a response or chat stream. Open
 // it before answering (every error, a bound included, is then still an
 // HTTP status), read it once (Events or Chat), and Close it.

@@ -54,7 +54,7 @@ type Config struct {
 // The limits of the streams Open makes (docs/responses.md says why).
 const (
 	// Consumers on the events stream: the follows of every gateway (each
-	// bounded by MaxFollows) and the ordered consumers of Cancel. Set
+	// bounded by MaxFollows; runners and cancels read with gets). Set
 	// explicitly: nats-server's default (1,000 per stream, shared by all
 	// tenants) is what issue 32 exhausted.
 	eventConsumers = 4096
