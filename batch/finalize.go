@@ -229,11 +229,22 @@ func (s *Store) writeOutputs(ctx context.Context, rec record) (outputs, error) {
 	defer okW.abort()
 	defer errW.abort()
 	if n > 0 {
+		// Its own consumer, deleted when done (the server's default
+		// inactivity threshold would keep it 5 minutes, counted against
+		// the stream's consumer limit); a runner that dies leaves it to
+		// the short threshold.
 		cons, err := s.results.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{ResultPrefix + rec.ID + ".*"}})
+			FilterSubjects: []string{ResultPrefix + rec.ID + ".*"}, InactiveThreshold: 30 * time.Second})
 		if err != nil {
 			return res, err
 		}
+		defer func() {
+			if info := cons.CachedInfo(); info != nil {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = s.results.DeleteConsumer(dctx, info.Name)
+				cancel()
+			}
+		}()
 		it, err := cons.Messages()
 		if err != nil {
 			return res, err

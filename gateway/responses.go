@@ -27,6 +27,7 @@ func (g *Gateway) responsesRoutes(app *fiber.App) {
 	app.Delete("/v1/responses/:id", g.deleteResponse)
 	app.Get("/v1/responses/:id/input_items", g.responseInputItems)
 	app.Post("/v1/responses/:id/cancel", g.cancelResponse)
+	app.Post("/v1/chat/completions/:id/cancel", g.cancelChatStream) // resumable chat streams (resumable.go)
 }
 
 func (g *Gateway) createResponse(c *fiber.Ctx) error {
@@ -107,13 +108,57 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		rec.Body = body
 		ctx, cancel := g.storeCtx(c)
 		defer cancel()
+		// A streamed one's follow first: nothing is queued for a client
+		// that would get no events.
+		var f *responses.Follow
+		if req.Stream {
+			if f, err = store.OpenFollow(ctx, caller.Tenant, rec.Response.ID); err != nil {
+				return err
+			}
+		}
 		if err := store.Submit(ctx, rec); err != nil {
+			if f != nil {
+				f.Close(ctx)
+			}
 			return err
 		}
 		if req.Stream {
-			return g.followResponse(c, rec.Response.ID, -1)
+			return g.followResponse(c, f, rec.Response.ID, -1)
 		}
 		return c.JSON(&rec.Response)
+	}
+
+	// A response to be stored is counted against its tenant's quota before
+	// it is generated (a 429 before any token), and its end is stored
+	// before it is answered: one that cannot be stored is an error to the
+	// client, not a 200 that is gone afterwards.
+	kept := false
+	if resp.Store {
+		ctx, cancel := g.storeCtx(c)
+		err := store.Reserve(ctx, rec)
+		cancel()
+		if err != nil {
+			return err
+		}
+	}
+	release := func() {
+		if resp.Store && !kept {
+			store.Release(g.base, rec)
+		}
+	}
+	keep := func(end *responses.Response) error {
+		if !resp.Store {
+			return nil
+		}
+		rec.Response = *end
+		sctx, scancel := context.WithTimeout(g.base, 10*time.Second)
+		defer scancel()
+		if err := store.Put(sctx, rec); err != nil {
+			g.log.Warn("responses: could not store a response", "id", rec.Response.ID, "err", err)
+			return schemas.ErrResponsesOff.New("the response could not be stored")
+		}
+		kept = true
+		return nil
 	}
 
 	deadline := start.Add(g.cfg.RequestTimeout)
@@ -123,6 +168,7 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	st, err := g.cl.Start(creq)
 	if err != nil {
 		cancel()
+		release()
 		return err
 	}
 	// The first frame before anything is answered: errors before any
@@ -131,22 +177,13 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if err != nil {
 		st.Close()
 		cancel()
+		release()
 		return schemas.AsError(err)
-	}
-	finish := func(gen *responses.Gen) {
-		g.responseUsage(id, caller, req.Model, gen.Resp)
-		if resp.Store {
-			rec.Response = *gen.Resp
-			sctx, scancel := context.WithTimeout(g.base, 10*time.Second)
-			defer scancel()
-			if err := store.Put(sctx, rec); err != nil {
-				g.log.Warn("responses: could not store a response", "id", rec.Response.ID, "err", err)
-			}
-		}
 	}
 	if !req.Stream {
 		defer cancel()
 		defer st.Close()
+		defer release()
 		gen := responses.NewGen(resp, func(*responses.Event) error { return nil })
 		if err := gen.Begin(); err != nil {
 			return err
@@ -154,7 +191,10 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		if err := gen.Consume(ctx, st, first); err != nil {
 			return schemas.AsError(err)
 		}
-		finish(gen)
+		g.responseUsage(id, caller, req.Model, gen.Resp)
+		if err := keep(gen.Resp); err != nil {
+			return err
+		}
 		return c.JSON(gen.Resp)
 	}
 	g.inflight.add()
@@ -165,15 +205,27 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		defer g.inflight.done()
 		defer cancel()
 		defer st.Close()
-		gen := responses.NewGen(resp, sseEmit(w))
+		defer release()
+		out := sseEmit(w)
+		gen := responses.NewGen(resp, func(ev *responses.Event) error {
+			if ev.Terminal() && ev.Response != nil {
+				g.responseUsage(id, caller, req.Model, ev.Response) // generated: billed, stored or not
+				if err := keep(ev.Response); err != nil {
+					// In place of the end, an error event: the client knows
+					// the response is not kept.
+					e := schemas.AsError(err)
+					_ = out(&responses.Event{Type: "error", SequenceNumber: ev.SequenceNumber, Code: e.Body.Code, Message: e.Body.Message})
+					return err
+				}
+			}
+			return out(ev)
+		})
 		if gen.Begin() != nil {
 			return
 		}
 		if err := gen.Consume(ctx, st, first); err != nil {
 			g.log.Debug("responses: stream ended early", "id", resp.ID, "err", err)
-			return
 		}
-		finish(gen)
 	})
 	return nil
 }
@@ -211,18 +263,18 @@ func (g *Gateway) responseUsage(id string, p Principal, model string, r *respons
 
 // followResponse streams a background response's events after
 // sequence_number after, from the store: stored ones, then live ones,
-// written by whichever runner runs it.
-func (g *Gateway) followResponse(c *fiber.Ctx, id string, after int) error {
-	store := g.cfg.Responses
+// written by whichever runner runs it. f is the follow, opened before.
+func (g *Gateway) followResponse(c *fiber.Ctx, f *responses.Follow, id string, after int) error {
 	g.inflight.add()
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-cache")
 	c.Status(fiber.StatusOK)
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer g.inflight.done()
+		defer f.Close(g.base)
 		ctx, cancel := context.WithTimeout(g.base, g.cfg.RequestTimeout)
 		defer cancel()
-		err := store.Follow(ctx, id, after, func(ev *responses.Event, raw []byte) error {
+		err := f.Events(ctx, after, func(ev *responses.Event, raw []byte) error {
 			return writeSSE(w, ev.Type, raw)
 		})
 		if err != nil {
@@ -232,22 +284,22 @@ func (g *Gateway) followResponse(c *fiber.Ctx, id string, after int) error {
 	return nil
 }
 
-func (g *Gateway) storedResponse(c *fiber.Ctx) (*responses.Record, error) {
+func (g *Gateway) storedResponse(c *fiber.Ctx) (*responses.Record, Principal, error) {
 	if g.cfg.Responses == nil {
-		return nil, schemas.ErrResponseNotFound.New(pathParam(c, "id"))
+		return nil, Principal{}, schemas.ErrResponseNotFound.New(pathParam(c, "id"))
 	}
 	p, err := g.caller(c)
 	if err != nil {
-		return nil, err
+		return nil, p, err
 	}
 	ctx, cancel := g.storeCtx(c)
 	defer cancel()
 	rec, _, err := g.cfg.Responses.Get(ctx, p.Tenant, pathParam(c, "id"))
-	return rec, err
+	return rec, p, err
 }
 
 func (g *Gateway) getResponse(c *fiber.Ctx) error {
-	rec, err := g.storedResponse(c)
+	rec, p, err := g.storedResponse(c)
 	if err != nil {
 		return err
 	}
@@ -265,7 +317,13 @@ func (g *Gateway) getResponse(c *fiber.Ctx) error {
 		}
 		after = n
 	}
-	return g.followResponse(c, rec.Response.ID, after)
+	ctx, cancel := g.storeCtx(c)
+	defer cancel()
+	f, err := g.cfg.Responses.OpenFollow(ctx, p.Tenant, rec.Response.ID)
+	if err != nil {
+		return err
+	}
+	return g.followResponse(c, f, rec.Response.ID, after)
 }
 
 func (g *Gateway) deleteResponse(c *fiber.Ctx) error {
@@ -286,7 +344,7 @@ func (g *Gateway) deleteResponse(c *fiber.Ctx) error {
 }
 
 func (g *Gateway) responseInputItems(c *fiber.Ctx) error {
-	rec, err := g.storedResponse(c)
+	rec, _, err := g.storedResponse(c)
 	if err != nil {
 		return err
 	}

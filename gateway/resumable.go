@@ -3,8 +3,10 @@ package gateway
 import (
 	"bufio"
 	"context"
+	"errors"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -41,15 +43,24 @@ func resumeOf(c *fiber.Ctx) (id string, after int, ok bool) {
 	return strings.Clone(id), after, true
 }
 
-// startResumable queues a resumable chat stream and follows it.
+// startResumable queues a resumable chat stream and follows it. The follow
+// (its consumer, its tenant's slot) is had first: a stream is queued only
+// for a client that will get its events, and every refusal is a status.
 func (g *Gateway) startResumable(c *fiber.Ctx, req *schemas.Request, caller Principal) error {
 	ctx, cancel := g.storeCtx(c)
 	defer cancel()
-	id, err := g.cfg.Responses.SubmitChat(ctx, caller.Tenant, caller.KeyID, caller.Reserved, caller.Window, strings.Clone(req.Model), payload(req))
+	store := g.cfg.Responses
+	id := responses.NewChatID()
+	f, err := store.OpenFollow(ctx, caller.Tenant, id)
 	if err != nil {
 		return err
 	}
-	return g.followChat(c, id, 0)
+	deadline := time.Now().Add(g.cfg.RequestTimeout)
+	if err := store.SubmitChat(ctx, id, caller.Tenant, caller.KeyID, caller.Reserved, caller.Window, strings.Clone(req.Model), payload(req), deadline); err != nil {
+		f.Close(ctx)
+		return err
+	}
+	return g.followChat(c, f, id, 0, deadline)
 }
 
 // resumeChat follows a resumable chat stream of the caller's tenant after
@@ -61,13 +72,28 @@ func (g *Gateway) resumeChat(c *fiber.Ctx, id string, after int) error {
 	}
 	ctx, cancel := g.storeCtx(c)
 	defer cancel()
-	if err := g.cfg.Responses.ChatStream(ctx, p.Tenant, id); err != nil {
+	store := g.cfg.Responses
+	rec, _, err := store.ChatStream(ctx, p.Tenant, id)
+	if err != nil {
 		return err
 	}
-	return g.followChat(c, id, after)
+	deadline := time.Now().Add(g.cfg.RequestTimeout)
+	if rec.Deadline > 0 {
+		deadline = time.UnixMilli(rec.Deadline)
+	}
+	f, err := store.OpenFollow(ctx, p.Tenant, id)
+	if err != nil {
+		return err
+	}
+	return g.followChat(c, f, id, after, deadline)
 }
 
-func (g *Gateway) followChat(c *fiber.Ctx, id string, after int) error {
+// followGrace: a follower waits this long past its stream's deadline for
+// the runner's timeout line (a stream still queued at its deadline gets
+// it when a runner takes it) before it writes one itself.
+const followGrace = 30 * time.Second
+
+func (g *Gateway) followChat(c *fiber.Ctx, f *responses.Follow, id string, after int, deadline time.Time) error {
 	g.inflight.add()
 	c.Set(fiber.HeaderContentType, "text/event-stream")
 	c.Set(fiber.HeaderCacheControl, "no-cache")
@@ -75,9 +101,10 @@ func (g *Gateway) followChat(c *fiber.Ctx, id string, after int) error {
 	c.Status(fiber.StatusOK)
 	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer g.inflight.done()
-		ctx, cancel := context.WithTimeout(g.base, g.cfg.RequestTimeout)
+		defer f.Close(g.base)
+		ctx, cancel := context.WithDeadlineCause(g.base, deadline.Add(followGrace), g.errTimeout)
 		defer cancel()
-		err := g.cfg.Responses.FollowChat(ctx, id, after, func(n int, line []byte) error {
+		err := f.Chat(ctx, after, func(n int, line []byte) error {
 			_, _ = w.WriteString("id: ")
 			_, _ = w.WriteString(id)
 			_ = w.WriteByte(':')
@@ -87,9 +114,37 @@ func (g *Gateway) followChat(c *fiber.Ctx, id string, after int) error {
 			_, _ = w.WriteString("\n\n")
 			return w.Flush()
 		})
+		if err != nil && errors.Is(err, g.errTimeout) {
+			// No runner wrote the end in time: the client still gets one.
+			_, _ = w.WriteString("data: ")
+			_, _ = w.Write(g.errTimeout.JSON())
+			_, _ = w.WriteString("\n\n")
+			_ = w.Flush()
+		}
 		if err != nil {
 			g.log.Debug("resumable chat: follow ended", "id", id, "err", err)
 		}
 	})
 	return nil
+}
+
+// cancelChatStream is POST /v1/chat/completions/{id}/cancel: it ends a
+// resumable chat stream of the caller's tenant (its last event a
+// stream_cancelled error) and answers its state.
+func (g *Gateway) cancelChatStream(c *fiber.Ctx) error {
+	id := pathParam(c, "id")
+	if g.cfg.Responses == nil || !strings.HasPrefix(id, responses.ChatStreamPrefix) {
+		return schemas.ErrResponseNotFound.New(id)
+	}
+	p, err := g.caller(c)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := g.storeCtx(c)
+	defer cancel()
+	st, err := g.cfg.Responses.CancelChat(ctx, p.Tenant, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(st)
 }

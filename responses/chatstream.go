@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -30,41 +31,94 @@ const KindChat = "chat"
 
 const chatDone = "[DONE]"
 
-// SubmitChat stores and queues a resumable chat stream of tenant; body is
-// the client's chat request (stream: true).
-func (s *Store) SubmitChat(ctx context.Context, tenant, keyID string, reserved int, window int64, model string, body []byte) (string, error) {
-	id := ChatStreamPrefix + nuid.Next()
+// SubmitChat stores and queues a resumable chat stream of tenant, to end
+// by deadline; body is the client's chat request (stream: true). id is
+// the stream's (NewChatID), so that its follow can be opened first.
+func (s *Store) SubmitChat(ctx context.Context, id, tenant, keyID string, reserved int, window int64, model string, body []byte, deadline time.Time) error {
 	rec := &Record{Kind: KindChat, Tenant: tenant, KeyID: keyID, Reserved: reserved, Window: window, Body: body, Input: []Item{},
+		Deadline: deadline.UnixMilli(),
 		Response: Response{ID: id, Object: "chat.completion.stream", CreatedAt: time.Now().Unix(), Status: StatusQueued, Model: model}}
-	return id, s.Submit(ctx, rec)
+	return s.Submit(ctx, rec)
 }
+
+// NewChatID is a new resumable chat stream's id.
+func NewChatID() string { return ChatStreamPrefix + nuid.Next() }
 
 // ChatStream checks that id is a resumable chat stream of tenant.
-func (s *Store) ChatStream(ctx context.Context, tenant, id string) error {
-	rec, _, err := s.get(ctx, id)
+func (s *Store) ChatStream(ctx context.Context, tenant, id string) (*Record, uint64, error) {
+	rec, rev, err := s.get(ctx, id)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
 	if rec.Tenant != tenant || rec.Kind != KindChat {
-		return schemas.ErrResponseNotFound.New(id)
+		return nil, 0, schemas.ErrResponseNotFound.New(id)
 	}
-	return nil
+	return rec, rev, nil
 }
 
-// FollowChat calls fn with each line of chat stream id after the after-th
-// (n counts from 1), stored ones then live ones, until [DONE] or an error
-// line (both given to fn), fn's error or ctx's end.
-func (s *Store) FollowChat(ctx context.Context, id string, after int, fn func(n int, line []byte) error) error {
-	n := 0
-	return s.follow(ctx, id, func(_ uint64, data []byte) (bool, error) {
-		n++
-		if n > after {
-			if err := fn(n, data); err != nil {
-				return true, err
+// ChatState is what POST /v1/chat/completions/{id}/cancel answers.
+type ChatState struct {
+	ID        string `json:"id"`
+	Object    string `json:"object"` // "chat.completion.stream"
+	CreatedAt int64  `json:"created_at"`
+	Model     string `json:"model"`
+	Status    string `json:"status"`
+}
+
+// CancelChat ends a resumable chat stream of tenant: its record cancelled,
+// then an error line (stream_cancelled) appended after its last one, so
+// that the runner generating it fails its next append and stops (closing
+// its request, which cancels it at the worker), and every follower ends.
+func (s *Store) CancelChat(ctx context.Context, tenant, id string) (*ChatState, error) {
+	for range 10 {
+		rec, rev, err := s.ChatStream(ctx, tenant, id)
+		if err != nil {
+			return nil, err
+		}
+		state := func() *ChatState {
+			r := rec.Response
+			return &ChatState{ID: r.ID, Object: r.Object, CreatedAt: r.CreatedAt, Model: r.Model, Status: r.Status}
+		}
+		if Ended(rec.Response.Status) {
+			if rec.Response.Status == StatusCancelled {
+				return state(), nil
+			}
+			return nil, schemas.ErrResponseState.New("Cannot cancel a stream with status '" + rec.Response.Status + "'.")
+		}
+		last, err := s.lastEvent(ctx, id)
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		if last > 0 {
+			m, err := s.events.GetMsg(ctx, last)
+			if err != nil {
+				return nil, unavailable(err)
+			}
+			if chatEnd(m.Data) {
+				// Ended (the runner sets the record right after).
+				return nil, schemas.ErrResponseState.New("Cannot cancel a stream that has ended.")
 			}
 		}
-		return chatEnd(data), nil
-	})
+		rec.Response.Status = StatusCancelled
+		if _, err := s.update(ctx, rec, rev); err != nil {
+			continue // changed meanwhile: read again
+		}
+		line := schemas.ErrStreamCancelled.New(id).JSON()
+		for range 10 {
+			// The runner appends meanwhile: after its line, then.
+			if _, err = s.appendRaw(ctx, id, line, 0, last); !errors.Is(err, errConflict) { // lines count from 1: 0 is the cancel's
+				break
+			}
+			if last, err = s.lastEvent(ctx, id); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		return state(), nil
+	}
+	return nil, schemas.ErrResponsesOff.New("the stream kept changing")
 }
 
 // ChatDone is the line that ends a chat stream.
@@ -89,7 +143,7 @@ func (s *Store) replayChat(ctx context.Context, id string) (*chatState, error) {
 	if err != nil || lastMsg == 0 {
 		return st, err
 	}
-	err = s.follow(ctx, id, func(seq uint64, data []byte) (bool, error) {
+	err = s.stored(ctx, id, lastMsg, func(seq uint64, data []byte) {
 		st.n++
 		st.last = seq
 		st.ended = chatEnd(data)
@@ -97,7 +151,6 @@ func (s *Store) replayChat(ctx context.Context, id string) (*chatState, error) {
 			st.text.WriteString(t)
 			st.tokens++
 		}
-		return seq >= lastMsg, nil
 	})
 	return st, err
 }
@@ -122,12 +175,30 @@ func roleOnly(line []byte) bool {
 	return (c.Delta.Content == nil || *c.Delta.Content == "") && len(c.Delta.ToolCalls) == 0 && (c.FinishReason == nil || *c.FinishReason == "")
 }
 
-// runChat generates (the rest of) a resumable chat stream.
-func (r *Runner) runChat(ctx context.Context, rec *Record) error {
-	id := rec.Response.ID
+// endChat appends line e after the stored lines of chat stream id, unless
+// they have ended; ended says whether they had.
+func (r *Runner) endChat(ctx context.Context, id string, e *schemas.Error) (ended bool, err error) {
 	st, err := r.s.replayChat(ctx, id)
 	if err != nil || st.ended {
-		return err
+		return st != nil && st.ended, err
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_, err = r.s.appendRaw(actx, id, e.JSON(), st.n+1, st.last)
+	return false, err
+}
+
+// runChat generates (the rest of) a resumable chat stream; status is how
+// it ended: completed, or failed with an error line (its deadline, its key
+// revoked, an engine's error).
+func (r *Runner) runChat(ctx context.Context, rec *Record) (status string, err error) {
+	id := rec.Response.ID
+	st, err := r.s.replayChat(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	if st.ended {
+		return StatusCompleted, nil
 	}
 	add := func(line []byte) error {
 		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
@@ -139,30 +210,37 @@ func (r *Runner) runChat(ctx context.Context, rec *Record) error {
 		st.n, st.last = st.n+1, seq
 		return nil
 	}
+	fail := func(e *schemas.Error) (string, error) { return StatusFailed, add(e.JSON()) }
+	if e := endCause(ctx); e != nil {
+		return fail(e) // its key was deleted, or its time was up, before it started
+	}
 	body, resumed := rec.Body, st.tokens > 0
 	if resumed {
 		var done bool
 		if body, done, err = continued(rec.Body, st.text.String(), st.tokens); err != nil || done {
 			if err != nil {
-				return add(schemas.ErrInternal.New("the stream could not be continued").JSON())
+				return fail(schemas.ErrInternal.New("the stream could not be continued"))
 			}
-			return add([]byte(chatDone))
+			return StatusCompleted, add([]byte(chatDone))
 		}
 	}
 	deadline, _ := ctx.Deadline()
 	cs, err := r.cl.Start(&client.Request{ID: id + "_" + strconv.Itoa(st.n), Kind: schemas.KindChat, Model: rec.Response.Model,
 		Body: body, Deadline: deadline, Tenant: rec.Tenant})
 	if err != nil {
-		return add(schemas.AsError(err).JSON())
+		return fail(schemas.AsError(err))
 	}
 	defer cs.Close()
 	for {
 		f, err := cs.Next(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return context.Cause(ctx)
+				if e := endCause(ctx); e != nil {
+					return fail(e)
+				}
+				return "", context.Cause(ctx) // the runner stops: another continues it
 			}
-			return add(schemas.AsError(err).JSON())
+			return fail(schemas.AsError(err))
 		}
 		switch f.Type {
 		case schemas.FrameChunk:
@@ -173,14 +251,14 @@ func (r *Runner) runChat(ctx context.Context, rec *Record) error {
 				return add(bytes.Clone(line))
 			})
 			if err != nil {
-				return err
+				return "", err
 			}
 		case schemas.FrameDone:
 			if u := schemas.UsageOf(f.Payload); u != nil && r.cfg.OnUsage != nil {
 				r.cfg.OnUsage(schemas.UsageRecord{RequestID: id, KeyID: rec.KeyID, Tenant: rec.Tenant, Model: rec.Response.Model, Usage: *u,
 					Reserved: rec.Reserved, Window: rec.Window})
 			}
-			return add([]byte(chatDone))
+			return StatusCompleted, add([]byte(chatDone))
 		}
 	}
 }

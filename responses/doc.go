@@ -1,12 +1,15 @@
 // Package responses is OpenAI's Responses API on tokenbus: a response is
 // one chat request on the bus (Items, ChatBody), its stream turned into
 // OpenAI's events (Gen); stored responses in the JetStream Key-Value bucket
-// TOKENBUS_RESPONSES (Store, tenant-scoped); background responses run by a
-// Runner in any gateway from the work queue TOKENBUS_RESPONSE_WORK, their
-// events appended, with the expected last sequence, to
-// TOKENBUS_RESPONSE_EVENTS (subject tokenbus.v1.responses.events.<id>), so
-// that any gateway replays and follows them, and a runner that takes over
-// from a dead one continues after the text already sent.
+// TOKENBUS_RESPONSES (Store, tenant-scoped, counted per tenant in
+// TOKENBUS_RESPONSE_INDEX against its Quota); background responses and
+// resumable chat streams run by a Runner in any gateway from the work
+// queue TOKENBUS_RESPONSE_WORK (one subject and consumer per tenant, slots
+// shared out by tenant), their events appended, with the expected last
+// sequence, to TOKENBUS_RESPONSE_EVENTS (subject
+// tokenbus.v1.responses.events.<id>), so that any gateway follows them (a
+// Follow owns its consumer) and a runner that takes over from a dead one
+// continues after the text already sent.
 // docs/responses.md tells the design and what is not built.
 //
 // Tokenbus imports: client, schemas.

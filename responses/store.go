@@ -20,25 +20,68 @@ const (
 	Bucket      = "TOKENBUS_RESPONSES"       // Key-Value: one Record per stored response
 	EventStream = "TOKENBUS_RESPONSE_EVENTS" // the events of background responses
 	WorkStream  = "TOKENBUS_RESPONSE_WORK"   // work queue: background responses to run
+	IndexStream = "TOKENBUS_RESPONSE_INDEX"  // one message per stored response, on its tenant's subject
 	// EventPrefix + <response-id>: its events, one message each, in order.
 	EventPrefix = schemas.Prefix + ".responses.events."
-	// WorkPrefix + <response-id>: a background response to run.
+	// WorkPrefix + <tenant-token>.<kind>: a background response (kind bg)
+	// or resumable chat stream (chat) of the tenant to run; the message is
+	// its id. (Before issue 32: WorkPrefix + <response-id>, one queue for
+	// all tenants.)
 	WorkPrefix = schemas.Prefix + ".responses.work."
+	// IndexPrefix + <tenant-token>: one message per stored response of the
+	// tenant, so that counting them is one subject's count.
+	IndexPrefix = schemas.Prefix + ".responses.index."
 )
 
-// Config tunes a Store.
+// Config tunes a Store. Zero values take the defaults shown.
 type Config struct {
 	Replicas  int           // default 1
 	Retention time.Duration // how long responses and their events are kept; default 30 days (OpenAI's)
+	// RecordBytes and EventBytes bound the bucket of records and the
+	// stream of events (JetStream's MaxBytes; full, new ones are refused
+	// with 503, nothing stored is dropped). Default 512 MiB each.
+	RecordBytes, EventBytes int64
+	// MaxFollows bounds the follows (streamed background responses,
+	// resumable streams) this store serves at once, each one JetStream
+	// consumer (default 1024); MaxFollowsPerTenant those of one tenant
+	// (default 256).
+	MaxFollows, MaxFollowsPerTenant int
+	// Quota, if set, is a tenant's quota (see Quota); nil: none. An error
+	// refuses the request (a *schemas.Error keeps its status).
+	Quota func(ctx context.Context, tenant string) (Quota, error)
 }
+
+// The limits of the streams Open makes (docs/responses.md says why).
+const (
+	// Consumers on the events stream: the follows of every gateway (each
+	// bounded by MaxFollows; runners and cancels read with gets). Set
+	// explicitly: nats-server's default (1,000 per stream, shared by all
+	// tenants) is what issue 32 exhausted.
+	eventConsumers = 4096
+	// Consumers on the work queue: one per tenant with work queued or
+	// running (deleted once idle), and the legacy "runners".
+	workConsumers = 10_000
+	workMsgs      = 200_000
+	workBytes     = 64 << 20
+	// workPerSubject is the server's own ceiling on one tenant's queued or
+	// running work of one kind, whatever Quota says.
+	workPerSubject = 10_000
+	indexBytes     = 64 << 20
+)
 
 // Store keeps responses in JetStream, shared by every gateway.
 type Store struct {
 	cfg    Config
 	js     jetstream.JetStream
 	kv     jetstream.KeyValue
+	kvs    jetstream.Stream // the bucket's stream: purges that need no room
 	events jetstream.Stream
 	work   jetstream.Stream
+	index  jetstream.Stream
+	follow *followers
+	// queued hears of work this store queued, for a runner in the same
+	// process to take it at once (others find it by polling).
+	queued chan string
 }
 
 // Record is a stored response: OpenAI's object and what tokenbus needs.
@@ -56,6 +99,12 @@ type Record struct {
 	// (settled with the usage the runner records).
 	Reserved int   `json:"reserved,omitempty"`
 	Window   int64 `json:"window,omitempty"`
+	// Index is the stream sequence of its message in IndexStream (0:
+	// none, a record from before quotas).
+	Index uint64 `json:"index,omitempty"`
+	// Deadline (Unix ms) of a resumable chat stream: the gateway's
+	// request timeout from its start, whichever runner runs it.
+	Deadline int64 `json:"deadline,omitempty"`
 }
 
 // Conversation is what a response continuing this one is preceded by.
@@ -92,7 +141,7 @@ func New(id string, req *CreateRequest, created time.Time) *Response {
 	return r
 }
 
-// Open makes (or finds) the bucket and streams.
+// Open makes (or finds) the bucket and streams, with the limits above.
 func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
@@ -100,27 +149,53 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 	if cfg.Retention <= 0 {
 		cfg.Retention = 30 * 24 * time.Hour
 	}
+	if cfg.RecordBytes <= 0 {
+		cfg.RecordBytes = 512 << 20
+	}
+	if cfg.EventBytes <= 0 {
+		cfg.EventBytes = 512 << 20
+	}
+	if cfg.MaxFollows <= 0 {
+		cfg.MaxFollows = 1024
+	}
+	if cfg.MaxFollowsPerTenant <= 0 {
+		cfg.MaxFollowsPerTenant = 256
+	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{cfg: cfg, js: js}
+	s := &Store{cfg: cfg, js: js, follow: newFollowers(cfg.MaxFollows, cfg.MaxFollowsPerTenant), queued: make(chan string, 256)}
 	if s.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: Bucket,
 		Description: "tokenbus responses: one record per stored response", Storage: jetstream.FileStorage,
-		Replicas: cfg.Replicas, History: 1, TTL: cfg.Retention}); err != nil {
+		Replicas: cfg.Replicas, History: 1, TTL: cfg.Retention, MaxBytes: cfg.RecordBytes}); err != nil {
 		return nil, fmt.Errorf("responses bucket: %w", err)
 	}
+	if s.kvs, err = js.Stream(ctx, "KV_"+Bucket); err != nil {
+		return nil, fmt.Errorf("responses bucket: %w", err)
+	}
+	// Discard new everywhere: a full stream refuses what comes, it never
+	// drops what another tenant stored.
 	if s.events, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: EventStream,
 		Description: "tokenbus background responses' events, for streams resumed on any gateway",
 		Subjects:    []string{EventPrefix + "*"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
-		MaxAge: cfg.Retention}); err != nil {
+		MaxAge: cfg.Retention, MaxBytes: cfg.EventBytes, Discard: jetstream.DiscardNew,
+		MaxConsumers: eventConsumers}); err != nil {
 		return nil, fmt.Errorf("response events stream: %w", err)
 	}
 	if s.work, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: WorkStream,
-		Description: "tokenbus background responses to run", Subjects: []string{WorkPrefix + "*"},
-		Retention: jetstream.WorkQueuePolicy, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
-		Duplicates: 2 * time.Minute}); err != nil {
+		Description: "tokenbus background responses and resumable streams to run, one subject per tenant and kind",
+		Subjects:    []string{WorkPrefix + "*.*", WorkPrefix + "*"}, Retention: jetstream.WorkQueuePolicy,
+		Storage: jetstream.FileStorage, Replicas: cfg.Replicas, Duplicates: 2 * time.Minute,
+		MaxMsgs: workMsgs, MaxBytes: workBytes, MaxMsgsPerSubject: workPerSubject,
+		Discard: jetstream.DiscardNew, DiscardNewPerSubject: true, MaxConsumers: workConsumers}); err != nil {
 		return nil, fmt.Errorf("response work stream: %w", err)
+	}
+	if s.index, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: IndexStream,
+		Description: "tokenbus stored responses, one message each on its tenant's subject (their count is the quota's)",
+		Subjects:    []string{IndexPrefix + "*"}, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+		MaxAge: cfg.Retention, MaxBytes: indexBytes, Discard: jetstream.DiscardNew, MaxConsumers: 1}); err != nil {
+		return nil, fmt.Errorf("response index stream: %w", err)
 	}
 	return s, nil
 }
@@ -221,30 +296,27 @@ func validID(id string) bool {
 	return true
 }
 
-// Delete removes a response of tenant and its events.
+// purge removes id's record, leaving no marker: KV's Delete and Purge
+// write one, which a full stream refuses.
+func (s *Store) purge(ctx context.Context, id string) error {
+	return s.kvs.Purge(ctx, jetstream.WithPurgeSubject("$KV."+Bucket+"."+id))
+}
+
+// Delete removes a response of tenant, its events and its place in the
+// tenant's count. None of it needs room in JetStream: a full store can
+// still be emptied.
 func (s *Store) Delete(ctx context.Context, tenant, id string) error {
-	if _, _, err := s.Get(ctx, tenant, id); err != nil {
+	rec, _, err := s.Get(ctx, tenant, id)
+	if err != nil {
 		return err
 	}
-	if err := s.kv.Delete(ctx, id); err != nil {
+	if err := s.purge(ctx, id); err != nil {
 		return unavailable(err)
 	}
 	if err := s.events.Purge(ctx, jetstream.WithPurgeSubject(EventPrefix+id)); err != nil {
 		return unavailable(err)
 	}
-	return nil
-}
-
-// Submit stores a background response (queued) and queues it for a runner.
-func (s *Store) Submit(ctx context.Context, rec *Record) error {
-	if err := s.Put(ctx, rec); err != nil {
-		return err
-	}
-	id := rec.Response.ID
-	if _, err := s.js.PublishMsg(ctx, &nats.Msg{Subject: WorkPrefix + id, Data: []byte(id),
-		Header: nats.Header{jetstream.MsgIDHeader: []string{id}}}); err != nil {
-		return unavailable(err)
-	}
+	s.unreserve(ctx, rec)
 	return nil
 }
 
@@ -269,7 +341,8 @@ func (s *Store) appendRaw(ctx context.Context, id string, data []byte, n int, la
 		jetstream.WithExpectLastSequencePerSubject(last))
 	if err != nil {
 		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 			return 0, errConflict
 		}
 		return 0, err
@@ -278,57 +351,6 @@ func (s *Store) appendRaw(ctx context.Context, id string, data []byte, n int, la
 		return 0, errConflict
 	}
 	return ack.Sequence, nil
-}
-
-// Follow calls fn with each event of response id whose sequence_number is
-// over after, in order, stored ones first then live ones, until a terminal
-// event, fn's error or ctx's end.
-func (s *Store) Follow(ctx context.Context, id string, after int, fn func(ev *Event, raw []byte) error) error {
-	return s.follow(ctx, id, func(_ uint64, data []byte) (bool, error) {
-		var ev Event
-		if json.Unmarshal(data, &ev) != nil {
-			return false, nil
-		}
-		if ev.SequenceNumber > after {
-			if err := fn(&ev, data); err != nil {
-				return true, err
-			}
-		}
-		return ev.Terminal(), nil
-	})
-}
-
-// follow calls fn with each message of id's events subject (its stream
-// sequence and data), stored ones then live ones, until fn says stop or
-// fails, or ctx ends.
-func (s *Store) follow(ctx context.Context, id string, fn func(seq uint64, data []byte) (stop bool, err error)) error {
-	c, err := s.events.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{EventPrefix + id}})
-	if err != nil {
-		return unavailable(err)
-	}
-	it, err := c.Messages()
-	if err != nil {
-		return unavailable(err)
-	}
-	defer it.Stop()
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	for {
-		m, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			return unavailable(err)
-		}
-		var seq uint64
-		if md, err := m.Metadata(); err == nil {
-			seq = md.Sequence.Stream
-		}
-		if done, err := fn(seq, m.Data()); done || err != nil {
-			return err
-		}
-	}
 }
 
 // lastEvent is the stream sequence of id's last event (0: none).
@@ -343,6 +365,29 @@ func (s *Store) lastEvent(ctx context.Context, id string) (uint64, error) {
 	return last.Sequence, nil
 }
 
+// stored calls fn with each stored message of id's events up to stream
+// sequence last, in order, read one at a time (a get of the next message
+// on the subject): no consumer, so that runners and cancels work however
+// many consumers followers hold, and leave none behind.
+func (s *Store) stored(ctx context.Context, id string, last uint64, fn func(seq uint64, data []byte)) error {
+	subj := EventPrefix + id
+	for seq := uint64(1); seq <= last; {
+		m, err := s.events.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil // purged meanwhile (deleted)
+		}
+		if err != nil {
+			return err
+		}
+		if m.Sequence > last {
+			return nil
+		}
+		fn(m.Sequence, m.Data)
+		seq = m.Sequence + 1
+	}
+	return nil
+}
+
 // replay reads the events stored for id into gen; it returns the stream
 // sequence of the last one (0: none).
 func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error) {
@@ -350,12 +395,11 @@ func (s *Store) replay(ctx context.Context, id string, gen *Gen) (uint64, error)
 	if err != nil || last == 0 {
 		return 0, err
 	}
-	err = s.follow(ctx, id, func(seq uint64, data []byte) (bool, error) {
+	err = s.stored(ctx, id, last, func(_ uint64, data []byte) {
 		var ev Event
 		if json.Unmarshal(data, &ev) == nil {
 			gen.Replay(&ev)
 		}
-		return seq >= last, nil
 	})
 	return last, err
 }

@@ -64,8 +64,13 @@ func TestAppendOneWriter(t *testing.T) {
 	}
 	var got []int
 	done := make(chan error, 1)
+	f, err := s.OpenFollow(ctx, "t1", "resp_x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close(ctx)
 	go func() {
-		done <- s.Follow(ctx, "resp_x", 0, func(ev *Event, _ []byte) error { got = append(got, ev.SequenceNumber); return nil })
+		done <- f.Events(ctx, 0, func(ev *Event, _ []byte) error { got = append(got, ev.SequenceNumber); return nil })
 	}()
 	// A live event ends the follow: terminal.
 	testenv.WaitFor(t, 5*time.Second, func() error {

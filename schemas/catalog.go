@@ -420,7 +420,25 @@ var (
 		When:    "Cancel of a response that is not a background one or has already ended; a stream of a response that was not created with background."})
 	ErrResponsesOff = def(secResponses, ErrorDef{Code: "responses_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Stored responses are unavailable: %s.",
-		When:    "JetStream could not be reached or refused an operation; store:false requests without background still work."})
+		When:    "JetStream could not be reached or refused an operation; store:false requests without background still work. Also a store:true response that could not be stored: answered with this error (in a stream, an `error` event), never a 200 that is gone afterwards."})
+	ErrTooManyFollows = def(secResponses, ErrorDef{Code: "too_many_follows", Status: http.StatusTooManyRequests, Type: TypeRateLimit, RetryAfter: 1,
+		Message: "Your tenant follows %d background responses or resumable streams on this gateway, its limit; close one and try again.",
+		When:    "A streamed background response, GET /v1/responses/{id}?stream=true or a resumable chat stream while the tenant already follows --response-followers-per-tenant on this gateway (each follow holds a JetStream consumer)."})
+	ErrFollowsFull = def(secResponses, ErrorDef{Code: "follows_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "This gateway follows as many background responses and resumable streams as it may (%d); try again shortly.",
+		When:    "The same with --response-followers reached on this gateway (all tenants together), or JetStream refused the follow's consumer."})
+	ErrResponseQuota = def(secResponses, ErrorDef{Code: "quota_exceeded", Status: http.StatusTooManyRequests, Type: TypeRateLimit,
+		Message: "Your tenant has %d %s, its quota; %s.",
+		When:    "A stored, background or resumable request past the tenant's quota (--quota-stored-responses, --quota-background, --quota-resumable, or the tenant's own): checked before anything is written. The message says which quota and what frees it."})
+	ErrStreamCancelled = def(secResponses, ErrorDef{Code: "stream_cancelled", Status: http.StatusConflict, Type: TypeInvalidRequest,
+		Message: "The stream %s was cancelled.",
+		When:    "In band: the last event of a resumable chat stream cancelled with POST /v1/chat/completions/{id}/cancel."})
+	ErrKeyRevoked = def(secResponses, ErrorDef{Code: "api_key_revoked", Status: http.StatusUnauthorized, Type: TypeInvalidRequest,
+		Message: "The API key %s that started this response was deleted; it was stopped.",
+		When:    "In band: a background response or resumable stream whose key was deleted ends with it (response.failed, or the stream's last event), before its next step."})
+	ErrResponseLost = def(secResponses, ErrorDef{Code: "response_failed", Status: http.StatusInternalServerError, Type: TypeServer,
+		Message: "The response could not be run after %d attempts (%s).",
+		When:    "In band: a background response or resumable stream whose runs kept failing (JetStream unavailable or full for many minutes) ends failed rather than vanish."})
 )
 
 // FromUpstream is an error an engine answered, kept as the engine said it

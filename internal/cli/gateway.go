@@ -36,6 +36,7 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.StringSliceVar(&c.CORS.Headers, "cors-headers", c.CORS.Headers, "request headers a CORS preflight allows, comma-separated; * any (Authorization included)")
 	fs.BoolVar(&c.CORS.Credentials, "cors-credentials", c.CORS.Credentials, "let browsers send credentials (cookies, HTTP auth) cross-origin: the allowed Origin is then echoed, never *")
 	registerBatch(fs, &c.Batch)
+	registerResponses(fs, &c.Responses)
 }
 
 // registerBatch defines the flags of the Files and Batches APIs and the

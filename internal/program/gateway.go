@@ -55,6 +55,8 @@ type HTTPConfig struct {
 	CORS gateway.CORSConfig
 	// Batch: the Files and Batches APIs and the batch runner.
 	Batch BatchConfig
+	// Responses: the bounds of the Responses API's state and runner.
+	Responses ResponsesConfig
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -123,6 +125,7 @@ func DefaultHTTP() HTTPConfig {
 		MigrationMaxSeqLen: 4096,
 		CORS:               gateway.CORSConfig{Origins: []string{"*"}, Methods: []string{"*"}, Headers: []string{"*"}},
 		Batch:              DefaultBatch(),
+		Responses:          DefaultResponses(),
 	}
 }
 
