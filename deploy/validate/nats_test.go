@@ -713,8 +713,11 @@ func TestNATSPermissions(t *testing.T) {
 		g.noErrors(t)
 		streams := []string{"OBJ_TOKENBUS_FILES", "KV_TOKENBUS_BATCHES", "KV_TOKENBUS_RESPONSES", "TOKENBUS_BATCH",
 			"TOKENBUS_BATCH_RESULTS", "TOKENBUS_RESPONSE_EVENTS", "TOKENBUS_RESPONSE_WORK", "TOKENBUS_USAGE"}
+		// (Purging KV_TOKENBUS_RESPONSES is allowed: a response is deleted
+		// by purging its subject, which writes nothing, so that a full store
+		// can still be emptied.)
 		refused := []string{"$JS.API.STREAM.LIST", "$JS.API.STREAM.NAMES", "$JS.API.ACCOUNT.PURGE.TOKENBUS",
-			"$JS.API.STREAM.PURGE.KV_TOKENBUS_RESPONSES", "$JS.API.STREAM.PURGE.KV_TOKENBUS_BATCHES",
+			"$JS.API.STREAM.PURGE.KV_TOKENBUS_BATCHES",
 			"$JS.API.STREAM.PURGE.TOKENBUS_RESPONSE_WORK", "$JS.API.STREAM.MSG.DELETE.KV_TOKENBUS_RESPONSES",
 			"$JS.API.CONSUMER.CREATE.OTHER.x", "$JS.API.DIRECT.GET.OTHER"}
 		for _, st := range streams {

@@ -106,12 +106,8 @@ func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, stor
 			return err == nil && k.Allows(model), err
 		}
 		// A deleted key's lines stop before they start (and its batches
-		// end cancelled): cached, told of deletions by the keys event.
-		rev := registry.NewRevocations(store, gw.cfg.HTTP.KeyCacheTTL, componentLog(gw.cfg.Log, "batch"))
-		if _, err := rev.Subscribe(gw.nc); err != nil { // ends with the connection
-			return nil, err
-		}
-		rcfg.KeyRevoked = rev.Revoked
+		// end cancelled).
+		rcfg.KeyRevoked = gw.revoked.Revoked
 	}
 	r := batch.NewRunner(s, gw.cl, rcfg)
 	gw.part("batch runner", func() error { return r.Run(gw.ctx) })

@@ -257,6 +257,7 @@ type gatewayRun struct {
 	workers   *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
 	g         *gateway.Gateway
 	au        *auth.Auth
+	revoked   *registry.Revocations // nil without the store
 	pub       *usage.Publisher
 	stopUsage context.CancelFunc // the usage publisher and consumer
 	usageDone chan struct{}      // closed when both returned
@@ -392,6 +393,15 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 		if cfg.HTTP.Auth {
 			gcfg.Authorize = gw.au.Authorize
 			gcfg.ModelAccess = gw.au.ModelAccess
+		}
+	}
+	if store != nil {
+		// Whether an API key was deleted, for the work queued under it
+		// (batch lines, background responses, resumable streams): cached,
+		// told of deletions by the keys event.
+		gw.revoked = registry.NewRevocations(store, cfg.HTTP.KeyCacheTTL, componentLog(cfg.Log, "gateway"))
+		if _, err := gw.revoked.Subscribe(gw.nc); err != nil { // ends with the connection
+			return err
 		}
 	}
 	if gcfg.Responses, err = gw.startResponses(ctx); err != nil {

@@ -75,6 +75,10 @@ func (gw *gatewayRun) startResponses(ctx context.Context) (*responses.Store, err
 	}
 	rcfg := responses.RunnerConfig{MaxInFlight: rc.RunnerSlots, PerTenant: rc.RunnerTenantSlots, MaxAttempts: rc.RunnerMaxAttempts, AckWait: cfg.ResponseAckWait,
 		RequestTimeout: gw.cfg.HTTP.RequestTimeout, KeyRevoked: rc.KeyRevoked, Log: componentLog(gw.cfg.Log, "responses")}
+	if rcfg.KeyRevoked == nil && gw.revoked != nil && gw.cfg.HTTP.Auth {
+		// A deleted key's queued and running responses end failed.
+		rcfg.KeyRevoked = gw.revoked.Revoked
+	}
 	if gw.au != nil {
 		rcfg.OnUsage = gw.au.OnUsage
 	}
