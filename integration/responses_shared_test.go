@@ -19,7 +19,6 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
-	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/responses"
 )
 
@@ -656,29 +655,15 @@ func TestResponsesQuota(t *testing.T) {
 // in the registry (a real redis-server) ends its queued and running
 // background responses and resumable streams, in band, naming the key.
 func TestResponsesKeyRevoked(t *testing.T) {
-	var store atomic.Pointer[registry.Store]
-	d, rd, acme, beta := sharedDev(t, func(c *program.DevConfig) {
+	// The gateway's own wiring: registry.Revocations, told of the deletion
+	// by the admin API's keys event.
+	d, _, acme, beta := sharedDev(t, func(c *program.DevConfig) {
 		c.HTTP.Responses.RunnerSlots, c.HTTP.Responses.RunnerTenantSlots = 2, 2
-		c.HTTP.Responses.KeyRevoked = func(ctx context.Context, keyID string) bool {
-			s := store.Load()
-			if s == nil {
-				return false
-			}
-			_, err := s.Key(ctx, keyID)
-			return errors.Is(err, registry.ErrNotFound)
-		}
 	})
-	rs, err := registry.Open(context.Background(), rd.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rs.Close()
-	store.Store(rs)
 	var key struct{ ID, Key string }
 	if st := adminCall(t, d, limitsAdminToken, "POST", "/keys", `{"name":"doomed","tenant":"acme"}`, &key); st != 201 {
 		t.Fatalf("POST /keys: %d", st)
 	}
-	_ = acme
 	// Running: a resumable stream (holding one of the 2 slots) and a
 	// background one (the other); queued: one more background response.
 	s, st, err := resumable(t, d.URL, key.Key, 2000)
@@ -694,8 +679,8 @@ func TestResponsesKeyRevoked(t *testing.T) {
 			t.Fatalf("background %d: %d %v %s", i, st, err, b)
 		}
 	}
-	if err := rs.DeleteKey(context.Background(), key.ID); err != nil {
-		t.Fatal(err)
+	if st := adminCall(t, d, limitsAdminToken, "DELETE", "/keys/"+key.ID, "", nil); st != 200 {
+		t.Fatalf("DELETE /keys: %d", st)
 	}
 	deleted := time.Now()
 	rest := s.rest()
