@@ -200,13 +200,18 @@ func NewQuotaCache(store *Store, defaults Quotas, ttl time.Duration, log *slog.L
 }
 
 // Defaults is the quotas of a tenant without a record of its own.
-func (c *QuotaCache) Defaults() Quotas { return c.defaults }
+func (c *QuotaCache) Defaults() Quotas {
+	if c == nil {
+		return Quotas{}
+	}
+	return c.defaults
+}
 
 // Lookup is tenant's quotas as they apply (Resolve): the function the
 // stores that enforce them are handed.
 func (c *QuotaCache) Lookup(ctx context.Context, tenant string) (Quotas, error) {
 	own, err := c.Own(ctx, tenant)
-	return own.Resolve(c.defaults), err
+	return own.Resolve(c.Defaults()), err
 }
 
 // Own is tenant's own record, cached. Its error is nil when Redis could
@@ -243,8 +248,11 @@ func (c *QuotaCache) Own(ctx context.Context, tenant string) (Quotas, error) {
 	return q, nil
 }
 
-// Forget drops what the cache holds of tenant ("" and everything: Purge).
+// Forget drops what the cache holds of tenant.
 func (c *QuotaCache) Forget(tenant string) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++
@@ -253,6 +261,9 @@ func (c *QuotaCache) Forget(tenant string) {
 
 // Purge forgets every tenant's quotas.
 func (c *QuotaCache) Purge() {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.gen++

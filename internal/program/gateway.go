@@ -54,6 +54,12 @@ type HTTPConfig struct {
 	CORS gateway.CORSConfig
 	// Batch: the Files and Batches APIs and the batch runner.
 	Batch BatchConfig
+	// Quotas are the default quotas of a tenant (0: no limit); a tenant's
+	// own (the admin API's PUT /tenants/{tenant}/quotas) override them.
+	Quotas registry.Quotas
+	// QuotaCacheTTL: how long a tenant's quotas are trusted before Redis is
+	// asked again (changes apply at once through an event).
+	QuotaCacheTTL time.Duration
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -122,7 +128,16 @@ func DefaultHTTP() HTTPConfig {
 		MigrationMaxSeqLen: 4096,
 		CORS:               gateway.CORSConfig{Origins: []string{"*"}, Methods: []string{"*"}, Headers: []string{"*"}},
 		Batch:              DefaultBatch(),
+		Quotas:             DefaultQuotas(),
+		QuotaCacheTTL:      10 * time.Second,
 	}
+}
+
+// DefaultQuotas is a tenant's quotas as `tokenbus gateway` and `tokenbus
+// dev` have them: a quarter of the files bucket's default 1 GiB each, so
+// that one tenant cannot fill it, 1,000 files and 100 batches not yet ended.
+func DefaultQuotas() registry.Quotas {
+	return registry.Quotas{FileBytes: 256 << 20, Files: 1000, Batches: 100}
 }
 
 // DefaultDispatcherConfig is a dispatcher's configuration as the tokenbus command
@@ -165,9 +180,11 @@ type Gateway struct {
 	cfg GatewayConfig
 	log *slog.Logger
 
-	nc        *nats.Conn
-	store     *registry.Store // ours to close; nil when lent or absent
-	unsubKeys func()          // the API key cache's event subscription
+	nc          *nats.Conn
+	store       *registry.Store // ours to close; nil when lent or absent
+	unsubKeys   func()          // the API key cache's event subscription
+	quotas      *registry.QuotaCache
+	unsubQuotas func() // the quota cache's event subscription
 	stopDisp  context.CancelFunc
 	cl        *client.Client
 	workers   *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
@@ -309,6 +326,14 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 			gcfg.ModelAccess = gw.au.ModelAccess
 		}
 	}
+	// Tenants' quotas: the stores that keep tenants' data check them before
+	// writing (without Redis, the defaults hold for everyone).
+	gw.quotas = registry.NewQuotaCache(store, cfg.HTTP.Quotas, cfg.HTTP.QuotaCacheTTL, log)
+	if store != nil {
+		if gw.unsubQuotas, err = gw.quotas.Subscribe(gw.nc); err != nil {
+			return err
+		}
+	}
 	if gcfg.Responses, err = gw.startResponses(ctx); err != nil {
 		return err
 	}
@@ -316,6 +341,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 		return err
 	}
 	gcfg.FileLimit = cfg.HTTP.Batch.FileLimit
+	gcfg.UploadsMax, gcfg.UploadsPerTenant = cfg.HTTP.Batch.UploadsMax, cfg.HTTP.Batch.UploadsPerTenant
 	if gw.au != nil && cfg.HTTP.Auth {
 		gcfg.Identify = gw.au.Identify
 	}
@@ -332,6 +358,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
 			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
+			Quotas: gw.quotas,
 			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: reg,
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
@@ -383,11 +410,18 @@ func (gw *Gateway) release() {
 	if gw.unsubKeys != nil {
 		gw.unsubKeys()
 	}
+	if gw.unsubQuotas != nil {
+		gw.unsubQuotas()
+	}
 	drain(gw.nc)
 	if gw.store != nil {
 		_ = gw.store.Close()
 	}
 }
+
+// Quotas is the gateway's view of tenants' quotas: Lookup is what a store
+// that enforces them is handed.
+func (gw *Gateway) Quotas() *registry.QuotaCache { return gw.quotas }
 
 // Addr is the OpenAI API's bound address (host:port).
 func (gw *Gateway) Addr() string { return gw.ln.Addr().String() }
