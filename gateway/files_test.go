@@ -72,3 +72,43 @@ func TestUploadGate(t *testing.T) {
 	a2()
 	b1()
 }
+
+// The header hook: an upload of known length is streamed to its handler
+// after its first bytes (a 1-byte limit: fasthttp reads no further ahead);
+// everything else keeps the server's limit (RequestConfig's 0).
+func TestUploadHook(t *testing.T) {
+	g := &Gateway{cfg: Config{Batches: &batch.Store{}}}
+	for _, tc := range []struct {
+		raw  string
+		want int
+	}{
+		{"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 1},
+		{"POST /V1/files/?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 1},
+		{"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 0},
+		{"PUT /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 0},
+		{"POST /v1/files HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 0},
+	} {
+		if got := g.uploadHook(&readRequest(t, tc.raw).Request.Header).MaxRequestBodySize; got != tc.want {
+			t.Errorf("%q: limit %d, want %d", strings.SplitN(tc.raw, "\r\n", 2)[0], got, tc.want)
+		}
+	}
+}
+
+// BenchmarkUploadHook: what the header hook costs a completion request now
+// that it also checks for uploads (compare BenchmarkEdgeChecks' FramingHook).
+func BenchmarkUploadHook(b *testing.B) {
+	h := &readRequest(b, "POST /v1/chat/completions HTTP/1.1\r\nHost: api.example.com\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}").Request.Header
+	g := &Gateway{cfg: Config{Batches: &batch.Store{}}}
+	b.Run("framing", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			FramingHook(h)
+		}
+	})
+	b.Run("framing+upload", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			g.uploadHook(h)
+		}
+	})
+}

@@ -172,7 +172,7 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		StreamRequestBody:            true,
 		DisablePreParseMultipartForm: true,
 	})
-	GuardFraming(g.app)
+	g.app.Server().HeaderReceived = g.uploadHook // FramingHook, and the upload's
 	g.app.Server().Handler = g.bufferBodies(g.app.Server().Handler)
 	RefuseUnknownMethods(g.app, func(ctx *fasthttp.RequestCtx, e *schemas.Error) {
 		id := "req-" + nuid.Next()

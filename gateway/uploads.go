@@ -47,14 +47,35 @@ var (
 // isUpload reports whether ctx is POST /v1/files as Fiber routes it
 // (path case-insensitive, one trailing slash or none).
 func (g *Gateway) isUpload(ctx *fasthttp.RequestCtx) bool {
-	if g.cfg.Batches == nil || !bytes.Equal(ctx.Method(), methodPost) {
+	return g.cfg.Batches != nil && uploadRoute(ctx.Method(), ctx.URI().PathOriginal())
+}
+
+func uploadRoute(method, path []byte) bool {
+	if !bytes.Equal(method, methodPost) {
 		return false
 	}
-	p := ctx.URI().PathOriginal()
-	if len(p) > len(filesPath) && p[len(p)-1] == '/' {
-		p = p[:len(p)-1]
+	if len(path) > len(filesPath) && path[len(path)-1] == '/' {
+		path = path[:len(path)-1]
 	}
-	return bytes.EqualFold(p, filesPath)
+	return bytes.EqualFold(path, filesPath)
+}
+
+// uploadHook is fasthttp's HeaderReceived: FramingHook for every request,
+// and for an upload a body limit of 1 byte, which makes fasthttp hand it to
+// its handler as a stream after its first bytes rather than after the 8 KiB
+// it reads ahead of other bodies. No allocation: it runs for every request.
+func (g *Gateway) uploadHook(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	rc := FramingHook(h)
+	if g.cfg.Batches != nil && h.ContentLength() > 0 {
+		path := h.RequestURI()
+		if i := bytes.IndexByte(path, '?'); i >= 0 {
+			path = path[:i]
+		}
+		if uploadRoute(h.Method(), path) {
+			rc.MaxRequestBodySize = 1
+		}
+	}
+	return rc
 }
 
 // bufferBodies wraps the server's handler: it reads every request body but
@@ -212,9 +233,9 @@ func (g *Gateway) upload(c *fiber.Ctx, body *bodyReader) error {
 			if err != nil {
 				return uploadReadError(err)
 			}
-			// Refused at once when it comes before the file (a purpose
-			// after it removes the file again, below).
-			if purpose = string(v); checkPurpose(purpose) != nil {
+			// Refused at once when it comes before the file; after it,
+			// the check below removes the file again.
+			if purpose = string(v); !stored && checkPurpose(purpose) != nil {
 				return checkPurpose(purpose)
 			}
 		case "file":
