@@ -110,4 +110,3 @@ func (s *Server) defaults() registry.Quotas {
 	}
 	return s.cfg.Quotas.Defaults()
 }
-

@@ -185,16 +185,16 @@ type Gateway struct {
 	unsubKeys   func()          // the API key cache's event subscription
 	quotas      *registry.QuotaCache
 	unsubQuotas func() // the quota cache's event subscription
-	stopDisp  context.CancelFunc
-	cl        *client.Client
-	workers   *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
-	g         *gateway.Gateway
-	au        *auth.Auth
-	pub       *usage.Publisher
-	stopUsage context.CancelFunc // the usage publisher and consumer
-	usageDone chan struct{}      // closed when both returned
-	adm       *admin.Server
-	ln, admLn net.Listener
+	stopDisp    context.CancelFunc
+	cl          *client.Client
+	workers     *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
+	g           *gateway.Gateway
+	au          *auth.Auth
+	pub         *usage.Publisher
+	stopUsage   context.CancelFunc // the usage publisher and consumer
+	usageDone   chan struct{}      // closed when both returned
+	adm         *admin.Server
+	ln, admLn   net.Listener
 }
 
 // StartGateway starts a gateway: it connects to NATS (retrying for 30s) and
@@ -358,7 +358,7 @@ func (gw *Gateway) start(ctx context.Context, h host) error {
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
 			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
-			Quotas: gw.quotas,
+			Quotas:  gw.quotas,
 			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: reg,
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
