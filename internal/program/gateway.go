@@ -180,21 +180,22 @@ type Gateway struct {
 	cfg GatewayConfig
 	log *slog.Logger
 
-	nc          *nats.Conn
-	store       *registry.Store // ours to close; nil when lent or absent
-	unsubKeys   func()          // the API key cache's event subscription
-	quotas      *registry.QuotaCache
-	unsubQuotas func() // the quota cache's event subscription
-	stopDisp    context.CancelFunc
-	cl          *client.Client
-	workers     *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
-	g           *gateway.Gateway
-	au          *auth.Auth
-	pub         *usage.Publisher
-	stopUsage   context.CancelFunc // the usage publisher and consumer
-	usageDone   chan struct{}      // closed when both returned
-	adm         *admin.Server
-	ln, admLn   net.Listener
+	nc        *nats.Conn
+	store     *registry.Store // ours to close; nil when lent or absent
+	unsubKeys func()          // the API key cache's event subscription
+	stopDisp  context.CancelFunc
+	cl        *client.Client
+	workers   *fleet.Fleet // the embedded dispatcher's, or one fleet.Watch keeps
+	g         *gateway.Gateway
+	au        *auth.Auth
+	pub       *usage.Publisher
+	stopUsage context.CancelFunc // the usage publisher and consumer
+	usageDone chan struct{}      // closed when both returned
+	adm       *admin.Server
+	ln, admLn net.Listener
+
+	quotas      *registry.QuotaCache // tenants' quotas, for the stores that enforce them
+	unsubQuotas func()               // its event subscription
 }
 
 // StartGateway starts a gateway: it connects to NATS (retrying for 30s) and
