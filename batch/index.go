@@ -169,7 +169,7 @@ func (x *index) scan(ctx context.Context, prefix string, fn func(key string, dat
 					return nil
 				}
 				last, err := strconv.ParseUint(m.Header.Get("Nats-Last-Sequence"), 10, 64)
-				if err != nil || last < seq {
+				if err != nil || last == 0 {
 					return errors.New("index scan: a batch ended without a last sequence")
 				}
 				seq = last + 1

@@ -253,11 +253,15 @@ func (s *Store) putFile(ctx context.Context, id, tenant, filename, purpose strin
 		fullReader{lr})
 	if lr.over {
 		if info != nil || err == nil {
-			_ = s.removeObject(context.WithoutCancel(ctx), id)
+			s.cleanUp(ctx, func(ctx context.Context) error { return s.removeObject(ctx, id) })
 		}
 		return File{}, schemas.ErrFileTooLarge.New(limit)
 	}
 	if err != nil {
+		// The object store purges the chunks of a failed put, but a chunk
+		// refused asynchronously (a full bucket) is seen only after its
+		// metadata went out: remove whatever is left.
+		s.cleanUp(ctx, func(ctx context.Context) error { return s.removeObject(ctx, id) })
 		var e *schemas.Error
 		if errors.As(err, &e) {
 			return File{}, e // the body's reader failed with an API error (a quota)
@@ -266,7 +270,7 @@ func (s *Store) putFile(ctx context.Context, id, tenant, filename, purpose strin
 	}
 	f := fileOf(info)
 	if err := s.idx.putFile(ctx, tenant, f); err != nil {
-		_ = s.removeObject(context.WithoutCancel(ctx), id)
+		s.cleanUp(ctx, func(ctx context.Context) error { return s.removeObject(ctx, id) })
 		return File{}, unavailable(err)
 	}
 	return f, nil
@@ -293,6 +297,14 @@ type limitReader struct {
 }
 
 var errOverLimit = errors.New("file over the size limit")
+
+// cleanUp runs fn, which undoes part of a write that failed, even when
+// ctx has ended (a client gone, a deadline passed), for a few seconds.
+func (s *Store) cleanUp(ctx context.Context, fn func(context.Context) error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = fn(cctx)
+}
 
 // removeObject removes file id's chunks, then its metadata, by purging
 // their subjects. Unlike the object store's Delete, which writes a delete
@@ -421,6 +433,12 @@ func (s *Store) tenantFiles(ctx context.Context, tenant string) ([]File, error) 
 	if ok {
 		return s.idx.files(ctx, tenant)
 	}
+	return s.scanFiles(ctx, tenant)
+}
+
+// scanFiles is every file of tenant, from every object's metadata: what
+// listings did before the index.
+func (s *Store) scanFiles(ctx context.Context, tenant string) ([]File, error) {
 	infos, err := s.files.List(ctx)
 	if err != nil && !errors.Is(err, jetstream.ErrNoObjectsFound) {
 		return nil, err
@@ -596,7 +614,7 @@ func (s *Store) CreateBatch(ctx context.Context, tenant, keyID string, req Creat
 	}
 	b, _ := json.Marshal(rec)
 	if _, err := s.batches.Create(ctx, rec.ID, b); err != nil {
-		_ = s.idx.remove(context.WithoutCancel(ctx), kindBatch, tenant, rec.ID)
+		s.cleanUp(ctx, func(ctx context.Context) error { return s.idx.remove(ctx, kindBatch, tenant, rec.ID) })
 		return Batch{}, unavailable(err)
 	}
 	return rec.Batch, nil
