@@ -80,13 +80,21 @@ type index struct {
 	stream jetstream.Stream
 }
 
+// Writes and removals on a nil index (a store without one) do nothing.
+
 func (x *index) putFile(ctx context.Context, tenant string, f File) error {
+	if x == nil {
+		return nil
+	}
 	b, _ := json.Marshal(f)
 	_, err := x.kv.Put(ctx, indexKey(kindFile, tenant, f.ID), b)
 	return err
 }
 
 func (x *index) putBatch(ctx context.Context, tenant string, e batchEntry) error {
+	if x == nil {
+		return nil
+	}
 	b, _ := json.Marshal(e)
 	_, err := x.kv.Put(ctx, indexKey(kindBatch, tenant, e.ID), b)
 	return err
@@ -95,6 +103,9 @@ func (x *index) putBatch(ctx context.Context, tenant string, e batchEntry) error
 // remove purges an entry: no delete marker is written, so it works while
 // JetStream is full.
 func (x *index) remove(ctx context.Context, kind, tenant, id string) error {
+	if x == nil {
+		return nil
+	}
 	return x.stream.Purge(ctx, jetstream.WithPurgeSubject(indexSubject(indexKey(kind, tenant, id))))
 }
 
@@ -194,6 +205,9 @@ func (x *index) scan(ctx context.Context, prefix string, fn func(key string, dat
 // ready reports whether the index covers everything (Reconcile has run
 // once on this bucket).
 func (x *index) ready(ctx context.Context) (bool, error) {
+	if x == nil {
+		return false, nil
+	}
 	_, err := x.kv.Get(ctx, indexReady)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return false, nil

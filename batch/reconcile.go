@@ -18,6 +18,9 @@ import (
 // It reads every object's metadata and every record once: run it at start
 // (any number of gateways may, at once). It returns what it changed.
 func (s *Store) Reconcile(ctx context.Context) (added, removed int, err error) {
+	if s.idx == nil {
+		return 0, 0, s.idxErr
+	}
 	// Entries first, then objects: a file stored in between has its entry
 	// by the time it is listed as an object (or gets one here).
 	have := map[string]string{} // key -> value, every entry

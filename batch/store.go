@@ -126,7 +126,8 @@ type Store struct {
 	batches  jetstream.KeyValue
 	work     jetstream.Stream
 	results  jetstream.Stream
-	idx      *index
+	idx      *index // nil: none (idxErr says why)
+	idxErr   error
 	now      func() time.Time
 
 	uses    uses        // this process's uploads per tenant (quota.go)
@@ -172,17 +173,35 @@ func Open(ctx context.Context, nc *nats.Conn, cfg Config) (*Store, error) {
 		MaxBytes: cfg.ResultsMaxBytes, Discard: jetstream.DiscardNew}); err != nil {
 		return nil, fmt.Errorf("results stream: %w", err)
 	}
-	s.idx = &index{nc: nc}
-	if s.idx.kv, err = js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: IndexBucket,
+	// Without the index (a NATS user not yet granted its bucket) the store
+	// works as before it: listings and quota counts scan. IndexErr says so.
+	// A permissions violation is not answered: the request waits out its
+	// context, so the index gets its own, shorter one.
+	ictx, cancel := context.WithTimeout(ctx, indexOpenTimeout)
+	defer cancel()
+	idx := &index{nc: nc}
+	if idx.kv, err = js.CreateOrUpdateKeyValue(ictx, jetstream.KeyValueConfig{Bucket: IndexBucket,
 		Description: "tokenbus files and batches by tenant: listings and quota counts", Storage: jetstream.FileStorage,
-		Replicas: cfg.Replicas, History: 1, MaxBytes: cfg.RecordsMaxBytes}); err != nil {
-		return nil, fmt.Errorf("index bucket: %w", err)
+		Replicas: cfg.Replicas, History: 1, MaxBytes: cfg.RecordsMaxBytes}); err == nil {
+		idx.stream, err = js.Stream(ictx, "KV_"+IndexBucket)
 	}
-	if s.idx.stream, err = js.Stream(ctx, "KV_"+IndexBucket); err != nil {
-		return nil, fmt.Errorf("index bucket: %w", err)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		s.idxErr = fmt.Errorf("index bucket %s: %w", IndexBucket, err)
+		return s, nil
 	}
+	s.idx = idx
 	return s, nil
 }
+
+// indexOpenTimeout bounds making the index bucket.
+const indexOpenTimeout = 2 * time.Second
+
+// IndexErr is why the store has no per-tenant index (nil when it has one):
+// then every listing and quota count reads every object's metadata.
+func (s *Store) IndexErr() error { return s.idxErr }
 
 // unavailable wraps a JetStream failure as the client sees it: a full
 // bucket or stream (or JetStream's whole store) is ErrStorageFull, anything

@@ -98,7 +98,12 @@ func (gw *Gateway) startBatch(ctx context.Context, workers *fleet.Fleet, store *
 			return float64(n)
 		}))
 	}
-	gw.part("batch index", func() error { reconcile(gw.ctx, s, gw.log); return nil })
+	if err := s.IndexErr(); err != nil {
+		gw.log.Warn("files and batches have no per-tenant index: every listing and quota count reads every tenant's files "+
+			"(the gateway's NATS user needs the Key-Value bucket TOKENBUS_INDEX: docs/batch.md)", "err", err)
+	} else {
+		gw.part("batch index", func() error { reconcile(gw.ctx, s, gw.log); return nil })
+	}
 	if !cfg.Runner {
 		return s, nil
 	}
