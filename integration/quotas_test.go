@@ -242,6 +242,18 @@ func TestFilesStoreFull(t *testing.T) {
 		}
 		break
 	}
+	// Then what is left, with ever smaller files, until not a byte fits
+	// (a delete that needed to write, as the object store's own does, would
+	// fail now).
+	for _, size := range []int{64 << 10, 8 << 10, 1 << 10, 128, 16, 1} {
+		for {
+			st, body := acme.upload(size, false)
+			if st != 200 {
+				wantCode(t, "a small upload into the full bucket", st, body, 507, "storage_full")
+				break
+			}
+		}
+	}
 	full := bucketBytes(t, d.NATSURL)
 	st, body := beta.upload(mib, false)
 	wantCode(t, "beta into the full bucket", st, body, 507, "storage_full")
