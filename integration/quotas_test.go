@@ -118,6 +118,16 @@ func TestTenantQuotas(t *testing.T) {
 		t.Fatalf("PUT quotas: %d %+v", st, view)
 	}
 
+	if st := adminCall(t, d, "admin-secret", "PUT", "/tenants/acme/quotas", `{"filez":1}`, nil); st != 400 {
+		t.Fatalf("PUT with an unknown field: %d", st)
+	}
+	if st := adminCall(t, d, "admin-secret", "PUT", "/tenants/a%2Fb/quotas", `{"files":-1}`, &view); st != 200 ||
+		view.Tenant != "a/b" || view.Effective.Files != 0 {
+		t.Fatalf("PUT for a tenant with a slash: %d %+v", st, view)
+	}
+	if st := adminCall(t, d, "admin-secret", "PUT", "/tenants/a%2Fb/quotas", `{}`, nil); st != 200 {
+		t.Fatalf("PUT all zero: %d", st)
+	}
 	st, body := acme.upload(mib, false)
 	if st != 200 {
 		t.Fatalf("acme's first MiB: %d %s", st, body)
