@@ -46,8 +46,12 @@ type Config struct {
 	// nil: no throttle. TrustedProxies: whose X-Forwarded-For is believed.
 	Throttle       *gateway.Throttle
 	TrustedProxies []netip.Prefix
-	// Batches, if set, lists every tenant's batches (GET /batches).
+	// Batches, if set, lists every tenant's batches (GET /batches) and what
+	// each tenant keeps in files and batches (GET /tenants).
 	Batches *batch.Store
+	// Quotas is the gateway's quota cache: its defaults are shown, and a
+	// change made here is applied to it at once (nil: defaults none).
+	Quotas *registry.QuotaCache
 
 	// The console (/console/): APIAddr is the OpenAI API's listen address
 	// (the playground calls it from the browser), APIAuth whether it needs
@@ -128,6 +132,9 @@ func (s *Server) routes() {
 	app.Get("/keys", s.listKeys)
 	app.Delete("/keys/:id", s.deleteKey)
 	app.Get("/usage", s.usage)
+	app.Get("/tenants", s.listTenants)
+	app.Get("/tenants/:tenant/quotas", s.getTenantQuotas)
+	app.Put("/tenants/:tenant/quotas", s.putTenantQuotas)
 	app.Get("/batches", s.listBatches)
 	app.Post("/batches/:id/cancel", s.cancelBatch)
 	app.Get("/batches/:id/output", s.batchOutput)

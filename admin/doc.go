@@ -10,7 +10,8 @@
 // It also serves the web console (/console/, console.go: embedded static
 // files, no token needed for them), the console's config, live traffic as
 // Server-Sent Events (traffic.go, read from the process's metrics registry)
-// and batch cancel and download for any tenant (batches.go). docs/console.md.
+// and batch cancel and download for any tenant (batches.go), and tenants
+// with their quotas and use (tenants.go). docs/console.md.
 //
 // Every registry change is announced on tokenbus.v1.events.* before the
 // response is sent, so gateway and dispatcher caches follow at once.

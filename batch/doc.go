@@ -14,7 +14,15 @@
 //     batch, shared by every runner);
 //   - the answered lines in TOKENBUS_BATCH_RESULTS (subjects
 //     tokenbus.v1.batch.result.<batch-id>.ok and .err), each published
-//     with Nats-Msg-Id <batch-id>/<custom_id>.
+//     with Nats-Msg-Id <batch-id>/<custom_id>;
+//   - an entry per file and per batch in the Key-Value bucket
+//     TOKENBUS_INDEX, keyed by tenant (index.go), from which a tenant's
+//     listings and quota counts are read without touching other tenants'.
+//
+// Each of these has its own MaxBytes (discard new), so that one filling up
+// leaves the others working; deletes purge and write nothing, so they work
+// on a full store. A tenant's quotas (Config.Quotas: file bytes and count,
+// batches not yet ended) are checked before writing (quota.go).
 //
 // A Runner (one per gateway that runs batches) validates a new batch's
 // input file and queues its lines, takes lines of every running batch

@@ -56,12 +56,14 @@
 // could be routed (and later authorised) as one model and run as another.
 //
 // Bodies are read raw: a Content-Encoding other than identity is a 415 (Fiber
-// would inflate it with no bound). A body over BodyLimit is refused by fasthttp
-// before it is read; the gateway then drains it (bounded: 64 MiB, 2 s) before
-// the connection closes, so the client reads a clean 413 instead of a reset.
-// POST /v1/files alone gets FileLimit instead (a per-request limit set in
-// fasthttp's header hook), and fasthttp reads its multipart body with at most
-// 16 MiB of a file in memory, the rest in a temporary file.
+// would inflate it with no bound). fasthttp streams request bodies; every
+// body but an upload's is read whole before its handler (bufferBodies), and
+// one over BodyLimit is refused before it is read; the gateway then drains
+// it (bounded: 64 MiB, 2 s) before the connection closes, so the client
+// reads a clean 413 instead of a reset. POST /v1/files is admitted on its
+// headers (API key, upload limits per tenant and in all, FileLimit, the
+// tenant's quota) and only then read, its file part streamed into the
+// store (uploads.go): nothing on disk, a bounded few hundred KiB per upload.
 //
 // TorchServe form. In /predictions/{model}/{version}/v1/... the path names the
 // model: a "model" in the body that names another is 400 model_mismatch (as a

@@ -22,9 +22,6 @@ var errClientGone = schemas.ErrClientGone.New()
 // timeout, malformed request), leave as OpenAI's nested error body.
 func (g *Gateway) errorHandler(c *fiber.Ctx, err error) error {
 	e := APIError(c, err, g.cfg.BodyLimit)
-	if e.Status == http.StatusRequestEntityTooLarge && g.cfg.Batches != nil && strings.HasPrefix(c.Path(), "/v1/files") {
-		e = schemas.ErrFileTooLarge.New(g.cfg.FileLimit) // an upload has its own limit (uploadHook)
-	}
 	if c.Locals(localID) == nil {
 		// Raised by fasthttp before any handler ran (body too large, read
 		// timeout, malformed HTTP): observe did not see this request.

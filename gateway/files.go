@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"strconv"
@@ -9,44 +8,14 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // The Files API (POST, GET /v1/files; GET, DELETE /v1/files/{id}; GET
-// /v1/files/{id}/content), on the batch package's store.
-//
-// An upload is not held in memory: fasthttp reads a multipart body of
-// known length part by part, keeping at most 16 MiB of a file in memory and
-// the rest in a temporary file, and the handler streams the part into the
-// object store in chunks. Only POST /v1/files gets FileLimit rather than
-// BodyLimit (uploadHook, fasthttp's per-request limit), and only with a
-// Content-Length: a chunked upload would be buffered whole, so it keeps
-// BodyLimit.
-
-// multipartSlack is what a multipart body may have beyond its file: the
-// boundaries, part headers and the purpose field.
-const multipartSlack = 64 << 10
-
-// uploadHook is fasthttp's HeaderReceived: FramingHook for every request,
-// and the file size limit for an upload of known length.
-func (g *Gateway) uploadHook(h *fasthttp.RequestHeader) fasthttp.RequestConfig {
-	rc := FramingHook(h)
-	// Byte comparisons: this runs for every request, and allocates nothing.
-	if g.cfg.Batches != nil && h.ContentLength() > 0 && bytes.Equal(h.Method(), methodPost) &&
-		bytes.Equal(bytes.TrimSuffix(h.RequestURI(), slash), filesPath) {
-		rc.MaxRequestBodySize = int(g.cfg.FileLimit) + multipartSlack
-	}
-	return rc
-}
-
-var (
-	methodPost = []byte(fiber.MethodPost)
-	slash      = []byte("/")
-	filesPath  = []byte("/v1/files")
-)
+// /v1/files/{id}/content), on the batch package's store. Uploads:
+// uploads.go.
 
 // filesRoutes mounts the Files and Batches APIs.
 func (g *Gateway) filesRoutes(app *fiber.App) {
@@ -71,51 +40,12 @@ func (g *Gateway) caller(c *fiber.Ctx) (Principal, error) {
 	return Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID)}, err
 }
 
+// storeTimeout bounds one call to the store.
+const storeTimeout = 30 * time.Second
+
 // storeCtx bounds one call to the store.
 func (g *Gateway) storeCtx(c *fiber.Ctx) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(g.base, 30*time.Second)
-}
-
-func (g *Gateway) uploadFile(c *fiber.Ctx) error {
-	p, err := g.caller(c)
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(c.Get(fiber.HeaderContentType), fiber.MIMEMultipartForm) {
-		return schemas.ErrBadUpload.New("POST /v1/files takes multipart/form-data with a 'file' part and a 'purpose' field.")
-	}
-	form, err := c.MultipartForm()
-	if err != nil {
-		return schemas.ErrBadUpload.New("The multipart/form-data body could not be read.")
-	}
-	purpose := ""
-	if v := form.Value["purpose"]; len(v) > 0 {
-		purpose = v[0]
-	}
-	switch {
-	case purpose == "":
-		return schemas.ErrMissingParam.At("purpose", "purpose")
-	case purpose != "batch":
-		return schemas.ErrInvalidValue.At("purpose", "purpose", "only 'batch' is supported")
-	case len(form.File["file"]) == 0:
-		return schemas.ErrMissingParam.At("file", "file")
-	}
-	fh := form.File["file"][0]
-	if fh.Size > g.cfg.FileLimit {
-		return schemas.ErrFileTooLarge.New(g.cfg.FileLimit)
-	}
-	r, err := fh.Open()
-	if err != nil {
-		return schemas.ErrBadUpload.New("The file part could not be read.")
-	}
-	defer func() { _ = r.Close() }()
-	ctx, cancel := g.storeCtx(c)
-	defer cancel()
-	f, err := g.cfg.Batches.PutFile(ctx, p.Tenant, fh.Filename, purpose, r, g.cfg.FileLimit)
-	if err != nil {
-		return err
-	}
-	return c.JSON(f)
+	return context.WithTimeout(g.base, storeTimeout)
 }
 
 // listQuery reads after, limit and order.

@@ -71,6 +71,10 @@ type Config struct {
 	Batches *batch.Store
 	// FileLimit bounds an uploaded file in bytes. Default 200 MB (OpenAI's).
 	FileLimit int64
+	// UploadsMax and UploadsPerTenant bound the uploads this gateway reads
+	// at once, in all (past it 503 uploads_busy) and of one tenant (429
+	// too_many_uploads), both before the body is read. Defaults 16 and 4.
+	UploadsMax, UploadsPerTenant int
 	// Identify, if set, authenticates a Files or Batches request (no rate
 	// limit) and returns whom it is for: files and batches belong to the
 	// principal's tenant. nil: every caller is the tenant "".
@@ -107,6 +111,12 @@ func (c *Config) defaults() {
 	if c.FileLimit <= 0 {
 		c.FileLimit = 200 << 20
 	}
+	if c.UploadsMax <= 0 {
+		c.UploadsMax = 16
+	}
+	if c.UploadsPerTenant <= 0 {
+		c.UploadsPerTenant = 4
+	}
 }
 
 // Gateway is the HTTP server. Make one with New.
@@ -130,6 +140,7 @@ type Gateway struct {
 
 	draining atomic.Bool
 	inflight tracker            // handlers and stream writers still running
+	uploads  uploadGate         // uploads being read
 	streams  *httpstream.Server // SSE responses on the app's connections
 }
 
@@ -145,7 +156,8 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 	if reg == nil {
 		reg = prometheus.NewRegistry()
 	}
-	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg), cor: newCORS(cfg.CORS)}
+	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg), cor: newCORS(cfg.CORS),
+		uploads: uploadGate{max: cfg.UploadsMax, each: cfg.UploadsPerTenant}}
 	g.base, g.cutBase = context.WithCancelCause(context.Background())
 	g.errTimeout = schemas.ErrRequestTimeout.New(cfg.RequestTimeout)
 	g.app = fiber.New(fiber.Config{
@@ -156,9 +168,14 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 		// No WriteTimeout: streams last as long as generation does.
 		ErrorHandler: g.errorHandler,
 		AppName:      "tokenbus-gateway",
+		// Bodies are streamed so that an upload is admitted before its body
+		// is read (uploads.go); bufferBodies reads every other body first,
+		// within BodyLimit, as fasthttp would.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
 	})
-	GuardFraming(g.app)
-	g.app.Server().HeaderReceived = g.uploadHook
+	g.app.Server().HeaderReceived = g.uploadHook // FramingHook, and the upload's
+	g.app.Server().Handler = g.bufferBodies(g.app.Server().Handler)
 	RefuseUnknownMethods(g.app, func(ctx *fasthttp.RequestCtx, e *schemas.Error) {
 		id := "req-" + nuid.Next()
 		ctx.Response.Header.Set(fiber.HeaderXRequestID, id)

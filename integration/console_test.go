@@ -131,6 +131,17 @@ func TestConsole(t *testing.T) {
 	waitFor("usage per hour", `(document.getElementById("usage-hourly") || {innerText: ""}).innerText.includes("console-lora")`)
 	shot("keys")
 
+	// Tenants: the key's tenant with its use and the default quotas; its
+	// own quota set from the form is shown, and applies (the admin API).
+	page("tenants")
+	waitFor("the tenant listed", `(document.getElementById("tenants") || {innerText: ""}).innerText.includes("acme")`)
+	do("set a quota",
+		chromedp.SetValue(`#set-quotas input[name=tenant]`, "acme"),
+		chromedp.SetValue(`#set-quotas input[name=files]`, "7"),
+		chromedp.Click(`#set-quotas button[type=submit]`))
+	waitFor("the quota shown", `document.getElementById("tenants").innerText.includes("/ 7 (own)")`)
+	shot("tenants")
+
 	// Batches: one made on the OpenAI API shows with its progress.
 	id := createBatch(t, d.URL, model, 3)
 	page("batches")

@@ -1,7 +1,8 @@
 // Package registry is tokenbus's control-plane state in Redis: the models
 // and LoRA adapters that exist, API keys (stored as hashes), rate-limit
-// windows and usage counters. Gateways and dispatchers read models through a
-// Cache and keys through a KeyCache, so serving goes on while Redis is down.
+// windows, usage counters and tenants' quotas. Gateways and dispatchers read
+// models through a Cache, keys through a KeyCache and quotas through a
+// QuotaCache, so serving goes on while Redis is down.
 //
 // The calls on a request's path (key lookups, limit checks, usage writes)
 // go through the store's Breaker, if it has one: a bounded wait each, and

@@ -404,7 +404,25 @@ var (
 		When:    "Cancel of a batch that has already ended (completed, failed, expired, cancelled)."})
 	ErrBatchesOff = def(secBatch, ErrorDef{Code: "batches_unavailable", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "Files and batches are unavailable: %s.",
-		When:    "JetStream could not be reached or refused an operation (its store is down, full, or still starting)."})
+		When:    "JetStream could not be reached or refused an operation (its store is down or still starting)."})
+	ErrStorageFull = def(secBatch, ErrorDef{Code: "storage_full", Status: http.StatusInsufficientStorage, Type: TypeServer,
+		Message: "The file store is full; delete files, or ask the operator for more room.",
+		When: "The files bucket (--files-max-bytes) or JetStream's whole store has no room left for the write. " +
+			"Deletes still work and free space at once."})
+	ErrFileQuota = def(secBatch, ErrorDef{Code: "quota_exceeded", Status: http.StatusForbidden, Type: TypePermission, Param: "file",
+		Message: "This tenant's %s quota is %d and %d are in use; delete files before uploading more.",
+		When: "An upload over the tenant's file count or bytes quota (the admin API's PUT /tenants/{tenant}/quotas, " +
+			"--quota-files, --quota-file-bytes); refused before the body is read when its Content-Length already passes it, " +
+			"else as soon as the stream does (nothing of it is kept)."})
+	ErrBatchQuota = def(secBatch, ErrorDef{Code: "quota_exceeded", Status: http.StatusTooManyRequests, Type: TypeRateLimit,
+		Message: "This tenant has %d batches not yet ended, its quota; try again when one has ended.",
+		When:    "POST /v1/batches with the tenant's batches quota of unfinished batches reached (--quota-batches, or the tenant's own)."})
+	ErrTooManyUploads = def(secBatch, ErrorDef{Code: "too_many_uploads", Status: http.StatusTooManyRequests, Type: TypeRateLimit, RetryAfter: 1,
+		Message: "This tenant has %d uploads in progress on this gateway, its limit; try again when one has finished.",
+		When:    "POST /v1/files while the tenant's uploads on this gateway are at --uploads-per-tenant; refused before the body is read."})
+	ErrUploadsBusy = def(secBatch, ErrorDef{Code: "uploads_busy", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "This gateway takes %d uploads at once and is at that; try again shortly.",
+		When:    "POST /v1/files while the gateway's uploads are at --uploads-max; refused before the body is read."})
 )
 
 // --- Responses (the responses package, gateway/responses.go) ---

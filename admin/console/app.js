@@ -8,8 +8,9 @@ import {keys} from "./pages/keys.js";
 import {batches} from "./pages/batches.js";
 import {playground} from "./pages/playground.js";
 import {traffic} from "./pages/traffic.js";
+import {tenants} from "./pages/tenants.js";
 
-const pages = {fleet, models, keys, batches, playground, traffic};
+const pages = {fleet, models, keys, tenants, batches, playground, traffic};
 const view = document.getElementById("view");
 const nav = document.getElementById("nav");
 const signin = document.getElementById("signin");

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/registry"
 )
 
 // registerHTTP defines the gateway's HTTP flags on c, c's values as defaults.
@@ -37,6 +38,16 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.BoolVar(&c.CORS.Credentials, "cors-credentials", c.CORS.Credentials, "let browsers send credentials (cookies, HTTP auth) cross-origin: the allowed Origin is then echoed, never *")
 	registerBatch(fs, &c.Batch)
 	registerResponses(fs, &c.Responses)
+	registerQuotas(fs, &c.Quotas)
+	fs.DurationVar(&c.QuotaCacheTTL, "quota-cache-ttl", c.QuotaCacheTTL, "how long a gateway trusts a tenant's quotas before asking Redis again (changes apply at once through an event)")
+}
+
+// registerQuotas defines the flags of the default quotas of a tenant (the
+// admin API sets a tenant's own).
+func registerQuotas(fs *pflag.FlagSet, q *registry.Quotas) {
+	fs.Int64Var(&q.FileBytes, "quota-file-bytes", q.FileBytes, "bytes of files (uploads and batch output) a tenant may keep, unless the admin API gives it its own quota; 0: no limit")
+	fs.Int64Var(&q.Files, "quota-files", q.Files, "files a tenant may keep, unless the admin API gives it its own quota; 0: no limit")
+	fs.Int64Var(&q.Batches, "quota-batches", q.Batches, "batches not yet ended a tenant may have, unless the admin API gives it its own quota; 0: no limit")
 }
 
 // registerBatch defines the flags of the Files and Batches APIs and the
@@ -45,6 +56,12 @@ func registerBatch(fs *pflag.FlagSet, b *program.BatchConfig) {
 	fs.BoolVar(&b.Enabled, "batches", b.Enabled, "serve the Files and Batches APIs (/v1/files, /v1/batches), their state in JetStream")
 	fs.BoolVar(&b.Runner, "batch-runner", b.Runner, "run batches in this process: validate them, send their lines through the bus at low priority, write their output files (any number of gateways may)")
 	fs.Int64Var(&b.FileLimit, "file-limit", b.FileLimit, "largest file POST /v1/files takes, in bytes; past it: 413")
+	fs.IntVar(&b.UploadsMax, "uploads-max", b.UploadsMax, "uploads (POST /v1/files) a gateway reads at once; past it 503 before the body is read")
+	fs.IntVar(&b.UploadsPerTenant, "uploads-per-tenant", b.UploadsPerTenant, "uploads of one tenant a gateway reads at once; past it 429 before the body is read")
+	fs.Int64Var(&b.FilesMaxBytes, "files-max-bytes", b.FilesMaxBytes, "bytes the JetStream files bucket TOKENBUS_FILES may hold (full: uploads and batch output get 507; deletes still work)")
+	fs.Int64Var(&b.QueueMaxBytes, "batch-queue-max-bytes", b.QueueMaxBytes, "bytes of batch lines the JetStream work queue TOKENBUS_BATCH may hold (full: a new batch waits in validating)")
+	fs.Int64Var(&b.ResultsMaxBytes, "batch-results-max-bytes", b.ResultsMaxBytes, "bytes of answered batch lines the JetStream stream TOKENBUS_BATCH_RESULTS may hold until their batches are finalised (full: lines run again later)")
+	fs.Int64Var(&b.RecordsMaxBytes, "batch-records-max-bytes", b.RecordsMaxBytes, "bytes each of the JetStream buckets TOKENBUS_BATCHES (batch records) and TOKENBUS_INDEX (files and batches by tenant) may hold")
 	fs.IntVar(&b.MaxLines, "batch-max-lines", b.MaxLines, "most requests (lines) one batch may have; past it the batch fails validation")
 	fs.IntVar(&b.MaxInFlight, "batch-max-in-flight", b.MaxInFlight, "batch lines this runner runs at once, in all (each also waits for a free slot of the model's workers)")
 	fs.IntVar(&b.MaxPerBatch, "batch-max-per-batch", b.MaxPerBatch, "lines of one batch this runner runs at once (batches take turns)")

@@ -3,6 +3,7 @@ package program
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"slices"
 	"time"
@@ -25,6 +26,13 @@ type BatchConfig struct {
 	Runner bool
 	// FileLimit bounds one uploaded file in bytes (default 200 MiB).
 	FileLimit int64
+	// UploadsMax and UploadsPerTenant bound the uploads a gateway reads at
+	// once, in all and of one tenant (defaults 16 and 4).
+	UploadsMax, UploadsPerTenant int
+	// The most each JetStream surface of the batch store holds, in bytes
+	// (batch.Config): the files bucket, the work queue, the results stream,
+	// the batches and the index bucket.
+	FilesMaxBytes, QueueMaxBytes, ResultsMaxBytes, RecordsMaxBytes int64
 	// MaxLines bounds a batch's input file (default 50000, OpenAI's).
 	MaxLines int
 	// MaxInFlight and MaxPerBatch bound the lines this runner runs at once,
@@ -49,7 +57,9 @@ type BatchConfig struct {
 
 // DefaultBatch is BatchConfig as `tokenbus gateway` and `tokenbus dev` have it.
 func DefaultBatch() BatchConfig {
-	return BatchConfig{Enabled: true, Runner: true, FileLimit: 200 << 20, MaxLines: 50_000, MaxInFlight: 64, MaxPerBatch: 32,
+	return BatchConfig{Enabled: true, Runner: true, FileLimit: 200 << 20, UploadsMax: 16, UploadsPerTenant: 4,
+		FilesMaxBytes: 1 << 30, QueueMaxBytes: 512 << 20, ResultsMaxBytes: 512 << 20, RecordsMaxBytes: 64 << 20,
+		MaxLines: 50_000, MaxInFlight: 64, MaxPerBatch: 32,
 		Priority: 100, AckWait: 30 * time.Second, Replicas: 1, Headroom: 0.125,
 		ResponseRetention: 30 * 24 * time.Hour, ResponseAckWait: 30 * time.Second}
 }
@@ -66,7 +76,8 @@ func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, stor
 	defer cancel()
 	before := gw.nc.LastError()
 	s, err := batch.Open(octx, gw.nc, batch.Config{Replicas: cfg.Replicas, MaxLines: cfg.MaxLines,
-		MaxLineBytes: int(gw.nc.MaxPayload()) - 16<<10})
+		MaxLineBytes: int(gw.nc.MaxPayload()) - 16<<10, FilesMaxBytes: cfg.FilesMaxBytes, WorkMaxBytes: cfg.QueueMaxBytes,
+		ResultsMaxBytes: cfg.ResultsMaxBytes, RecordsMaxBytes: cfg.RecordsMaxBytes, Quotas: batchQuotas(gw.quotas)})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -87,6 +98,12 @@ func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, stor
 			}
 			return float64(n)
 		}))
+	}
+	if err := s.IndexErr(); err != nil {
+		gw.log.Warn("files and batches have no per-tenant index: every listing and quota count reads every tenant's files "+
+			"(the gateway's NATS user needs the Key-Value bucket TOKENBUS_INDEX: docs/batch.md)", "err", err)
+	} else {
+		gw.part("batch index", func() error { reconcile(gw.ctx, s, gw.log); return nil })
 	}
 	if !cfg.Runner {
 		return s, nil
@@ -112,6 +129,37 @@ func (gw *gatewayRun) startBatch(ctx context.Context, workers *fleet.Fleet, stor
 	r := batch.NewRunner(s, gw.cl, rcfg)
 	gw.part("batch runner", func() error { return r.Run(gw.ctx) })
 	return s, nil
+}
+
+// batchQuotas is the batch store's view of the tenants' quotas.
+func batchQuotas(c *registry.QuotaCache) func(ctx context.Context, tenant string) (batch.Quota, error) {
+	return func(ctx context.Context, tenant string) (batch.Quota, error) {
+		q, err := c.Lookup(ctx, tenant)
+		return batch.Quota{FileBytes: q.FileBytes, Files: q.Files, Batches: q.Batches}, err
+	}
+}
+
+// reconcile brings the batch store's per-tenant index up to date with its
+// files and batches (an older deployment has none yet; a process that died
+// between a file and its entry left one out), retrying until it has, then
+// waits for the program's end.
+func reconcile(ctx context.Context, s *batch.Store, log *slog.Logger) {
+	for wait := time.Second; ctx.Err() == nil; wait = min(2*wait, time.Minute) {
+		start := time.Now()
+		added, removed, err := s.Reconcile(ctx)
+		if err == nil {
+			if added+removed > 0 {
+				log.Info("batch index reconciled", "added", added, "removed", removed, "took", time.Since(start).Round(time.Millisecond))
+			}
+			break
+		}
+		log.Warn("batch index: could not reconcile; listings scan meanwhile", "err", err, "retry_in", wait)
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+	<-ctx.Done()
 }
 
 // freeSlots is the runner's capacity check: the free slots of the live,

@@ -57,6 +57,12 @@ type HTTPConfig struct {
 	Batch BatchConfig
 	// Responses: the bounds of the Responses API's state and runner.
 	Responses ResponsesConfig
+	// Quotas are the default quotas of a tenant (0: no limit); a tenant's
+	// own (the admin API's PUT /tenants/{tenant}/quotas) override them.
+	Quotas registry.Quotas
+	// QuotaCacheTTL: how long a tenant's quotas are trusted before Redis is
+	// asked again (changes apply at once through an event).
+	QuotaCacheTTL time.Duration
 }
 
 // LimitsConfig is how a gateway keeps limits and usage through Redis faults.
@@ -126,7 +132,16 @@ func DefaultHTTP() HTTPConfig {
 		CORS:               gateway.CORSConfig{Origins: []string{"*"}, Methods: []string{"*"}, Headers: []string{"*"}},
 		Batch:              DefaultBatch(),
 		Responses:          DefaultResponses(),
+		Quotas:             DefaultQuotas(),
+		QuotaCacheTTL:      10 * time.Second,
 	}
+}
+
+// DefaultQuotas is a tenant's quotas as `tokenbus gateway` and `tokenbus
+// dev` have them: a quarter of the files bucket's default 1 GiB each, so
+// that one tenant cannot fill it, 1,000 files and 100 batches not yet ended.
+func DefaultQuotas() registry.Quotas {
+	return registry.Quotas{FileBytes: 256 << 20, Files: 1000, Batches: 100}
 }
 
 // DefaultDispatcherConfig is a dispatcher's configuration as the tokenbus command
@@ -258,6 +273,9 @@ type gatewayRun struct {
 	g         *gateway.Gateway
 	au        *auth.Auth
 	revoked   *registry.Revocations // nil without the store
+
+	quotas      *registry.QuotaCache // tenants' quotas, for the stores that enforce them
+	unsubQuotas func()               // its event subscription
 	pub       *usage.Publisher
 	stopUsage context.CancelFunc // the usage publisher and consumer
 	usageDone chan struct{}      // closed when both returned
@@ -404,6 +422,17 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 			return err
 		}
 	}
+	// Tenants' quotas: the stores that keep tenants' data check them before
+	// writing (without Redis, the defaults hold for everyone).
+	// The defaults of the responses' quotas are the Responses flags'.
+	defaults, rq := cfg.HTTP.Quotas, cfg.HTTP.Responses.Quota
+	defaults.StoredResponses, defaults.Background, defaults.Resumable = int64(rq.Stored), int64(rq.Background), int64(rq.Resumable)
+	gw.quotas = registry.NewQuotaCache(store, defaults, cfg.HTTP.QuotaCacheTTL, log)
+	if store != nil {
+		if gw.unsubQuotas, err = gw.quotas.Subscribe(gw.nc); err != nil {
+			return err
+		}
+	}
 	if gcfg.Responses, err = gw.startResponses(ctx); err != nil {
 		return err
 	}
@@ -411,6 +440,7 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 		return err
 	}
 	gcfg.FileLimit = cfg.HTTP.Batch.FileLimit
+	gcfg.UploadsMax, gcfg.UploadsPerTenant = cfg.HTTP.Batch.UploadsMax, cfg.HTTP.Batch.UploadsPerTenant
 	if gw.au != nil && cfg.HTTP.Auth {
 		gcfg.Identify = gw.au.Identify
 	}
@@ -424,6 +454,7 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 	if cfg.HTTP.Admin != "" {
 		if gw.adm, err = admin.New(admin.Config{Token: cfg.HTTP.AdminToken, Store: store, NC: gw.nc, Fleet: workers,
 			Log: componentLog(cfg.Log, "admin"), Redactor: redactor, TrustedProxies: trusted, Batches: gcfg.Batches,
+			Quotas:  gw.quotas,
 			APIAddr: gw.ln.Addr().String(), APIAuth: cfg.HTTP.Auth, Metrics: h.gatherer(reg),
 			Throttle: gateway.NewThrottle(throttle, "admin token", "admin", componentLog(cfg.Log, "admin"), reg)}); err != nil {
 			return err
@@ -473,8 +504,15 @@ func (gw *gatewayRun) release() {
 	if gw.unsubKeys != nil {
 		gw.unsubKeys()
 	}
+	if gw.unsubQuotas != nil {
+		gw.unsubQuotas()
+	}
 	gw.watch.close()
 	if gw.store != nil {
 		_ = gw.store.Close()
 	}
 }
+
+// Quotas is the gateway's view of tenants' quotas (its current run's):
+// Lookup is what a store that enforces them is handed.
+func (g *Gateway) Quotas() *registry.QuotaCache { return g.run().quotas }

@@ -54,6 +54,13 @@ func (gw *gatewayRun) startResponses(ctx context.Context) (*responses.Store, err
 	}
 	rc := gw.cfg.HTTP.Responses
 	quota := rc.QuotaFunc
+	if quota == nil && gw.quotas != nil {
+		// Each tenant's own (the admin API's), else the flags'.
+		quota = func(ctx context.Context, tenant string) (responses.Quota, error) {
+			q, err := gw.quotas.Lookup(ctx, tenant)
+			return responses.Quota{Stored: int(q.StoredResponses), Background: int(q.Background), Resumable: int(q.Resumable)}, err
+		}
+	}
 	if quota == nil {
 		quota = responses.FixedQuota(rc.Quota)
 	}
