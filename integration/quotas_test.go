@@ -293,3 +293,89 @@ func TestFilesStoreFull(t *testing.T) {
 		t.Fatalf("the deleted file: %d %s", st, body)
 	}
 }
+
+// TestOneTenantAtEveryQuota is issue 32's "done when": with one tenant at
+// every quota its admin record sets (files; stored responses, which count
+// its background responses and resumable streams too; background
+// responses and resumable streams in progress), set through the admin API
+// on a real redis-server, that tenant gets 403/429 quota_exceeded, and the
+// other tenant uploads, stores a response and reads it back, and streams
+// (a plain chat stream, a resumable one, a background response) as usual.
+func TestOneTenantAtEveryQuota(t *testing.T) {
+	d, _, keys := devWithKeys(t, []string{"acme", "beta"}, func(c *program.DevConfig) {
+		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
+	})
+	acme := tenantAPI{t, d.URL, keys["acme"]}
+	beta := tenantAPI{t, d.URL, keys["beta"]}
+	var view tenantView
+	if st := adminCall(t, d, "admin-secret", "PUT", "/tenants/acme/quotas",
+		`{"files":1,"stored_responses":3,"background":1,"resumable":1}`, &view); st != 200 {
+		t.Fatalf("PUT quotas: %d %+v", st, view)
+	}
+	// acme fills each quota...
+	if st, body := acme.upload(100, false); st != 200 {
+		t.Fatalf("acme's file: %d %s", st, body)
+	}
+	if st, body := acme.call("POST", "/v1/responses", `{"model":"llama-8b","input":"hi","max_output_tokens":2}`); st != 200 {
+		t.Fatalf("acme's stored response: %d %s", st, body)
+	}
+	if st, body := acme.call("POST", "/v1/responses", `{"model":"llama-8b","input":"hi","max_output_tokens":2000,"background":true,"store":true}`); st != 200 {
+		t.Fatalf("acme's background response: %d %s", st, body)
+	}
+	long, st, err := resumable(t, d.URL, keys["acme"], 2000)
+	if err != nil {
+		t.Fatalf("acme's resumable stream: %d %v", st, err)
+	}
+	defer long.close()
+	long.next()
+	// ...and is refused past each, before anything is written.
+	st, body := acme.upload(100, false)
+	wantCode(t, "acme's second file", st, body, 403, "quota_exceeded")
+	st, body = acme.call("POST", "/v1/responses", `{"model":"llama-8b","input":"hi","max_output_tokens":2}`)
+	wantCode(t, "acme's second stored response", st, body, 429, "quota_exceeded")
+	if _, st, err := resumable(t, d.URL, keys["acme"], 3); st != 429 || err == nil || !strings.Contains(err.Error(), "quota_exceeded") {
+		t.Fatalf("acme's second resumable stream: %d %v", st, err)
+	}
+
+	// beta is served as usual.
+	start := time.Now()
+	if st, body := beta.upload(1<<20, false); st != 200 {
+		t.Fatalf("beta's upload: %d %s", st, body)
+	}
+	var stored struct{ ID, Status string }
+	st, body = beta.call("POST", "/v1/responses", `{"model":"llama-8b","input":"hi","max_output_tokens":3}`)
+	if st != 200 || json.Unmarshal([]byte(body), &stored) != nil || stored.ID == "" {
+		t.Fatalf("beta's stored response: %d %s", st, body)
+	}
+	if st, body := beta.call("GET", "/v1/responses/"+stored.ID, ""); st != 200 || !strings.Contains(body, stored.ID) {
+		t.Fatalf("beta's stored response read back: %d %s", st, body)
+	}
+	client := openai.NewClient(option.WithBaseURL(d.URL+"/v1"), option.WithAPIKey(keys["beta"]), option.WithMaxRetries(0))
+	chat := client.Chat.Completions.NewStreaming(context.Background(), openai.ChatCompletionNewParams{Model: "llama-8b",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("hi")}, MaxTokens: openai.Int(4)})
+	chunks := 0
+	for chat.Next() {
+		chunks++
+	}
+	if err := chat.Err(); err != nil || chunks == 0 {
+		t.Fatalf("beta's chat stream: %d chunks, %v", chunks, err)
+	}
+	rs, st, err := resumable(t, d.URL, keys["beta"], 3)
+	if err != nil {
+		t.Fatalf("beta's resumable stream: %d %v", st, err)
+	}
+	if ev := rs.rest(); len(ev) == 0 || ev[len(ev)-1] != "[DONE]" {
+		t.Fatalf("beta's resumable stream: %v", ev)
+	}
+	rs.close()
+	bg, st, err := openStream(t, "POST", d.URL+"/v1/responses", keys["beta"],
+		`{"model":"llama-8b","input":"hi","max_output_tokens":3,"background":true,"stream":true}`)
+	if err != nil {
+		t.Fatalf("beta's background response: %d %v", st, err)
+	}
+	if ev := bg.rest(); len(ev) == 0 || !strings.Contains(ev[len(ev)-1], `"status":"incomplete"`) || !strings.Contains(ev[len(ev)-1], "max_output_tokens") {
+		t.Fatalf("beta's background response ended with %v", ev[max(0, len(ev)-1):])
+	}
+	bg.close()
+	t.Logf("beta's upload, stored response, chat stream, resumable stream and background response: %v", time.Since(start).Round(time.Millisecond))
+}
