@@ -276,11 +276,11 @@ type gatewayRun struct {
 
 	quotas      *registry.QuotaCache // tenants' quotas, for the stores that enforce them
 	unsubQuotas func()               // its event subscription
-	pub       *usage.Publisher
-	stopUsage context.CancelFunc // the usage publisher and consumer
-	usageDone chan struct{}      // closed when both returned
-	adm       *admin.Server
-	ln, admLn net.Listener // views of the process's listeners
+	pub         *usage.Publisher
+	stopUsage   context.CancelFunc // the usage publisher and consumer
+	usageDone   chan struct{}      // closed when both returned
+	adm         *admin.Server
+	ln, admLn   net.Listener // views of the process's listeners
 }
 
 func startGatewayRun(ctx context.Context, cfg GatewayConfig, h host, ln, admLn *keptListener, restarts prometheus.Counter) (*gatewayRun, error) {
