@@ -126,6 +126,20 @@ func Announce(nc *nats.Conn, name string) error {
 	return announce(nc, EventModels, name)
 }
 
+// follow calls fn with the body of every message on subject, from the time
+// it returns (the subscription is flushed to the server); stop ends that.
+func follow(nc *nats.Conn, subject string, fn func(body string)) (stop func(), err error) {
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) { fn(string(m.Data)) })
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.Flush(); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return func() { _ = sub.Unsubscribe() }, nil
+}
+
 // announce publishes body on subject and flushes for up to a second.
 func announce(nc *nats.Conn, subject, body string) error {
 	if err := nc.Publish(subject, []byte(body)); err != nil {

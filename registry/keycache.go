@@ -138,15 +138,7 @@ func (c *KeyCache) Purge() {
 // Subscribe purges the cache on every EventKeys message on nc, from the time
 // it returns; the returned function stops that.
 func (c *KeyCache) Subscribe(nc *nats.Conn) (stop func(), err error) {
-	sub, err := nc.Subscribe(EventKeys, func(*nats.Msg) { c.Purge() })
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.Flush(); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return follow(nc, EventKeys, func(string) { c.Purge() })
 }
 
 // Peek returns the key whose secret this is if the cache holds it, looked up

@@ -273,13 +273,5 @@ func (c *QuotaCache) Purge() {
 // Subscribe keeps the cache current from EventQuotas messages on nc, from
 // the time it returns; the returned function stops that.
 func (c *QuotaCache) Subscribe(nc *nats.Conn) (stop func(), err error) {
-	sub, err := nc.Subscribe(EventQuotas, func(m *nats.Msg) { c.Forget(string(m.Data)) })
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.Flush(); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return follow(nc, EventQuotas, c.Forget)
 }

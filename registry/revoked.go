@@ -148,13 +148,5 @@ func (r *Revocations) changedKey(id string) {
 // Subscribe follows EventKeys on nc from the time it returns; the returned
 // function stops that.
 func (r *Revocations) Subscribe(nc *nats.Conn) (stop func(), err error) {
-	sub, err := nc.Subscribe(EventKeys, func(m *nats.Msg) { r.changedKey(string(m.Data)) })
-	if err != nil {
-		return nil, err
-	}
-	if err := nc.Flush(); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, err
-	}
-	return func() { _ = sub.Unsubscribe() }, nil
+	return follow(nc, EventKeys, r.changedKey)
 }
