@@ -331,3 +331,41 @@ func TestListingFigures(t *testing.T) {
 	t.Logf("one tenant's 3 files beside another's %d: scan %s, index %s: %.0fx faster", n, scan.Round(time.Microsecond),
 		idx.Round(time.Microsecond), float64(scan)/float64(idx))
 }
+
+// A download reads the file a chunk at a time as the client takes it: it
+// makes no consumer on the files bucket (the object store's own reader made
+// one, and pushed the whole file into memory at the server's pace), and
+// the bytes and their digest are checked.
+func TestOpenFileReadsChunks(t *testing.T) {
+	s := openStore(t, Config{})
+	ctx := context.Background()
+	content := strings.Repeat("0123456789abcdef", 40<<10) // 640 KiB: five chunks
+	f, err := s.PutFile(ctx, "acme", "f", "batch", strings.NewReader(content), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _, err := s.OpenFile(ctx, "acme", f.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := make([]byte, 1)
+	if _, err := io.ReadFull(r, first); err != nil {
+		t.Fatal(err)
+	}
+	// A slow client: one byte read so far. Nothing is pushed meanwhile.
+	st, err := s.js.Stream(ctx, "OBJ_"+FilesBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := st.CachedInfo().State.Consumers; n != 0 {
+		t.Fatalf("%d consumers on the files bucket while a download is read", n)
+	}
+	rest, err := io.ReadAll(r)
+	_ = r.Close()
+	if b := string(first) + string(rest); err != nil || b != content {
+		t.Fatalf("read %d of %d bytes: %v", len(b), len(content), err)
+	}
+	if _, _, err := s.OpenFile(ctx, "beta", f.ID); !schemas.ErrFileNotFound.Is(schemas.AsError(err)) {
+		t.Fatalf("another tenant's file: %v", err)
+	}
+}

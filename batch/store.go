@@ -380,7 +380,10 @@ func (s *Store) OpenFile(ctx context.Context, tenant, id string) (io.ReadCloser,
 	if err != nil {
 		return nil, File{}, err
 	}
-	r, err := s.files.Get(ctx, id)
+	// A chunk at a time, as the client takes it (readChunks): the object
+	// store's own reader pushes the whole file into the gateway's memory
+	// as fast as the server sends it, and leaves a consumer behind.
+	r, err := s.readChunks(ctx, id)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, File{}, schemas.ErrFileNotFound.New(id)
 	}
