@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenbus/tokenbus/internal/chaos"
+	"github.com/tokenbus/tokenbus/program/chaos"
 )
 
 // TestChaosWorkerKill is the short chaos suite of issue 13: kill -9 one of

@@ -12,7 +12,7 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 

@@ -23,7 +23,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 )

@@ -19,7 +19,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/dispatcher"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 )

@@ -7,7 +7,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 

@@ -17,7 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/responses"
 )

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // The official Python and Node SDKs, unchanged, against tokenbus dev.

@@ -19,8 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/internal/natsusers"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program/natsusers"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 )

@@ -1,5 +1,5 @@
-// Command chaos runs the reliability scenarios of internal/chaos and prints
+// Command chaos runs the reliability scenarios of program/chaos and prints
 // a markdown table (and JSON with -json). scripts/chaos is its entry point.
 //
-// Tokenbus imports: internal/chaos.
+// Tokenbus imports: program/chaos.
 package main

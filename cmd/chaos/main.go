@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/tokenbus/tokenbus/internal/chaos"
+	"github.com/tokenbus/tokenbus/program/chaos"
 )
 
 func main() {

@@ -7,7 +7,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tokenbus/tokenbus/internal/cli"
+	"github.com/tokenbus/tokenbus/program/cli"
 	"github.com/tokenbus/tokenbus/internal/gctune"
 	"github.com/tokenbus/tokenbus/internal/sysmon"
 )

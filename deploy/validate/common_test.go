@@ -35,7 +35,7 @@ func readFile(t testing.TB, rel ...string) []byte {
 
 // tokenbusFlags returns the flags of every tokenbus subcommand, read from
 // docs/configuration.md. That file is generated from each command's --help and
-// a test in internal/cli fails when it is stale, so this list cannot drift
+// a test in program/cli fails when it is stale, so this list cannot drift
 // from the code. Every TOKENBUS_<FLAG> variable the deployment sets must name
 // one of them (flagenv ignores variables of unknown flags, so a typo would
 // silently do nothing).

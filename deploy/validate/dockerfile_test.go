@@ -97,15 +97,15 @@ func TestDockerfile(t *testing.T) {
 		t.Error("builder does not set CGO_ENABLED=0 (the runtime image has no libc)")
 	}
 	goBuild := strings.Join(runs, "\n")
-	for _, want := range []string{"-trimpath", "-s -w", "-X github.com/tokenbus/tokenbus/internal/cli.Version=${VERSION}",
+	for _, want := range []string{"-trimpath", "-s -w", "-X github.com/tokenbus/tokenbus/program/cli.Version=${VERSION}",
 		"-o /out/tokenbus ./cmd/tokenbus", "-o /out/tokenbus-probe ./deploy/probe"} {
 		if !strings.Contains(goBuild, want) {
 			t.Errorf("go build lacks %q", want)
 		}
 	}
 	// The -X target exists.
-	if !regexp.MustCompile(`(?m)^var Version = `).Match(readFile(t, "internal/cli/cli.go")) {
-		t.Error("internal/cli.Version, set by -ldflags -X, is gone")
+	if !regexp.MustCompile(`(?m)^var Version = `).Match(readFile(t, "program/cli/cli.go")) {
+		t.Error("program/cli.Version, set by -ldflags -X, is gone")
 	}
 	for _, pkg := range []string{"cmd/tokenbus", "deploy/probe"} {
 		files, _ := filepath.Glob(repoPath(t, pkg, "*.go"))

@@ -9,7 +9,7 @@ import (
 
 // knownMetrics are the series a query may read: those tokenbus exports
 // (gateway/metrics.go, auth/auth.go, dispatcher/metrics.go, workers/metrics.go,
-// internal/program/metrics.go), vLLM's own, and the recording rules of
+// program/metrics.go), vLLM's own, and the recording rules of
 // deploy/prometheus/tokenbus.rules.yml (added by recordedMetrics). The live
 // Prometheus test (liveprom_test.go) checks the tokenbus ones against a real
 // scrape.

@@ -24,12 +24,12 @@ var layers = map[string]int{
 	"internal/tracing": 1, "internal/tracing/otlp": 1, "internal/natsconn": 1, "internal/embedded": 1,
 	"internal/flagenv": 1, "internal/gctune": 1, "internal/sysmon": 1, "internal/decay": 1, "internal/runners": 1, "internal/freeport": 1,
 
-	"gateway": 2, "gateway/httpstream": 2, "dispatcher": 2, "admin": 2, "auth": 2, "bench": 2, "internal/natsusers": 2,
+	"gateway": 2, "gateway/httpstream": 2, "dispatcher": 2, "admin": 2, "auth": 2, "bench": 2, "program/natsusers": 2,
 	"workers": 2, "workers/lora": 2, "workers/engine": 2, "workers/engine/httpengine": 2,
 	"workers/engine/openai": 2, "workers/engine/vllm": 2, "workers/engine/sim": 2, "workers/engine/sim/simserver": 2,
 
-	"internal/program": 3, "internal/cli": 3, "cmd/tokenbus": 3, "deploy/probe": 3, "examples/natsclient": 3,
-	"internal/layout": 3, "internal/chaos": 3, "cmd/chaos": 3,
+	"program": 3, "program/cli": 3, "cmd/tokenbus": 3, "deploy/probe": 3, "examples/natsclient": 3,
+	"internal/layout": 3, "program/chaos": 3, "cmd/chaos": 3,
 }
 
 var testOnly = []string{"internal/testenv", "internal/fakevllm", "workers/engine/enginetest", "integration"}
@@ -50,9 +50,9 @@ var allowed = map[string][]string{
 	"workers/engine/vllm":          {"workers/engine", "workers/engine/httpengine"},
 	"workers/engine/sim":           {"workers/engine"},
 	"workers/engine/sim/simserver": {"workers/engine", "workers/engine/sim"},
-	"internal/cli":                 {"internal/program"},
-	"cmd/tokenbus":                 {"internal/cli"},
-	"cmd/chaos":                    {"internal/chaos"},
+	"program/cli":                  {"program"},
+	"cmd/tokenbus":                 {"program/cli"},
+	"cmd/chaos":                    {"program/chaos"},
 }
 
 // packages maps every package of the module (by path below the module) to
@@ -159,6 +159,59 @@ func TestDocsSayWhatPackagesImport(t *testing.T) {
 		slices.Sort(said)
 		if !slices.Equal(said, imps) {
 			t.Errorf("%s/doc.go says it imports %v; it imports %v", pkg, said, imps)
+		}
+	}
+}
+
+// The folders carry the layers: drawn as one box per top-level folder (cmd,
+// program, gateway, internal, schemas, ...) with an arrow wherever a package
+// of one imports a package of another, no arrow runs up, that is, the
+// folders' imports have no cycle. (internal/ holds only helpers below the
+// roles and test support; the programs live in program/.)
+func TestFoldersShowTheLayers(t *testing.T) {
+	top := func(pkg string) string { f, _, _ := strings.Cut(pkg, "/"); return f }
+	edges := map[string][]string{}
+	for pkg, imps := range packages(t) {
+		if slices.Contains(testOnly, pkg) {
+			continue
+		}
+		for _, imp := range imps {
+			if a, b := top(pkg), top(imp); a != b && !slices.Contains(edges[a], b) {
+				edges[a] = append(edges[a], b)
+			}
+		}
+	}
+	// Depth-first search for a cycle, reported with its path.
+	const (
+		unseen = iota
+		open
+		closed
+	)
+	state := map[string]int{}
+	var path []string
+	var visit func(f string) bool
+	visit = func(f string) bool {
+		switch state[f] {
+		case open:
+			t.Errorf("folders import each other in a circle, so an arrow runs up: %s → %s", strings.Join(path, " → "), f)
+			return true
+		case closed:
+			return false
+		}
+		state[f] = open
+		path = append(path, f)
+		for _, g := range edges[f] {
+			if visit(g) {
+				return true
+			}
+		}
+		path = path[:len(path)-1]
+		state[f] = closed
+		return false
+	}
+	for f := range edges {
+		if visit(f) {
+			return
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // registerDispatcher defines the dispatcher's flags on c, c's values as

@@ -17,7 +17,7 @@
 // are not defaults (an empty Admin turns the admin API off, zero SimWorkers
 // means no worker). A config's Log receives the program's logs; nil
 // discards them. Logging format, the profiler and tracing belong to the
-// process and stay with the caller (internal/cli, or a test).
+// process and stay with the caller (program/cli, or a test).
 //
 // A gateway serves the Files and Batches APIs when its NATS has JetStream
 // (HTTPConfig.Batch) and runs a batch runner as one of its parts
@@ -31,7 +31,7 @@
 // Imports: programs import the roles and what they run on: gateway,
 // dispatcher, workers and their engines, admin, auth, registry, fleet,
 // client, batch, schemas, and the internal helpers (natsconn, embedded). Nothing
-// imports program but internal/cli and tests.
+// imports program but program/cli and tests.
 //
 // Tokenbus imports: admin, auth, batch, client, dispatcher, fleet, gateway, internal/embedded, internal/natsconn,
 // registry, responses, schemas, usage, workers, workers/engine, workers/engine/httpengine, workers/engine/openai,

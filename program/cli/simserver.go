@@ -11,7 +11,7 @@ import (
 	"strings"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // runSimServer is `tokenbus sim-server`: the sim engine behind vLLM's own

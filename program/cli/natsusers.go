@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/natsusers"
+	"github.com/tokenbus/tokenbus/program/natsusers"
 	"github.com/tokenbus/tokenbus/registry"
 )
 

@@ -7,6 +7,6 @@
 // log (redislog.go). The logger a command hands to its program has no
 // component: the program names its components itself, once per line.
 //
-// Tokenbus imports: bench, dispatcher, internal/flagenv, internal/natsusers, internal/program,
-// internal/tracing/otlp, registry, workers/engine/sim.
+// Tokenbus imports: bench, dispatcher, internal/flagenv, program/natsusers,
+// internal/tracing/otlp, program, registry, workers/engine/sim.
 package cli

@@ -10,7 +10,7 @@ import (
 	"strings"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -8,7 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/registry"
 )
 

@@ -302,7 +302,7 @@ func TestHostileValuesRefused(t *testing.T) {
 }
 
 // FuzzHostileIDs drives the same routes with generated ids (go test -fuzz
-// FuzzHostileIDs ./internal/program); in a plain test run its seeds run.
+// FuzzHostileIDs ./program); in a plain test run its seeds run.
 func FuzzHostileIDs(f *testing.F) {
 	for _, x := range []string{"file-" + strings.Repeat("z", 3000), "a.b", "*", ">", "resp_x y"} {
 		f.Add(x)

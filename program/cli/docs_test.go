@@ -14,11 +14,11 @@ import (
 var update = flag.Bool("update", false, "rewrite docs/configuration.md from the commands' --help")
 
 // docs/configuration.md is generated from --help, so it cannot drift from
-// the flags: `go test ./internal/cli -run TestConfigurationDoc -update`.
+// the flags: `go test ./program/cli -run TestConfigurationDoc -update`.
 func TestConfigurationDoc(t *testing.T) {
 	var doc bytes.Buffer
 	doc.WriteString("# Configuration\n\n")
-	doc.WriteString("Generated from `tokenbus <command> --help` by `go test ./internal/cli -run TestConfigurationDoc -update`; do not edit by hand.\n\n")
+	doc.WriteString("Generated from `tokenbus <command> --help` by `go test ./program/cli -run TestConfigurationDoc -update`; do not edit by hand.\n\n")
 	doc.WriteString("Every flag can also be set in the environment: `--nats-url` is `TOKENBUS_NATS_URL`, and so on. A flag given on the\n")
 	doc.WriteString("command line wins over the environment, which wins over the default.\n")
 	for _, c := range commands() {
@@ -40,7 +40,7 @@ func TestConfigurationDoc(t *testing.T) {
 	}
 	have, err := os.ReadFile(path)
 	if err != nil || !bytes.Equal(have, doc.Bytes()) {
-		t.Fatalf("docs/configuration.md is out of date: run go test ./internal/cli -run TestConfigurationDoc -update")
+		t.Fatalf("docs/configuration.md is out of date: run go test ./program/cli -run TestConfigurationDoc -update")
 	}
 }
 

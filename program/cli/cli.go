@@ -20,7 +20,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/tracing/otlp"
 )
 
-// Version is set at build time with -ldflags "-X .../internal/cli.Version=...".
+// Version is set at build time with -ldflags "-X .../program/cli.Version=...".
 var Version = "0.1.0-dev"
 
 type command struct {

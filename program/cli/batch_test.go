@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // tokenbus batch submit --wait: plain request bodies become batch lines,

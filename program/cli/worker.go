@@ -5,7 +5,7 @@ import (
 	"io"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {

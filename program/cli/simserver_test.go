@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tokenbus/tokenbus/internal/program"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 func TestExpandNargs(t *testing.T) {
