@@ -158,6 +158,10 @@ func New(cfg Config, cl *client.Client, cat Catalog, nc *nats.Conn, reg *prometh
 	}
 	g := &Gateway{cfg: cfg, cl: cl, cat: cat, nc: nc, log: log, m: newMetrics(reg), cor: newCORS(cfg.CORS),
 		uploads: uploadGate{max: cfg.UploadsMax, each: cfg.UploadsPerTenant}}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tokenbus_gateway_uploads",
+		Help: "File uploads being read now (bounded by --uploads-max, and per tenant by --uploads-per-tenant).",
+	}, func() float64 { return float64(g.uploads.reading()) }))
 	g.base, g.cutBase = context.WithCancelCause(context.Background())
 	g.errTimeout = schemas.ErrRequestTimeout.New(cfg.RequestTimeout)
 	g.app = fiber.New(fiber.Config{

@@ -128,6 +128,13 @@ type uploadGate struct {
 	tenants   map[string]int
 }
 
+// reading is the number of uploads being read now.
+func (u *uploadGate) reading() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.total
+}
+
 // enter admits one upload of tenant, or says why not (429 for the tenant's
 // own limit, 503 for the gateway's); leave is called once it has ended.
 func (u *uploadGate) enter(tenant string) (leave func(), err error) {

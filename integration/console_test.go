@@ -15,8 +15,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/tokenbus/tokenbus/program/cli"
 	"github.com/tokenbus/tokenbus/program"
+	"github.com/tokenbus/tokenbus/program/cli"
 )
 
 // screenshotsEnv set to 1 makes TestConsole write its screenshots into

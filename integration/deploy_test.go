@@ -23,8 +23,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/registry"
 )
 
@@ -197,6 +197,10 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 	wcfg.Engine.Model = "llama-8b"
 	// Slow enough that a background response can be cancelled in flight.
 	wcfg.Engine.Sim.DecodeBase, wcfg.Engine.Sim.PrefillBase = 10*time.Millisecond, time.Millisecond
+	// Answers run to their max tokens: the background response cancelled
+	// below must still be running when the cancel comes (a natural stop
+	// after a few dozen tokens lost that race on a busy machine).
+	wcfg.Engine.Sim.MinEOS, wcfg.Engine.Sim.MaxEOS = 5000, 5000
 	wk, err := program.StartWorker(ctx, wcfg)
 	if err != nil {
 		t.Fatal(err)

@@ -19,8 +19,8 @@ import (
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 

@@ -16,8 +16,8 @@ import (
 
 	"github.com/openai/openai-go/v3"
 
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/registry"
 )
 

@@ -13,8 +13,8 @@ import (
 
 	"github.com/tokenbus/tokenbus/batch"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // gatewayOutMsgs is how many messages the NATS server has sent to the

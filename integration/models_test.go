@@ -14,8 +14,8 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // modelEntry is what vLLM's /v1/models says of a model, as a client reads

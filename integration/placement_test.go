@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/dispatcher"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/registry"
 )
 

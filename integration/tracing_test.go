@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
-	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/internal/tracing"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 const (

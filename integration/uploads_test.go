@@ -16,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/program"
 	"github.com/tokenbus/tokenbus/registry"
 )
@@ -146,23 +147,18 @@ func TestUploadAdmittedBeforeBody(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The three are admitted once their handlers run: wait for that by
-	// asking until the gateway says it is full.
-	var last string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, body := readAnswer(t, rawUpload(t, addr, keys["beta"], 1<<20), 5*time.Second)
-		last = fmt.Sprintf("%d %s", resp.StatusCode, body)
-		if resp.StatusCode == 503 {
-			if *errorBody(t, body).Code != "uploads_busy" || resp.Header.Get("Retry-After") == "" {
-				t.Fatalf("gateway full: %s", last)
-			}
-			break
+	// The three are admitted once their handlers run: wait for that on
+	// the gateway's gauge of uploads being read.
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if n := metricValue(t, d.URL, "tokenbus_gateway_uploads"); n != 3 {
+			return fmt.Errorf("%v uploads being read, want 3", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the gateway never said it was full: %s", last)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	})
+	// The gateway is full: 503 with Retry-After.
+	resp, body = readAnswer(t, rawUpload(t, addr, keys["beta"], 1<<20), 5*time.Second)
+	if resp.StatusCode != 503 || *errorBody(t, body).Code != "uploads_busy" || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("gateway full: %d %s", resp.StatusCode, body)
 	}
 	resp, body = readAnswer(t, rawUpload(t, addr, keys["acme"], 1<<20), 5*time.Second)
 	if resp.StatusCode != 429 || *errorBody(t, body).Code != "too_many_uploads" || resp.Header.Get("Retry-After") == "" {

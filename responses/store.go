@@ -433,14 +433,33 @@ func (s *Store) Cancel(ctx context.Context, tenant, id string) (*Response, error
 			r.Output = []Item{}
 		}
 		rec.Response = r
-		if _, err := s.update(ctx, rec, rev); err != nil {
+		rev, err = s.update(ctx, rec, rev)
+		if err != nil {
 			continue // changed meanwhile: read again
 		}
 		ev := Event{Type: "response.cancelled", SequenceNumber: gen.Seq(), Response: &r}
 		if _, err := s.append(ctx, id, &ev, last); errors.Is(err, errConflict) {
-			// The runner appended meanwhile: it will see the cancelled
-			// record at its end; append after its event.
-			if last, err = s.replay(ctx, id, gen); err == nil && !gen.Ended() {
+			// The runner appended meanwhile: append after its event, unless
+			// that event ended the response. Then the cancel came too late:
+			// the record follows the events again (the runner, finding it
+			// cancelled, leaves it), and the caller is told, as for a
+			// response that had ended before.
+			if last, err = s.replay(ctx, id, gen); err == nil && gen.Ended() {
+				rec.Response = *gen.Resp
+				for range 10 {
+					if _, err := s.update(ctx, rec, rev); err == nil {
+						break
+					}
+					cur, curRev, err := s.get(ctx, id)
+					if err != nil {
+						break
+					}
+					rev = curRev
+					rec.Body = cur.Body
+				}
+				return nil, schemas.ErrResponseState.New("Cannot cancel a response with status '" + gen.Resp.Status + "'.")
+			}
+			if err == nil {
 				ev.SequenceNumber = gen.Seq()
 				_, _ = s.append(ctx, id, &ev, last)
 			}

@@ -7,9 +7,9 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tokenbus/tokenbus/program/cli"
 	"github.com/tokenbus/tokenbus/internal/gctune"
 	"github.com/tokenbus/tokenbus/internal/sysmon"
+	"github.com/tokenbus/tokenbus/program/cli"
 )
 
 // servers are the commands that run until stopped: they re-execute with the
