@@ -14,7 +14,7 @@
 //     (workers/lora), as for every engine;
 //   - with Config.KVEvents, what vLLM's prefix cache stored and evicted, as
 //     engine.KVEventer: its KV cache events read from its ZMQ publisher
-//     (kvsub.go, decoded by kvwire.go) and mapped from token blocks to the
+//     (kvsub.go, decoded by kvwire.go through tinylib/msgp) and mapped from token blocks to the
 //     text block hashes dispatchers route by, through the prompts' token ids
 //     from /tokenize (kvmap.go, kvevents.go; docs/routing.md).
 //

@@ -151,7 +151,10 @@ func (m *kvMap) apply(b *kvBatch) {
 	defer m.mu.Unlock()
 	for i := range b.events {
 		ev := &b.events[i]
-		if ev.medium != "" && ev.medium != "GPU" || ev.group != 0 {
+		// Blocks of the GPU's prefix cache only: not those offloaded
+		// (medium), of another KV cache group (a hybrid model's sliding
+		// window layers), or another engine's (locality).
+		if ev.medium != "" && ev.medium != "GPU" || ev.group != 0 || ev.locality != "" && ev.locality != "LOCAL" {
 			m.stats.Skipped++
 			continue
 		}

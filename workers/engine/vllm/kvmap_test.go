@@ -96,10 +96,16 @@ func TestKVMap(t *testing.T) {
 			reg("sql"),
 			evs(stored(ids, 0, 2, func(e *kvEvent) { e.loraID = 1 })),
 		}, 0, 2},
-		{"other media and groups skipped", []step{
+		{"other media, groups and localities skipped", []step{
 			reg("base"),
-			evs(stored(ids, 0, 2, func(e *kvEvent) { e.medium = "CPU" }), stored(ids, 0, 2, func(e *kvEvent) { e.group = 1 })),
+			evs(stored(ids, 0, 2, func(e *kvEvent) { e.medium = "CPU" }), stored(ids, 0, 2, func(e *kvEvent) { e.group = 1 }),
+				stored(ids, 0, 2, func(e *kvEvent) { e.locality = "REMOTE" })),
 		}, 0, 0},
+		{"this engine's GPU blocks read", []step{
+			reg("base"),
+			{register: "-", events: []kvEvent{stored(ids, 0, 2, func(e *kvEvent) { e.medium, e.locality = "GPU", "LOCAL" })},
+				want: schemas.KVEvents{Stored: [][]uint64{text[:2]}}},
+		}, 2, 0},
 		{"tokens that are no whole number per hash", []step{
 			reg("base"),
 			evs(kvEvent{kind: kvStored, hashes: vhashes(0, 3), tokens: ids[:40], blockSize: 16}),

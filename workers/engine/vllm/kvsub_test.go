@@ -45,6 +45,10 @@ func TestKVSubHandle(t *testing.T) {
 			2, 0, 1, 1}, // AllBlocksCleared is a loss
 		{"a gap", [][][]byte{kvFrames(t, "kv", 4, "kv_array_stored_int.msgpack"), kvFrames(t, "kv", 6, "kv_array_stored_int.msgpack")},
 			2, 0, 0, 1},
+		// The latest vLLM's fields, and the placeholders of its offloading
+		// connector (block_size 0): read, nothing lost.
+		{"the latest vLLM", [][][]byte{kvFrames(t, "kv", 0, "kv_map_latest.msgpack"), kvFrames(t, "kv", 1, "kv_mixed.msgpack")},
+			2, 0, 1, 0},
 		{"first seq not 0: nothing lost", [][][]byte{kvFrames(t, "kv", 9, "kv_array_stored_int.msgpack")}, 1, 0, 0, 0},
 		{"garbage payload", [][][]byte{{[]byte("kv"), make([]byte, 8), []byte("\xc1")}}, 1, 1, 0, 1},
 		{"bad frames", [][][]byte{{[]byte("kv"), []byte("seq")}, {[]byte("kv"), []byte("1234567"), nil}}, 0, 2, 0, 0},

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/tinylib/msgp/msgp"
 )
 
 // vLLM's KV cache events on the wire (vllm/distributed/kv_events.py): a ZMQ
@@ -19,12 +21,19 @@ import (
 //
 // Later ones drop array_like, so the same structs come as maps keyed by
 // field name, the tag under "type" ({"type": "BlockStored", "block_hashes":
-// ...}), fields at their defaults left out. Both are read here, each batch
-// and each event on its own. A block hash is bytes or an int
-// (ExternalBlockHash): kept opaque. Fields past the known ones are ignored,
-// events of unknown tags counted and skipped; anything malformed is an
-// error, never a panic, and no length read from the payload is trusted
-// beyond the bytes left.
+// ...}), fields at their defaults left out; some keep the batch an array and
+// send the events as maps. Each batch and each event is read in whichever
+// form it comes. A block hash is bytes or an int (ExternalBlockHash): kept
+// opaque. Fields past the known ones (extra_keys, kv_cache_spec_*,
+// ownership, session_id, ...) are skipped, events of unknown tags counted
+// and skipped; anything malformed is an error, never a panic.
+//
+// The msgpack itself is read by tinylib/msgp's byte-slice readers, which
+// check every value against the bytes left and copy nothing; what they do
+// not bound, the element counts of array and map headers (up to 2^32), is
+// checked here against the bytes left before anything is allocated, so a
+// payload costs memory in proportion to its size whatever it claims, and
+// time in proportion to its size (nesting in skipped values is bounded).
 
 type kvEventKind uint8
 
@@ -41,11 +50,12 @@ type kvEvent struct {
 	hashes    []string
 	parent    string // BlockStored: the first block's parent; "": none (a root block)
 	tokens    []uint32
-	blockSize int
+	blockSize int    // 0 in the placeholders vLLM's offloading connector sends (medium "CPU", no tokens)
 	loraName  string // BlockStored: lora_name ("": none, or a vLLM too old to send it)
 	loraID    int64  // BlockStored: lora_id (0: none)
 	medium    string // "" (nil): the GPU
 	group     int64  // group_idx (0 when absent)
+	locality  string // "" (nil) or "LOCAL": this engine's; "REMOTE": another's
 }
 
 // kvBatch is one decoded payload.
@@ -57,98 +67,102 @@ type kvBatch struct {
 
 var errKVWire = errors.New("vLLM KV events: malformed payload")
 
-// maxKVDepth bounds nesting in values skipped unread (extra_keys holds
-// tuples of anything).
-const maxKVDepth = 32
+const (
+	// maxKVDepth bounds nesting in values skipped unread (extra_keys
+	// holds tuples of anything).
+	maxKVDepth = 32
+	// maxKVPrealloc bounds the capacity allocated ahead for a list: a
+	// longer one grows as its elements are read.
+	maxKVPrealloc = 1024
+)
 
 // decodeKVBatch decodes one KVEventBatch payload.
 func decodeKVBatch(b []byte) (kvBatch, error) {
-	r := mpReader{b: b}
+	d := kvDecoder{all: b, b: b}
 	var out kvBatch
-	var err error
-	switch c := r.peek(); {
-	case isArray(c):
-		err = r.batchArray(&out)
-	case isMap(c):
-		err = r.batchMap(&out)
-	default:
-		err = r.fail("a batch is neither an array nor a map")
+	err := d.batch(&out)
+	if err == nil && len(d.b) != 0 {
+		err = d.fail("bytes after the batch")
 	}
 	if err != nil {
 		return kvBatch{}, err
 	}
-	if r.p != len(b) {
-		return kvBatch{}, r.fail("bytes after the batch")
-	}
 	return out, nil
 }
 
-func (r *mpReader) batchArray(out *kvBatch) error {
-	n, err := r.arrayLen()
-	if err != nil {
-		return err
-	}
-	if n < 2 {
-		return r.fail("a batch array of fewer than 2 fields")
-	}
-	if out.ts, err = r.float(); err != nil {
-		return err
-	}
-	if err := r.events(out); err != nil {
-		return err
-	}
-	for range n - 2 { // data_parallel_rank and anything newer
-		if err := r.skip(0); err != nil {
-			return err
-		}
-	}
-	return nil
+// kvDecoder walks a payload: b is what is left of all.
+type kvDecoder struct {
+	all, b []byte
 }
 
-func (r *mpReader) batchMap(out *kvBatch) error {
-	n, err := r.mapLen()
-	if err != nil {
-		return err
-	}
-	seen := false
-	for range n {
-		k, err := r.str()
+func (d *kvDecoder) batch(out *kvBatch) error {
+	switch msgp.NextType(d.b) {
+	case msgp.ArrayType:
+		n, err := d.arrayLen()
 		if err != nil {
 			return err
 		}
-		switch k {
-		case "ts":
-			out.ts, err = r.float()
-		case "events":
-			err, seen = r.events(out), true
-		default:
-			err = r.skip(0)
+		if n < 2 {
+			return d.fail("a batch array of fewer than 2 fields")
 		}
+		if out.ts, err = d.float(); err != nil {
+			return err
+		}
+		if err := d.events(out); err != nil {
+			return err
+		}
+		for range n - 2 { // data_parallel_rank and anything newer
+			if err := d.skip(0); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgp.MapType:
+		n, err := d.mapLen()
 		if err != nil {
 			return err
 		}
+		seen := false
+		for range n {
+			k, err := d.str()
+			if err != nil {
+				return err
+			}
+			switch string(k) {
+			case "ts":
+				out.ts, err = d.float()
+			case "events":
+				err, seen = d.events(out), true
+			default:
+				err = d.skip(0)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		if !seen {
+			return d.fail("a batch without events")
+		}
+		return nil
 	}
-	if !seen {
-		return r.fail("a batch without events")
-	}
-	return nil
+	return d.fail("a batch is neither an array nor a map")
 }
 
-func (r *mpReader) events(out *kvBatch) error {
-	n, err := r.arrayLen()
+func (d *kvDecoder) events(out *kvBatch) error {
+	n, err := d.arrayLen()
 	if err != nil {
 		return err
 	}
-	out.events = make([]kvEvent, 0, n)
+	out.events = make([]kvEvent, 0, min(n, maxKVPrealloc))
 	for range n {
 		var ev kvEvent
-		switch c := r.peek(); {
-		case isArray(c):
-			err = r.eventArray(&ev)
-		case isMap(c):
-			err = r.eventMap(&ev)
+		switch msgp.NextType(d.b) {
+		case msgp.ArrayType:
+			err = d.eventArray(&ev)
+		case msgp.MapType:
+			err = d.eventMap(&ev)
 		default:
-			err = r.fail("an event is neither an array nor a map")
+			err = d.fail("an event is neither an array nor a map")
 		}
 		if err != nil {
 			return err
@@ -162,188 +176,219 @@ func (r *mpReader) events(out *kvBatch) error {
 	return nil
 }
 
-// Field order of the array form, after the tag.
-var (
-	storedFields  = []string{"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys", "group_idx"}
-	removedFields = []string{"block_hashes", "medium", "group_idx"}
+// kvField names an event's field that is read; the rest are skipped.
+type kvField uint8
+
+const (
+	fSkip kvField = iota
+	fHashes
+	fParent
+	fTokens
+	fBlockSize
+	fLoraID
+	fMedium
+	fLoraName
+	fGroup
+	fLocality
 )
 
-func kindOf(tag string) (kvEventKind, []string) {
-	switch tag {
-	case "BlockStored":
-		return kvStored, storedFields
-	case "BlockRemoved":
-		return kvRemoved, removedFields
-	case "AllBlocksCleared":
-		return kvCleared, nil
-	}
-	return 0, nil
+var kvFieldNames = map[string]kvField{
+	"block_hashes": fHashes, "parent_block_hash": fParent, "token_ids": fTokens, "block_size": fBlockSize,
+	"lora_id": fLoraID, "medium": fMedium, "lora_name": fLoraName, "group_idx": fGroup, "locality": fLocality,
 }
 
-func (r *mpReader) eventArray(ev *kvEvent) error {
-	n, err := r.arrayLen()
+// kvSchema is an event type's fields: in the order of the array form (after
+// the tag), and those every version sends (bit f: field f).
+type kvSchema struct {
+	kind    kvEventKind
+	order   []kvField
+	require uint16
+}
+
+func fieldSet(fs ...kvField) (s uint16) {
+	for _, f := range fs {
+		s |= 1 << f
+	}
+	return s
+}
+
+var kvSchemas = map[string]*kvSchema{
+	"BlockStored": {kind: kvStored,
+		// ..., extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window, locality, ownership, session_id
+		order: []kvField{fHashes, fParent, fTokens, fBlockSize, fLoraID, fMedium, fLoraName, fSkip, fGroup, fSkip, fSkip, fLocality},
+		// parent_block_hash is sent by all, as nil at a root, but
+		// not needed.
+		require: fieldSet(fHashes, fTokens, fBlockSize)},
+	"BlockRemoved": {kind: kvRemoved,
+		order:   []kvField{fHashes, fMedium, fGroup, fLocality}, // ..., ownership
+		require: fieldSet(fHashes)},
+	"AllBlocksCleared": {kind: kvCleared},
+}
+
+// String is an event kind's tag, for errors.
+func (k kvEventKind) String() string {
+	return [...]string{"unknown", "BlockStored", "BlockRemoved", "AllBlocksCleared"}[k]
+}
+
+func (d *kvDecoder) eventArray(ev *kvEvent) error {
+	n, err := d.arrayLen()
 	if err != nil {
 		return err
 	}
 	if n < 1 {
-		return r.fail("an empty event")
+		return d.fail("an empty event")
 	}
-	tag, err := r.str()
+	tag, err := d.str()
 	if err != nil {
 		return err
 	}
-	kind, fields := kindOf(tag)
-	ev.kind = kind
-	for i := 1; i < n; i++ {
-		name := ""
-		if kind != 0 && i-1 < len(fields) {
-			name = fields[i-1]
+	s := kvSchemas[string(tag)]
+	if s == nil {
+		for range n - 1 {
+			if err := d.skip(0); err != nil {
+				return err
+			}
 		}
-		if err := r.field(ev, name); err != nil {
+		return nil
+	}
+	ev.kind = s.kind
+	var seen uint16
+	for i := range n - 1 {
+		f := fSkip
+		if i < len(s.order) {
+			f = s.order[i]
+		}
+		if err := d.field(ev, f); err != nil {
 			return err
 		}
+		seen |= 1 << f
 	}
-	need := 0
-	switch kind {
-	case kvStored:
-		need = 4 // block_hashes, parent_block_hash, token_ids, block_size: in every version
-	case kvRemoved:
-		need = 1
-	}
-	return ev.check(n-1 >= need)
+	return d.complete(s, seen)
 }
 
-func (r *mpReader) eventMap(ev *kvEvent) error {
-	n, err := r.mapLen()
+func (d *kvDecoder) eventMap(ev *kvEvent) error {
+	n, err := d.mapLen()
 	if err != nil {
 		return err
 	}
-	var kind kvEventKind
+	var s *kvSchema // the tag's; nil: unknown
 	tagged := false
-	var names []string
+	var seen uint16
 	for range n {
-		k, err := r.str()
+		k, err := d.str()
 		if err != nil {
 			return err
 		}
-		if k == "type" {
-			tag, err := r.str()
+		if string(k) == "type" {
+			tag, err := d.str()
 			if err != nil {
 				return err
 			}
-			kind, _ = kindOf(tag)
-			tagged = true
+			s, tagged = kvSchemas[string(tag)], true
 			continue
 		}
-		if tagged && kind == 0 { // msgspec writes the tag first
-			k = ""
+		f := fSkip
+		if !tagged || s != nil { // msgspec writes the tag first: an unknown tag's fields go unread
+			f = kvFieldNames[string(k)]
 		}
-		if err := r.field(ev, k); err != nil {
+		if err := d.field(ev, f); err != nil {
 			return err
 		}
-		names = append(names, k)
+		seen |= 1 << f
 	}
 	if !tagged {
-		return r.fail("an event without a type")
+		return d.fail("an event without a type")
 	}
-	ev.kind = kind
-	if kind == 0 {
+	if s == nil {
 		return nil
 	}
-	has := func(s string) bool {
-		for _, x := range names {
-			if x == s {
-				return true
-			}
-		}
-		return false
-	}
-	switch kind {
-	case kvStored:
-		return ev.check(has("block_hashes") && has("token_ids") && has("block_size"))
-	case kvRemoved:
-		return ev.check(has("block_hashes"))
-	}
-	return nil
+	ev.kind = s.kind
+	return d.complete(s, seen)
 }
 
-// check validates what an event needs once its fields are read.
-func (ev *kvEvent) check(complete bool) error {
-	if ev.kind == 0 {
-		return nil
-	}
-	if !complete {
-		return fmt.Errorf("%w: a %s event lacks fields", errKVWire, ev.kindName())
+// complete checks that an event has the fields every version sends.
+func (d *kvDecoder) complete(s *kvSchema, seen uint16) error {
+	if seen&s.require != s.require {
+		return d.fail(fmt.Sprintf("a %s event lacks fields", s.kind))
 	}
 	// A BlockStored whose token ids are not block_size per hash is read
-	// anyway (a vLLM that hashes at a finer grain than its blocks would send
-	// such): the mapping decides what it can make of it (kvMap.applyStored).
+	// anyway (a vLLM that hashes at a finer grain than its blocks would
+	// send such; offloading placeholders have none): the mapping decides
+	// what it can make of it (kvMap.applyStored).
 	return nil
 }
 
-func (ev *kvEvent) kindName() string {
-	return [...]string{"unknown", "BlockStored", "BlockRemoved", "AllBlocksCleared"}[ev.kind]
-}
-
-// field reads one field of an event into ev by its name ("": skip it).
-func (r *mpReader) field(ev *kvEvent, name string) error {
+// field reads one field of an event into ev.
+func (d *kvDecoder) field(ev *kvEvent, f kvField) error {
 	var err error
-	switch name {
-	case "block_hashes":
-		ev.hashes, err = r.hashes()
-	case "parent_block_hash":
-		if !r.null() {
-			ev.parent, err = r.hash()
+	switch f {
+	case fHashes:
+		ev.hashes, err = d.hashes()
+	case fParent:
+		if !d.null() {
+			ev.parent, err = d.hash()
 		}
-	case "token_ids":
-		ev.tokens, err = r.tokens()
-	case "block_size":
+	case fTokens:
+		ev.tokens, err = d.tokens()
+	case fBlockSize:
 		var v int64
-		v, err = r.int()
-		if err == nil && (v <= 0 || v > 1<<20) {
-			err = r.fail("block_size out of range")
+		v, err = d.int()
+		if err == nil && (v < 0 || v > 1<<20) {
+			err = d.fail("block_size out of range")
 		}
 		ev.blockSize = int(v)
-	case "lora_id":
-		ev.loraID, err = r.optInt()
-	case "group_idx":
-		ev.group, err = r.optInt()
-	case "medium":
-		ev.medium, err = r.optStr()
-	case "lora_name":
-		ev.loraName, err = r.optStr()
+	case fLoraID:
+		ev.loraID, err = d.optInt()
+	case fGroup:
+		ev.group, err = d.optInt()
+	case fMedium:
+		ev.medium, err = d.optStr()
+	case fLoraName:
+		ev.loraName, err = d.optStr()
+	case fLocality:
+		ev.locality, err = d.optStr()
 	default:
-		err = r.skip(0)
+		err = d.skip(0)
 	}
 	return err
 }
 
-func (r *mpReader) hashes() ([]string, error) {
-	n, err := r.arrayLen()
+func (d *kvDecoder) hashes() ([]string, error) {
+	n, err := d.arrayLen()
 	if err != nil {
 		return nil, err
 	}
-	hs := make([]string, n)
-	for i := range hs {
-		if hs[i], err = r.hash(); err != nil {
+	hs := make([]string, 0, min(n, maxKVPrealloc))
+	for range n {
+		h, err := d.hash()
+		if err != nil {
 			return nil, err
 		}
+		hs = append(hs, h)
 	}
 	return hs, nil
 }
 
 // hash reads an ExternalBlockHash: bytes or an int.
-func (r *mpReader) hash() (string, error) {
-	c := r.peek()
-	if c == 0xc4 || c == 0xc5 || c == 0xc6 || c>>5 == 0x5 || c == 0xd9 || c == 0xda || c == 0xdb {
-		b, err := r.raw()
+func (d *kvDecoder) hash() (string, error) {
+	var u uint64
+	var rest []byte
+	var err error
+	switch msgp.NextType(d.b) {
+	case msgp.BinType, msgp.StrType:
+		b, err := d.str()
 		if err != nil {
 			return "", err
 		}
 		return "b" + string(b), nil
+	case msgp.UintType:
+		u, rest, err = msgp.ReadUint64Bytes(d.b)
+	default:
+		var i int64
+		i, rest, err = msgp.ReadInt64Bytes(d.b)
+		u = uint64(i) // a negative int keeps its 64 bits
 	}
-	u, err := r.uintBits()
-	if err != nil {
+	if err := d.next(rest, err); err != nil {
 		return "", err
 	}
 	var k [9]byte
@@ -352,274 +397,136 @@ func (r *mpReader) hash() (string, error) {
 	return string(k[:]), nil
 }
 
-func (r *mpReader) tokens() ([]uint32, error) {
-	n, err := r.arrayLen()
+func (d *kvDecoder) tokens() ([]uint32, error) {
+	n, err := d.arrayLen()
 	if err != nil {
 		return nil, err
 	}
-	ts := make([]uint32, n)
-	for i := range ts {
-		v, err := r.int()
-		if err != nil {
+	ts := make([]uint32, 0, min(n, 16*maxKVPrealloc))
+	for range n {
+		v, rest, err := msgp.ReadInt64Bytes(d.b)
+		if err == nil && (v < 0 || v > math.MaxUint32) {
+			return nil, d.fail("a token id out of range")
+		}
+		if err := d.next(rest, err); err != nil {
 			return nil, err
 		}
-		if v < 0 || v > math.MaxUint32 {
-			return nil, r.fail("a token id out of range")
-		}
-		ts[i] = uint32(v)
+		ts = append(ts, uint32(v))
 	}
 	return ts, nil
 }
 
-// mpReader reads msgpack values from b, bounds-checked.
-type mpReader struct {
-	b []byte
-	p int
-}
-
-func (r *mpReader) fail(what string) error {
-	return fmt.Errorf("%w: %s (at byte %d)", errKVWire, what, r.p)
-}
-
-func isArray(c byte) bool { return c>>4 == 0x9 || c == 0xdc || c == 0xdd }
-func isMap(c byte) bool   { return c>>4 == 0x8 || c == 0xde || c == 0xdf }
-
-// peek is the next type byte; 0xc1 (never used by msgpack) at the end.
-func (r *mpReader) peek() byte {
-	if r.p >= len(r.b) {
-		return 0xc1
-	}
-	return r.b[r.p]
-}
-
-func (r *mpReader) next(n int) ([]byte, error) {
-	if n < 0 || len(r.b)-r.p < n {
-		return nil, r.fail("truncated")
-	}
-	s := r.b[r.p : r.p+n]
-	r.p += n
-	return s, nil
-}
-
-func (r *mpReader) byte1() (byte, error) {
-	s, err := r.next(1)
+// next moves past a value msgp read, or reports its error where it began.
+func (d *kvDecoder) next(rest []byte, err error) error {
 	if err != nil {
-		return 0, err
+		return fmt.Errorf("%w: %w (at byte %d)", errKVWire, err, len(d.all)-len(d.b))
 	}
-	return s[0], nil
+	d.b = rest
+	return nil
 }
 
-// length reads a big-endian length of size bytes.
-func (r *mpReader) length(size int) (int, error) {
-	s, err := r.next(size)
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, c := range s {
-		n = n<<8 | uint64(c)
-	}
-	if n > uint64(len(r.b)-r.p) { // every element or byte takes at least one byte
-		return 0, r.fail("a length past the end")
-	}
-	return int(n), nil
+func (d *kvDecoder) fail(what string) error {
+	return fmt.Errorf("%w: %s (at byte %d)", errKVWire, what, len(d.all)-len(d.b))
 }
 
-func (r *mpReader) arrayLen() (int, error) { return r.containerLen(0x9, 0xdc, 0xdd, "not an array") }
-
-func (r *mpReader) mapLen() (int, error) { return r.containerLen(0x8, 0xde, 0xdf, "not a map") }
-
-// containerLen reads an array's or a map's header: fix is the high nibble
-// of its fix form, c16 and c32 the type bytes of its 16- and 32-bit forms.
-func (r *mpReader) containerLen(fix, c16, c32 byte, what string) (int, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
+// arrayLen reads an array's header. Every element takes at least a byte:
+// a count past the bytes left is an error before anything is allocated.
+func (d *kvDecoder) arrayLen() (int, error) {
+	n, rest, err := msgp.ReadArrayHeaderBytes(d.b)
+	if err == nil && uint64(n) > uint64(len(rest)) {
+		return 0, d.fail("an array longer than the bytes left")
 	}
-	switch {
-	case c>>4 == fix:
-		return int(c & 0x0f), nil
-	case c == c16:
-		return r.length(2)
-	case c == c32:
-		return r.length(4)
-	}
-	r.p--
-	return 0, r.fail(what)
+	return int(n), d.next(rest, err)
 }
 
-// raw reads a str or bin value's bytes.
-func (r *mpReader) raw() ([]byte, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return nil, err
+// mapLen reads a map's header; each entry takes at least two bytes.
+func (d *kvDecoder) mapLen() (int, error) {
+	n, rest, err := msgp.ReadMapHeaderBytes(d.b)
+	if err == nil && 2*uint64(n) > uint64(len(rest)) {
+		return 0, d.fail("a map longer than the bytes left")
 	}
-	var n int
-	switch {
-	case c>>5 == 0x5:
-		n = int(c & 0x1f)
-	case c == 0xd9 || c == 0xc4:
-		n, err = r.length(1)
-	case c == 0xda || c == 0xc5:
-		n, err = r.length(2)
-	case c == 0xdb || c == 0xc6:
-		n, err = r.length(4)
-	default:
-		r.p--
-		return nil, r.fail("not a string or bytes")
-	}
-	if err != nil {
-		return nil, err
-	}
-	return r.next(n)
+	return int(n), d.next(rest, err)
 }
 
-func (r *mpReader) str() (string, error) {
-	b, err := r.raw()
-	return string(b), err
+// str reads a str or bin value, uncopied (it points into the payload).
+func (d *kvDecoder) str() ([]byte, error) {
+	v, rest, err := msgp.ReadMapKeyZC(d.b)
+	return v, d.next(rest, err)
 }
 
 // null reads a nil if one is next.
-func (r *mpReader) null() bool {
-	if r.peek() == 0xc0 {
-		r.p++
+func (d *kvDecoder) null() bool {
+	if msgp.IsNil(d.b) {
+		d.b = d.b[1:]
 		return true
 	}
 	return false
 }
 
-func (r *mpReader) optStr() (string, error) {
-	if r.null() {
+func (d *kvDecoder) optStr() (string, error) {
+	if d.null() {
 		return "", nil
 	}
-	return r.str()
+	v, err := d.str()
+	switch string(v) { // the usual values, without an allocation
+	case "GPU":
+		return "GPU", err
+	case "LOCAL":
+		return "LOCAL", err
+	}
+	return string(v), err
 }
 
-func (r *mpReader) optInt() (int64, error) {
-	if r.null() {
+func (d *kvDecoder) optInt() (int64, error) {
+	if d.null() {
 		return 0, nil
 	}
-	return r.int()
-}
-
-// uintBits reads any integer as its 64 bits (a uint64 past MaxInt64 kept).
-func (r *mpReader) uintBits() (uint64, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
-	}
-	switch {
-	case c <= 0x7f:
-		return uint64(c), nil
-	case c >= 0xe0:
-		return uint64(int64(int8(c))), nil
-	}
-	size := map[byte]int{0xcc: 1, 0xcd: 2, 0xce: 4, 0xcf: 8, 0xd0: 1, 0xd1: 2, 0xd2: 4, 0xd3: 8}[c]
-	if size == 0 {
-		r.p--
-		return 0, r.fail("not an integer")
-	}
-	s, err := r.next(size)
-	if err != nil {
-		return 0, err
-	}
-	var u uint64
-	for _, b := range s {
-		u = u<<8 | uint64(b)
-	}
-	if c >= 0xd0 { // signed: extend
-		shift := 64 - 8*size
-		u = uint64(int64(u<<shift) >> shift)
-	}
-	return u, nil
+	return d.int()
 }
 
 // int reads an integer that fits in an int64.
-func (r *mpReader) int() (int64, error) {
-	c := r.peek()
-	u, err := r.uintBits()
-	if err != nil {
-		return 0, err
-	}
-	if c == 0xcf && u > math.MaxInt64 {
-		return 0, r.fail("an integer past int64")
-	}
-	return int64(u), nil
+func (d *kvDecoder) int() (int64, error) {
+	v, rest, err := msgp.ReadInt64Bytes(d.b)
+	return v, d.next(rest, err)
 }
 
-func (r *mpReader) float() (float64, error) {
-	c, err := r.byte1()
-	if err != nil {
-		return 0, err
+// float reads a float; msgspec writes a whole float as a float, but an int
+// is taken too.
+func (d *kvDecoder) float() (float64, error) {
+	switch msgp.NextType(d.b) {
+	case msgp.IntType, msgp.UintType:
+		v, err := d.int()
+		return float64(v), err
 	}
-	switch c {
-	case 0xca:
-		s, err := r.next(4)
-		if err != nil {
-			return 0, err
-		}
-		return float64(math.Float32frombits(binary.BigEndian.Uint32(s))), nil
-	case 0xcb:
-		s, err := r.next(8)
-		if err != nil {
-			return 0, err
-		}
-		return math.Float64frombits(binary.BigEndian.Uint64(s)), nil
-	}
-	r.p--
-	v, err := r.int() // msgspec writes a whole float as a float; tolerate an int
-	return float64(v), err
+	v, rest, err := msgp.ReadFloat64Bytes(d.b)
+	return v, d.next(rest, err)
 }
 
-// skip passes over one value of any type.
-func (r *mpReader) skip(depth int) error {
+// skip passes over one value of any type, its nesting bounded (msgp.Skip
+// alone would follow it 100000 deep).
+func (d *kvDecoder) skip(depth int) error {
 	if depth > maxKVDepth {
-		return r.fail("nested too deep")
+		return d.fail("nested too deep")
 	}
-	c := r.peek()
-	switch {
-	case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
-		r.p++
-		return nil
-	case c>>5 == 0x5 || c == 0xc4 || c == 0xc5 || c == 0xc6 || c == 0xd9 || c == 0xda || c == 0xdb:
-		_, err := r.raw()
-		return err
-	case c >= 0xcc && c <= 0xd3:
-		_, err := r.uintBits()
-		return err
-	case c == 0xca || c == 0xcb:
-		_, err := r.float()
-		return err
-	case isArray(c) || isMap(c):
-		var n int
-		var err error
-		if isArray(c) {
-			n, err = r.arrayLen()
-		} else {
-			n, err = r.mapLen()
-			n *= 2
-		}
-		if err != nil {
-			return err
-		}
-		for range n {
-			if err := r.skip(depth + 1); err != nil {
-				return err
-			}
-		}
-		return nil
-	case c >= 0xd4 && c <= 0xd8: // fixext 1, 2, 4, 8, 16
-		r.p++
-		_, err := r.next(1 + 1<<(c-0xd4))
-		return err
-	case c == 0xc7 || c == 0xc8 || c == 0xc9: // ext 8, 16, 32
-		r.p++
-		n, err := r.length(1 << (c - 0xc7))
-		if err != nil {
-			return err
-		}
-		_, err = r.next(1 + n)
+	var n int
+	var err error
+	switch msgp.NextType(d.b) {
+	case msgp.ArrayType:
+		n, err = d.arrayLen()
+	case msgp.MapType:
+		n, err = d.mapLen()
+		n *= 2
+	default:
+		rest, err := msgp.Skip(d.b)
+		return d.next(rest, err)
+	}
+	if err != nil {
 		return err
 	}
-	return r.fail("not a msgpack value")
+	for range n {
+		if err := d.skip(depth + 1); err != nil {
+			return err
+		}
+	}
+	return nil
 }

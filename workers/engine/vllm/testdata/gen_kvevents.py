@@ -1,7 +1,11 @@
 """Writes the msgpack fixtures of kvwire_test.go with msgspec, to the schema
 of vLLM's KV events (vllm/distributed/kv_events.py): the array_like form of
-vLLM up to late 2025 (kv_array_*.msgpack) and the map form of later versions
-(kv_map_*.msgpack); and the sim-server's kv_batch.msgpack
+vLLM up to late 2025 (kv_array_*.msgpack; kv_array_v09 the first, five
+fields to a BlockStored), the map form of later versions (kv_map_*.msgpack;
+kv_map_latest with every field vLLM has added since: kv_cache_spec_*,
+locality, ownership, session_id, and the placeholders of its offloading
+connector), a batch array of map events (kv_mixed.msgpack); and the
+sim-server's kv_batch.msgpack
 (../../sim/simserver/testdata), the batch its TestKVBatchEncoding encodes,
 in the array form with lora_name. Run here: python3 gen_kvevents.py (needs
 msgspec)."""
@@ -93,6 +97,65 @@ class MFuture(MEvent, tag="Future"):
     block_hashes: str  # a field of a known name but another type
 
 
+# --- vLLM 0.9: the first events, array_like, no medium -------------------
+
+
+class V09Batch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[Any]
+
+
+class V09BlockStored(AEvent, tag="BlockStored"):
+    block_hashes: list[int]
+    parent_block_hash: Optional[int]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int]
+
+
+class V09BlockRemoved(AEvent, tag="BlockRemoved"):
+    block_hashes: list[int]
+
+
+# --- the latest fields, as maps and (should a vLLM send them so) arrays ----
+
+
+def latest_structs(array_like):
+    class Event(msgspec.Struct, array_like=array_like, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class Stored(Event, tag="BlockStored"):
+        block_hashes: list[Union[bytes, int]]
+        parent_block_hash: Optional[Union[bytes, int]]
+        token_ids: list[int]
+        block_size: int
+        lora_id: Optional[int]
+        medium: Optional[str]
+        lora_name: Optional[str]
+        extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+        group_idx: Optional[int] = None
+        kv_cache_spec_kind: Optional[str] = None
+        kv_cache_spec_sliding_window: Optional[int] = None
+        locality: Optional[str] = None
+        ownership: Optional[str] = None
+        session_id: Optional[str] = None
+
+    class Removed(Event, tag="BlockRemoved"):
+        block_hashes: list[Union[bytes, int]]
+        medium: Optional[str]
+        group_idx: Optional[int] = None
+        locality: Optional[str] = None
+        ownership: Optional[str] = None
+
+    class Cleared(Event, tag="AllBlocksCleared"):
+        pass
+
+    return Stored, Removed, Cleared
+
+
+LStored, LRemoved, LCleared = latest_structs(False)
+LAStored, LARemoved, LACleared = latest_structs(True)
+
 enc = msgspec.msgpack.Encoder()
 toks = list(range(100, 132))  # two blocks of 16
 h1, h2 = b"\x01" * 32, b"\x02" * 32
@@ -107,6 +170,29 @@ fixtures = {
         MBlockStored([h1, h2], None, toks, 16, None, None, "sql-lora", [("x", 1), None], 0),
         MFuture("y"),
         MBlockRemoved([h2], None, 1),
+    ], 0),
+    "kv_array_v09.msgpack": V09Batch(5.0, [
+        V09BlockStored([11, 12], 10, toks, 16, None),
+        V09BlockRemoved([10]),
+    ]),
+    "kv_map_latest.msgpack": MBatch(6.0, [
+        LStored([h1, h2], None, toks, 16, 7, "GPU", "sql-lora", [("sql-lora", ("mm", 0), "salt", b"\x03" * 32), None],
+                0, "full_attention", None, "LOCAL", None, "req-1"),
+        # the offloading connector's placeholder: a chunk's key, no tokens, block_size 0
+        LStored([5], None, [], 0, None, "CPU", None, group_idx=0, locality="LOCAL"),
+        LStored([], None, toks, 16, None, "GPU", None, group_idx=1,
+                kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=128),
+        LStored([6], None, toks[:16], 16, None, "STORAGE", None, group_idx=0, locality="REMOTE", ownership="tier2"),
+        LRemoved([h2], "GPU", 0, "LOCAL"),
+    ], 0),
+    "kv_array_latest.msgpack": ABatch(7.0, [
+        LAStored([h1], None, toks[:16], 16, None, "GPU", None, [("x",)], 0, "full_attention", None, "REMOTE", "t", "req-2"),
+        LARemoved([h1], "GPU", 0, "LOCAL", "t"),
+    ], 0),
+    "kv_mixed.msgpack": ABatch(8.0, [
+        LStored([h1], None, toks[:16], 16, None, "GPU", None, group_idx=0, kv_cache_spec_kind="full_attention"),
+        LRemoved([h1], "GPU", 0),
+        MFuture("z"),
     ], 0),
 }
 
