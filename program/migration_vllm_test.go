@@ -1,0 +1,252 @@
+package program
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/tokenbus/tokenbus/dispatcher"
+	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/internal/testenv"
+)
+
+// httpFleet is a dispatcher, two workers (w1, w2) with an HTTP engine of
+// kind ("vllm" or "openai"), each in front of its own fake vLLM, and a
+// gateway routing through that dispatcher.
+func httpFleet(t *testing.T, ns *server.Server, kind string) ([]*Worker, []*fakevllm.Server, *Gateway) {
+	t.Helper()
+	ctx := context.Background()
+	dc := DefaultDispatcher()
+	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), ""
+	disp, err := StartDispatcher(ctx, dc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = disp.Close() })
+	var (
+		ws    []*Worker
+		fakes []*fakevllm.Server
+	)
+	for i := 1; i <= 2; i++ {
+		fake := fakevllm.New()
+		srv := httptest.NewServer(fake)
+		t.Cleanup(srv.Close)
+		wc := DefaultWorker()
+		wc.NATS.URL, wc.Worker.ID = ns.ClientURL(), fmt.Sprintf("w%d", i)
+		wc.Engine.Kind, wc.Engine.URL, wc.Engine.StartTimeout = kind, srv.URL, 10*time.Second
+		w, err := StartWorker(ctx, wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Close() })
+		ws, fakes = append(ws, w), append(fakes, fake)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if n := disp.run().d.Fleet().Len(); n != 2 {
+			return fmt.Errorf("the dispatcher knows %d workers", n)
+		}
+		return nil
+	})
+	gc := DefaultGateway()
+	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
+	gw, err := startGateway(ctx, gc, host{dispatcher: func() *dispatcher.Dispatcher { return disp.run().d }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = gw.Close() })
+	return ws, fakes, gw
+}
+
+// sseLines posts body to the gateway's endpoint with request id id and
+// sends each data line of the answer on out, closing it at the end.
+func sseLines(ctx context.Context, t *testing.T, gw *Gateway, path, id, body string, out chan<- string) {
+	defer close(out)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+gw.Addr()+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", id)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Errorf("%s: status %d: %s", path, resp.StatusCode, b)
+		return
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			out <- d
+		}
+	}
+}
+
+// collect runs a request to its end and returns its data lines.
+func collect(ctx context.Context, t *testing.T, gw *Gateway, path, id, body string) []string {
+	ch := make(chan string, 256)
+	go sseLines(ctx, t, gw, path, id, body, ch)
+	var lines []string
+	for l := range ch {
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// A stream whose vLLM worker dies (killed: its NATS connection closed, no
+// goodbye) or whose engine cuts it (the body ends before any
+// finish_reason) mid-stream is continued on the other worker from the
+// token ids of its prompt and of what it had streamed, on the completions
+// endpoint, and the client's stream is byte for byte that of one
+// uninterrupted run: every data line (chat chunks for a chat stream, the
+// engine's keys in the engine's order), the usage, [DONE]; 0 tokens lost or
+// repeated, and no token id the client did not ask for. The fake vLLM
+// continues a token-id prompt where its ids left off and restarts a text
+// one (internal/fakevllm/tokens.go), as a model's next token follows from
+// the ids before it: a text continuation (main's) repeats " tok0...".
+func TestExactMigrationVLLM(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, body string
+		fault            string // "kill" or "cut"
+		script           string // x_fake of both runs
+		max              int    // tokens of the stream
+	}{
+		{"chat/kill", "/v1/chat/completions", `{"model":"base","stream":true,"max_tokens":24,"seed":5,"temperature":0.7,"ignore_eos":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Tell me a story"}]%s}`, "kill", "", 24},
+		{"chat/cut", "/v1/chat/completions", `{"model":"base","stream":true,"max_completion_tokens":24,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Tell me a story"}]%s}`, "cut", "", 24},
+		{"chat/no limit", "/v1/chat/completions", `{"model":"base","stream":true,"messages":[{"role":"user","content":"Tell me a story"}]%s}`, "cut", `"stop_at":19,"chunks":100000`, 20},
+		{"completions/kill", "/v1/completions", `{"model":"base","stream":true,"max_tokens":24,"seed":5,"prompt":"Once upon a time"%s}`, "kill", "", 24},
+		{"completions/cut", "/v1/completions", `{"model":"base","stream":true,"max_tokens":24,"stream_options":{"include_usage":true,"continuous_usage_stats":true},"prompt":"Once upon a time"%s}`, "cut", "", 24},
+		{"chat/asked for ids", "/v1/chat/completions", `{"model":"base","stream":true,"max_tokens":24,"return_token_ids":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]%s}`, "cut", "", 24},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, fakes, gw := httpFleet(t, testenv.NATS(t), "vllm")
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			script := func(fault string) string {
+				parts := slices.DeleteFunc([]string{tc.script, fault}, func(s string) bool { return s == "" })
+				if len(parts) == 0 {
+					return ""
+				}
+				return `,"x_fake":{` + strings.Join(parts, ",") + `}`
+			}
+			const refID, id = "ref", "mig"
+			ref := collect(ctx, t, gw, tc.path, refID, fmt.Sprintf(tc.body, script("")))
+
+			fault := `"delay_ms":40`
+			if tc.fault == "cut" {
+				fault = fmt.Sprintf(`"cut_after":%d`, tc.max/2)
+			}
+			ch := make(chan string, 256)
+			go sseLines(ctx, t, gw, tc.path, id, fmt.Sprintf(tc.body, script(fault)), ch)
+			var got []string
+			for l := range ch {
+				got = append(got, l)
+				if tc.fault == "kill" && len(got) == 8 {
+					victim := ws[0]
+					if fakes[0].Body(id) == nil {
+						victim = ws[1]
+					}
+					victim.run().nc.Close()
+				}
+			}
+
+			norm := func(ls []string, id string) []string {
+				out := make([]string, len(ls))
+				for i, l := range ls {
+					out[i] = strings.ReplaceAll(l, `-`+id+`"`, `-ID"`)
+				}
+				return out
+			}
+			if r, g := norm(ref, refID), norm(got, id); !slices.Equal(r, g) {
+				t.Fatalf("the migrated stream differs from one uninterrupted run:\ngot  %s\nwant %s", strings.Join(g, "\n     "), strings.Join(r, "\n     "))
+			}
+			if !strings.Contains(tc.body, "return_token_ids") {
+				for _, l := range got {
+					if strings.Contains(l, `token_ids":[`) {
+						t.Fatalf("a token id the client did not ask for: %s", l)
+					}
+				}
+			}
+			checkContinuation(t, fakes, id, tc.path, tc.body, tc.max)
+		})
+	}
+}
+
+// checkContinuation: request id went first to tc.path on one fake and was
+// continued on the other's completions endpoint from the ids of its prompt
+// and of the k tokens streamed (ids FirstTokenID...+k-1), for the tokens
+// left (max less k; without a limit, the context left), with the first
+// request's sampling parameters.
+func checkContinuation(t *testing.T, fakes []*fakevllm.Server, id, path, body string, max int) {
+	t.Helper()
+	var first, second *fakevllm.Server
+	for _, f := range fakes {
+		for _, r := range f.Received() {
+			switch {
+			case r.ID != id:
+			case r.Path == "/v1/completions" && strings.Contains(string(r.Body), `"prompt":[`):
+				second = f
+			case r.Path == path:
+				first = f
+			}
+		}
+	}
+	if first == nil || second == nil || first == second {
+		t.Fatalf("no continuation on the other worker")
+	}
+	var head struct {
+		PromptTokenIDs []int `json:"prompt_token_ids"`
+		Choices        []struct {
+			PromptTokenIDs []int `json:"prompt_token_ids"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(first.Sent(id)[0]), &head); err != nil {
+		t.Fatal(err)
+	}
+	prompt := head.PromptTokenIDs
+	if prompt == nil {
+		prompt = head.Choices[0].PromptTokenIDs
+	}
+	var cont struct {
+		Prompt         []int    `json:"prompt"`
+		MaxTokens      *int     `json:"max_tokens"`
+		ReturnTokenIDs bool     `json:"return_token_ids"`
+		Seed           *int     `json:"seed"`
+		Temperature    *float64 `json:"temperature"`
+		Messages       any      `json:"messages"`
+	}
+	reqs := second.Received()
+	cb := reqs[len(reqs)-1].Body
+	if err := json.Unmarshal(cb, &cont); err != nil {
+		t.Fatal(err)
+	}
+	k := len(cont.Prompt) - len(prompt)
+	wantMax := max - k
+	if !strings.Contains(body, "max_") {
+		wantMax = 8192 - len(cont.Prompt) // the fake's max_model_len less the prompt
+	}
+	ok := len(prompt) == 7 && k > 0 && slices.Equal(cont.Prompt[:len(prompt)], prompt) && cont.MaxTokens != nil &&
+		*cont.MaxTokens == wantMax && cont.ReturnTokenIDs && cont.Messages == nil &&
+		strings.Contains(body, `"seed":5`) == (cont.Seed != nil && *cont.Seed == 5) &&
+		strings.Contains(body, `"temperature":0.7`) == (cont.Temperature != nil && *cont.Temperature == 0.7)
+	for i, id := range cont.Prompt[len(prompt):] {
+		ok = ok && id == fakevllm.FirstTokenID+i
+	}
+	if !ok {
+		t.Fatalf("continuation %s\nwant the prompt %v and %d token ids from %d, max_tokens %d", cb, prompt, k, fakevllm.FirstTokenID, wantMax)
+	}
+	t.Logf("%d of %d tokens streamed before the fault, the rest from their ids", k, max)
+}
