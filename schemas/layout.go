@@ -44,7 +44,9 @@ type ChoiceLayout struct {
 }
 
 // DeltaEmpty reports whether a chat choice's delta is {}.
-func (c *ChoiceLayout) DeltaEmpty() bool { return c.Delta.End-c.Delta.Start >= 2 && !c.Content.Has() && !c.Role && !c.Other }
+func (c *ChoiceLayout) DeltaEmpty() bool {
+	return c.Delta.End-c.Delta.Start >= 2 && !c.Content.Has() && !c.Role && !c.Other
+}
 
 // ReadChunkLayout reads where the members of the chunk data lie into l,
 // reusing l.Choice; it allocates nothing once l.Choice has grown. Keys match
