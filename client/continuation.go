@@ -142,6 +142,11 @@ func (fo *failover) continuation(r *Request) (continuation, string) {
 	}
 	sp := &splice{id: k.firstL.ID.In(k.first), object: k.firstL.Object.In(k.first), created: k.firstL.Created.In(k.first),
 		model: k.firstL.Model.In(k.first), chat: chat, strip: fo.strip}
+	if k.tokens == 0 && len(fo.gen) == 0 {
+		// Nothing generated yet (a chat stream's role chunk): the request
+		// again, its output spliced (its role chunk dropped).
+		return continuation{body: r.Body, kind: r.Kind, splice: sp}, ""
+	}
 	if fo.ids == idsOn && fo.prompt != nil && !fo.badIDs && !k.parsed {
 		body, why := exactBody(r.Kind, r.Body, fo.prompt, fo.gen)
 		if why == "" {

@@ -250,3 +250,48 @@ func checkContinuation(t *testing.T, fakes []*fakevllm.Server, id, path, body st
 	}
 	t.Logf("%d of %d tokens streamed before the fault, the rest from their ids", k, max)
 }
+
+// An engine without token ids (the openai engine: OpenAI's API has no
+// return_token_ids, and it is never asked) keeps the text continuation: the
+// chat stream's messages with the partial assistant message, vLLM's
+// continue_final_message, on the chat endpoint; the client's stream has its
+// tokens, not one run's (the fake starts again from a text prompt).
+func TestTextMigrationOpenAI(t *testing.T) {
+	_, fakes, gw := httpFleet(t, testenv.NATS(t), "openai")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	got := collect(ctx, t, gw, "/v1/chat/completions", "txt",
+		`{"model":"base","stream":true,"max_tokens":10,"messages":[{"role":"user","content":"hi"}],"x_fake":{"cut_after":6}}`)
+	var text strings.Builder
+	for _, l := range got {
+		var ch struct {
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal([]byte(l), &ch) == nil && len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Delta.Content)
+		}
+	}
+	if want := " tok0 tok1 tok2 tok3 tok4 tok5 tok0 tok1 tok2 tok3"; text.String() != want {
+		t.Fatalf("text %q, want %q", text.String(), want)
+	}
+	var cont []byte
+	for _, f := range fakes {
+		for _, r := range f.Received() {
+			if r.Path == "/v1/chat/completions" && strings.Contains(string(r.Body), "continue_final_message") {
+				cont = r.Body
+			}
+			if strings.Contains(string(r.Body), "return_token_ids") {
+				t.Fatalf("the openai engine asked for token ids: %s", r.Body)
+			}
+		}
+	}
+	var body struct {
+		Messages []struct{ Role, Content string } `json:"messages"`
+		MaxTokens int                              `json:"max_tokens"`
+	}
+	if err := json.Unmarshal(cont, &body); err != nil || len(body.Messages) != 2 || body.Messages[1].Content != " tok0 tok1 tok2 tok3 tok4 tok5" || body.MaxTokens != 4 {
+		t.Fatalf("continuation %s", cont)
+	}
+}
