@@ -288,7 +288,7 @@ func TestTextMigrationOpenAI(t *testing.T) {
 		}
 	}
 	var body struct {
-		Messages []struct{ Role, Content string } `json:"messages"`
+		Messages  []struct{ Role, Content string } `json:"messages"`
 		MaxTokens int                              `json:"max_tokens"`
 	}
 	if err := json.Unmarshal(cont, &body); err != nil || len(body.Messages) != 2 || body.Messages[1].Content != " tok0 tok1 tok2 tok3 tok4 tok5" || body.MaxTokens != 4 {
