@@ -9,25 +9,38 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
+	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/dispatcher"
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
 	"github.com/tokenbus/tokenbus/internal/testenv"
+	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // httpFleet is a dispatcher, two workers (w1, w2) with an HTTP engine of
 // kind ("vllm" or "openai"), each in front of its own fake vLLM, and a
 // gateway routing through that dispatcher.
 func httpFleet(t *testing.T, ns *server.Server, kind string) ([]*Worker, []*fakevllm.Server, *Gateway) {
+	return httpFleetOn(t, ns, kind, "")
+}
+
+// httpFleetOn is httpFleet with the dispatcher's registry on redisURL
+// ("": none).
+func httpFleetOn(t *testing.T, ns *server.Server, kind, redisURL string) ([]*Worker, []*fakevllm.Server, *Gateway) {
 	t.Helper()
 	ctx := context.Background()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), ""
+	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), redisURL
 	disp, err := StartDispatcher(ctx, dc)
 	if err != nil {
 		t.Fatal(err)
@@ -293,5 +306,86 @@ func TestTextMigrationOpenAI(t *testing.T) {
 	}
 	if err := json.Unmarshal(cont, &body); err != nil || len(body.Messages) != 2 || body.Messages[1].Content != " tok0 tok1 tok2 tok3 tok4 tok5" || body.MaxTokens != 4 {
 		t.Fatalf("continuation %s", cont)
+	}
+}
+
+// A NATS-native tenant's stream that migrates is one request: its
+// continuation, sent again on the tenant's subject with Tb-Exclude and
+// Tb-Resume, is let in on the first admission (real Redis), so the key's
+// window counts 1 request, and the first reservation is the only one.
+func TestMigratedTenantRequestCountsOnce(t *testing.T) {
+	ns := testenv.NATS(t)
+	rd := testenv.StartRedis(t)
+	httpFleetOn(t, ns, "vllm", rd.URL)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	store, err := registry.Open(ctx, rd.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	key, _, err := store.CreateKey(ctx, registry.KeySpec{Tenant: "acme", RPM: 50, TPM: 100000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(ns.ClientURL(), nats.CustomInboxPrefix(schemas.TenantInbox("acme")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var migrations atomic.Int32
+	cl, err := client.New(nc, client.Options{KeyID: key.ID, OnFailover: func(ev client.Failover) {
+		if ev.Kind == client.FailoverMigration {
+			migrations.Add(1)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(strings.TrimSuffix(rd.URL, "/0"), "redis://")})
+	defer rdb.Close()
+	counted := func() (requests, tokens int) {
+		v, err := rdb.HMGet(ctx, "{tokenbus}:rl:"+key.ID, "r", "t").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, _ := strconv.Atoi(fmt.Sprint(v[0]))
+		tk, _ := strconv.Atoi(fmt.Sprint(v[1]))
+		return r, tk
+	}
+	for i, body := range []string{
+		`{"model":"base","stream":true,"max_tokens":20,"messages":[{"role":"user","content":"hi"}],"x_fake":{"cut_after":12}}`,
+		`{"model":"base","stream":true,"max_tokens":20,"prompt":"once","x_fake":{"cut_after":12}}`,
+	} {
+		kind := schemas.KindChat
+		if i == 1 {
+			kind = schemas.KindCompletion
+		}
+		r0, t0 := counted()
+		st, err := cl.Start(&client.Request{ID: fmt.Sprintf("tenant-%d", i), Kind: kind, Model: "base", Body: []byte(body)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			f, err := st.Next(ctx)
+			if err != nil {
+				t.Fatalf("%s: %v", kind, err)
+			}
+			if f.Type == schemas.FrameDone {
+				break
+			}
+		}
+		st.Close()
+		r1, t1 := counted()
+		if migrations.Load() != int32(i+1) || r1-r0 != 1 {
+			t.Fatalf("%s: %d migrations; the key's window counted %d requests for one, want 1", kind, migrations.Load(), r1-r0)
+		}
+		reserved := t1 - t0
+		// One reservation: the body's estimate and its max_tokens; a second
+		// one would hold as much again until the window ends.
+		if want := (len(body)+registry.PromptBytesPerToken-1)/registry.PromptBytesPerToken + 20; reserved != want {
+			t.Fatalf("%s: %d tokens reserved, want one reservation of %d", kind, reserved, want)
+		}
 	}
 }
