@@ -173,7 +173,11 @@ func (fo *failover) tokens(p []byte, chat bool) []byte {
 			n := len(edits)
 			var drop bool
 			if edits, drop = stripEdits(edits, line, l, chat); drop {
-				edits = append(edits[:n], edit{at: schemas.Span{Start: start, End: next}})
+				at := schemas.Span{Start: start, End: next}
+				if next == len(p) && start > 0 && p[start-1] == '\n' {
+					at.Start-- // the last chunk: the '\n' before it goes too
+				}
+				edits = append(edits[:n], edit{at: at})
 			} else {
 				for i := n; i < len(edits); i++ {
 					edits[i].at.Start += start

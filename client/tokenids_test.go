@@ -318,3 +318,32 @@ func TestRoleChunkOnlySentAgain(t *testing.T) {
 		t.Fatalf("the reader got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// The stripping on its own, frame by frame: in place when null is no
+// longer than the array, a chunk that carried only ids left out with its
+// line break, a payload of such chunks alone empty.
+func TestTokensInPlace(t *testing.T) {
+	const (
+		h       = `{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,`
+		role    = h + `"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[11,12]}`
+		tok     = h + `"delta":{"content":"a"},"logprobs":null,"finish_reason":null,"token_ids":%s}]}`
+		idsOnly = h + `"delta":{},"logprobs":null,"finish_reason":null,"token_ids":[99]}]}`
+	)
+	fo := &failover{strip: true}
+	nulled := strings.Replace(role, "[11,12]", "null", 1)
+	p := []byte(role + "\n" + fmt.Sprintf(tok, "[2000]") + "\n" + idsOnly)
+	out := fo.tokens(p, true)
+	if want := nulled + "\n" + fmt.Sprintf(tok, "null"); string(out) != want || &out[0] != &p[0] {
+		t.Fatalf("got %s\nwant %s (in place: %v)", out, want, &out[0] == &p[0])
+	}
+	p = []byte(fmt.Sprintf(tok, "[7]"))
+	if out := fo.tokens(p, true); string(out) != fmt.Sprintf(tok, "null") {
+		t.Fatalf("a one-digit id: %s", out)
+	}
+	if out := fo.tokens([]byte(idsOnly), true); len(out) != 0 {
+		t.Fatalf("a payload of a chunk of ids alone: %q", out)
+	}
+	if fmt.Sprint(fo.prompt, fo.gen) != "[11 12] [2000 99 7 99]" {
+		t.Fatalf("recorded %v %v", fo.prompt, fo.gen)
+	}
+}
