@@ -56,3 +56,18 @@ func (a *Auth) admit(ctx context.Context, k registry.Key, req registry.Admission
 	}
 	return d, "ok", nil
 }
+
+// Readmit lets a request its client sends again after its worker failed in
+// on its first admission (registry.Limiter.Readmit): ok false means it was
+// not found there (or not reachable: Admit then decides, failing open or
+// closed as configured), and the request is admitted as a new one.
+func (a *Auth) Readmit(ctx context.Context, k registry.Key, requestID string) (registry.Decision, bool) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.Timeout)
+	defer cancel()
+	d, ok, err := a.cfg.Limiter.Readmit(ctx, k, requestID)
+	if err != nil || !ok {
+		return registry.Decision{}, false
+	}
+	a.decisions.WithLabelValues("readmitted").Inc()
+	return d, true
+}

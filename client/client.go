@@ -251,6 +251,10 @@ func (c *Client) Start(r *Request) (*Stream, error) {
 	h[schemas.HdrCancelToken] = []string{cancelToken}
 	s := newStream(c, tok, r.ID, cancelToken)
 	s.req = *r
+	if wantsTokenIDs(r, &c.opts) {
+		h[schemas.HdrTokenIDs] = []string{"1"}
+		s.fo.tokenIDs, s.fo.strip = true, true
+	}
 	c.mu.Lock()
 	if c.streams == nil {
 		c.mu.Unlock()

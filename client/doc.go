@@ -16,7 +16,11 @@
 // A stream whose worker fails (WorkerLost, a gap, a stall, a retryable error
 // frame) is sent to another worker transparently: retried before its first
 // chunk, continued (migrated) after it, at most Options.MigrationLimit times
-// (failover.go, docs/migration.md).
+// (failover.go, docs/migration.md). A stream whose engine returns token ids
+// (vLLM, asked through schemas.HdrTokenIDs; tokenids.go) is continued from
+// them exactly, on the completions endpoint, and spliced back into the
+// reader's shape with the engine's key order (continuation.go, splice.go);
+// the reader gets the chunks as the engine writes them unasked.
 //
 // Tokenbus imports: schemas.
 package client

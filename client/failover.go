@@ -88,6 +88,18 @@ type failover struct {
 	kept [][]byte
 	over bool    // more than MigrationMaxSeqLen: cannot be continued
 	sp   *splice // set once migrated
+
+	// Token ids (tokenids.go): whether the stream's chunks carry them, the
+	// prompt's (the first attempt's) and the generated tokens', and whether
+	// the reader gets them as null (it did not ask). badIDs: ids that could
+	// not be read; the stream is continued from its text.
+	ids         idState
+	tokenIDs    bool // the request carries schemas.HdrTokenIDs
+	strip       bool
+	badIDs      bool
+	prompt, gen []int32
+	lay         schemas.ChunkLayout // scratch
+	edits       []edit              // scratch
 }
 
 // pass is what Next does with a content frame before returning it: keep a
@@ -96,8 +108,13 @@ type failover struct {
 func (fo *failover) pass(s *Stream, f schemas.Frame) (schemas.Frame, bool) {
 	switch f.Type {
 	case schemas.FrameChunk:
-		if fo.sp != nil {
-			if f.Payload = fo.sp.chunk(f.Payload); len(f.Payload) == 0 {
+		switch {
+		case fo.sp != nil:
+			if f.Payload = fo.sp.chunk(fo, f.Payload); len(f.Payload) == 0 {
+				return f, false
+			}
+		case fo.ids != idsOff:
+			if f.Payload = fo.tokens(f.Payload, s.req.Kind == schemas.KindChat); len(f.Payload) == 0 {
 				return f, false
 			}
 		}
@@ -147,7 +164,7 @@ func (s *Stream) failover(ctx context.Context, err error, why string) bool {
 		s.c.failoverEvent(ev)
 		return false
 	}
-	body, resume := s.req.Body, 0
+	body, kind, resume := s.req.Body, s.req.Kind, 0
 	var sp *splice
 	if migrate {
 		ct, cerr := s.fo.continuation(&s.req)
@@ -156,7 +173,7 @@ func (s *Stream) failover(ctx context.Context, err error, why string) bool {
 			s.c.failoverEvent(ev)
 			return false
 		}
-		body, resume, sp = ct.body, ct.tokens, ct.splice
+		body, kind, resume, sp = ct.body, ct.kind, ct.tokens, ct.splice
 		ev.Kind, ev.Tokens = FailoverMigration, ct.tokens
 	}
 	if worker != "" && !slices.Contains(s.fo.exclude, worker) {
@@ -177,7 +194,7 @@ func (s *Stream) failover(ctx context.Context, err error, why string) bool {
 			return false
 		}
 	}
-	if !s.resend(body, resume) {
+	if !s.resend(body, kind, resume) {
 		return false
 	}
 	s.fo.attempts++
@@ -200,14 +217,19 @@ func (c *Client) failoverEvent(ev Failover) {
 	}
 }
 
-// resend starts the next attempt: a new reply token and cancel token, the
-// stream's state as after Start; the failed attempt is cancelled. false: the
-// stream or the client was closed meanwhile.
-func (s *Stream) resend(body []byte, resume int) bool {
+// resend starts the next attempt, a request of kind with body: a new reply
+// token and cancel token, the stream's state as after Start; the failed
+// attempt is cancelled. false: the stream or the client was closed
+// meanwhile.
+func (s *Stream) resend(body []byte, kind schemas.Kind, resume int) bool {
 	c := s.c
 	tok := nuid.Next()
 	cancelToken := schemas.NewCancelToken()
 	h := s.req.Header()
+	h[schemas.HdrKind] = []string{string(kind)}
+	if s.fo.tokenIDs {
+		h[schemas.HdrTokenIDs] = []string{"1"}
+	}
 	h[schemas.HdrCancelToken] = []string{cancelToken}
 	if len(s.fo.exclude) > 0 {
 		h[schemas.HdrExclude] = []string{strings.Join(s.fo.exclude, ",")}

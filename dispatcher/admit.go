@@ -21,9 +21,31 @@ type Admission struct {
 // and counts it. A refusal is a *schemas.Error (429 rate_limit_exceeded with
 // retry_after), the same answer the gateway gives over HTTP; any other error
 // means the limits could not be checked, and the request is let through
-// (fail open, as the gateway does).
+// (fail open, as the gateway does). A request sent again (Attempt.Again)
+// that its first admission lets in again is not counted twice.
 type Admitter interface {
-	Admit(ctx context.Context, k registry.Key, req *schemas.Request) (Admission, error)
+	Admit(ctx context.Context, k registry.Key, req *schemas.Request, at Attempt) (Admission, error)
+}
+
+// Attempt says which sending of a request an admission is for.
+type Attempt struct {
+	RequestID string
+	// Again: the client sent it again after a worker failed it (a retry
+	// or a migration: Tb-Exclude or Tb-Resume, client/failover.go). It is
+	// the request admitted before, counted once against RPM, its first
+	// reservation settled by whichever worker finishes it.
+	Again bool
+}
+
+// attemptOf is the attempt a request's headers say.
+func attemptOf(h map[string][]string) Attempt {
+	get := func(k string) string {
+		if v := h[k]; len(v) > 0 {
+			return v[0]
+		}
+		return ""
+	}
+	return Attempt{RequestID: get(schemas.HdrRequestID), Again: get(schemas.HdrExclude) != "" || get(schemas.HdrResume) != ""}
 }
 
 // setAdmission marks an admitted tenant request for the worker's usage record.

@@ -77,7 +77,7 @@ func (k keyTable) Key(_ context.Context, id string) (registry.Key, error) {
 // admitFunc is an Admitter.
 type admitFunc func(registry.Key, *schemas.Request) (Admission, error)
 
-func (f admitFunc) Admit(_ context.Context, k registry.Key, r *schemas.Request) (Admission, error) {
+func (f admitFunc) Admit(_ context.Context, k registry.Key, r *schemas.Request, _ Attempt) (Admission, error) {
 	return f(k, r)
 }
 

@@ -20,9 +20,18 @@ import (
 // limiter script, so a key's RPM and TPM count both front ends together.
 type authAdmitter struct{ a *auth.Auth }
 
-// Admit implements dispatcher.Admitter.
-func (x authAdmitter) Admit(ctx context.Context, k registry.Key, req *schemas.Request) (dispatcher.Admission, error) {
-	d, err := x.a.Admit(ctx, k, x.a.AdmissionOf(req))
+// Admit implements dispatcher.Admitter. A request sent again after its
+// worker failed is let in on its first admission (auth.Auth.Readmit), not
+// counted again; every admission is kept under its request id for that.
+func (x authAdmitter) Admit(ctx context.Context, k registry.Key, req *schemas.Request, at dispatcher.Attempt) (dispatcher.Admission, error) {
+	if at.Again {
+		if d, ok := x.a.Readmit(ctx, k, at.RequestID); ok {
+			return dispatcher.Admission{Reserved: d.Reserved, Window: d.Window}, nil
+		}
+	}
+	adm := x.a.AdmissionOf(req)
+	adm.RequestID = at.RequestID
+	d, err := x.a.Admit(ctx, k, adm)
 	if err != nil { // a *schemas.Error: 429, or 503 when limits fail closed
 		return dispatcher.Admission{}, err
 	}

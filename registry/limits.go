@@ -73,10 +73,11 @@ local win = math.floor(now / 60000)
 local reset = (win + 1) * 60000 - now
 `
 
-// admitScript: KEYS[1] the key's rate hash; ARGV now (ms or ""), rpm, tpm,
-// requests (prompts), tokens to reserve. Returns {refused: 0 no, 1
-// requests, 2 tokens; requests; tokens before the reservation; reset ms;
-// window}.
+// admitScript: KEYS[1] the key's rate hash, KEYS[2] (optional) the
+// request's admission record; ARGV now (ms or ""), rpm, tpm, requests
+// (prompts), tokens to reserve, the record's lifetime (ms). Returns
+// {refused: 0 no, 1 requests, 2 tokens; requests; tokens before the
+// reservation; reset ms; window}.
 var admitScript = redis.NewScript(nowLua + `
 local rpm, tpm = tonumber(ARGV[2]), tonumber(ARGV[3])
 local n, reserve = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -89,6 +90,10 @@ if rpm > 0 and r + n > rpm then return {1, r, t, reset, win} end
 if tpm > 0 and t >= tpm then return {2, r, t, reset, win} end
 redis.call('HSET', KEYS[1], 'w', win, 'r', r + n, 't', t + reserve)
 redis.call('PEXPIRE', KEYS[1], reset + 60000)
+if KEYS[2] then
+  redis.call('HSET', KEYS[2], 'w', win, 'res', reserve, 'n', 0)
+  redis.call('PEXPIRE', KEYS[2], ARGV[6])
+end
 return {0, r + n, t, reset, win}
 `)
 
@@ -96,6 +101,61 @@ return {0, r + n, t, reset, win}
 type Admission struct {
 	Requests int // counted against RPM: its prompts (at least 1)
 	Tokens   int // reserved against TPM: the most it may use
+	// RequestID, when set (a dispatcher's tenant request), keeps an
+	// allowed admission under the request's id for ReadmitTTL, so that
+	// Readmit lets the same request in again without counting it twice.
+	RequestID string
+}
+
+// A request its client sends again after its worker failed (a retry before
+// its first token, a migration after: client/failover.go) is the same
+// request: Readmit lets it in on its first admission's count and
+// reservation, at most MaxReadmits times within ReadmitTTL of that
+// admission (the client package's default migration limit is 3; a stream
+// may run for minutes before its worker fails). A sending past either is
+// counted as a new request. The record is a small hash per admitted tenant
+// request of a limited key, {tokenbus}:rl:adm:<key id>:<request id>.
+const (
+	ReadmitTTL  = 10 * time.Minute
+	MaxReadmits = 3
+)
+
+func admittedKey(keyID, requestID string) string {
+	return "{tokenbus}:rl:adm:" + keyID + ":" + requestID
+}
+
+// readmitScript: KEYS[1] the request's admission record; ARGV[1] the most
+// readmissions. Returns {0} (not found, or readmitted too often) or {1,
+// window, reserved}.
+var readmitScript = redis.NewScript(`
+local v = redis.call('HMGET', KEYS[1], 'w', 'res', 'n')
+if not v[1] then return {0} end
+if (tonumber(v[3]) or 0) >= tonumber(ARGV[1]) then return {0} end
+redis.call('HINCRBY', KEYS[1], 'n', 1)
+return {1, tonumber(v[1]), tonumber(v[2]) or 0}
+`)
+
+// Readmit lets request requestID of key k in again, counted and reserved
+// as its first admission was (see MaxReadmits): ok is true and the
+// decision carries that admission's Reserved and Window, for the usage
+// record that settles it. ok false: admit it as a new request. A key
+// without limits is never recorded, and needs nothing: ok false.
+func (l *Limiter) Readmit(ctx context.Context, k Key, requestID string) (d Decision, ok bool, err error) {
+	d = Decision{Allowed: true, RPM: k.RPM, TPM: k.TPM}
+	if !k.Limited() || requestID == "" {
+		return d, false, nil
+	}
+	var res []int64
+	err = l.store.br.Do(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = readmitScript.Run(ctx, l.store.rdb, []string{admittedKey(k.ID, requestID)}, MaxReadmits).Int64Slice()
+		return storeErr(err)
+	})
+	if err != nil || len(res) < 3 || res[0] != 1 {
+		return d, false, err
+	}
+	d.Window, d.Reserved = res[1], int(res[2])
+	return d, true, nil
 }
 
 // PromptBytesPerToken is the estimate of a prompt's tokens at admission:
@@ -141,11 +201,15 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 	}
 	a.Requests = max(a.Requests, 1)
 	a.Tokens = max(a.Tokens, 0)
+	keys := []string{rateKey(k.ID)}
+	if a.RequestID != "" {
+		keys = append(keys, admittedKey(k.ID, a.RequestID))
+	}
 	var res []int64
 	err := l.store.br.Do(ctx, func(ctx context.Context) error {
 		var err error
-		res, err = admitScript.Run(ctx, l.store.rdb, []string{rateKey(k.ID)},
-			l.now(), k.RPM, k.TPM, a.Requests, a.Tokens).Int64Slice()
+		res, err = admitScript.Run(ctx, l.store.rdb, keys,
+			l.now(), k.RPM, k.TPM, a.Requests, a.Tokens, ReadmitTTL.Milliseconds()).Int64Slice()
 		return storeErr(err)
 	})
 	if err != nil {

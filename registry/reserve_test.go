@@ -299,3 +299,40 @@ func TestRecordBatchSumsAsSingles(t *testing.T) {
 		t.Fatalf("hourly one by one %+v\nas a batch %+v", hourly1, hourly2)
 	}
 }
+
+// A request sent again after its worker failed is let in on its first
+// admission (its reservation, its window), not counted again, at most
+// MaxReadmits times; an id never admitted, or admitted without keeping it,
+// is not let in that way.
+func TestReadmit(t *testing.T) {
+	s, _ := openStore(t)
+	l, _ := newLimiter(s)
+	ctx := context.Background()
+	k := registry.Key{ID: "key_readmit", KeySpec: registry.KeySpec{RPM: 10, TPM: 1000}}
+	if _, ok, err := l.Readmit(ctx, k, "req-1"); ok || err != nil {
+		t.Fatalf("readmitted a request never admitted: %v %v", ok, err)
+	}
+	d, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 60, RequestID: "req-1"})
+	if err != nil || !d.Allowed {
+		t.Fatal(d, err)
+	}
+	for i := range registry.MaxReadmits {
+		r, ok, err := l.Readmit(ctx, k, "req-1")
+		if err != nil || !ok || !r.Allowed || r.Reserved != 60 || r.Window != d.Window {
+			t.Fatalf("readmission %d: %+v %v %v; want the first admission's reservation", i, r, ok, err)
+		}
+	}
+	if _, ok, _ := l.Readmit(ctx, k, "req-1"); ok {
+		t.Fatalf("readmitted more than %d times", registry.MaxReadmits)
+	}
+	// Counted once: the next admission is the window's second request.
+	if d, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 5}); err != nil || d.Requests != 2 || d.Tokens != 60 {
+		t.Fatalf("after readmissions: %+v %v; want 2 requests and 60 tokens counted", d, err)
+	}
+	if _, ok, _ := l.Readmit(ctx, k, "req-2"); ok {
+		t.Fatal("readmitted a request admitted without its id")
+	}
+	if _, ok, err := l.Readmit(ctx, registry.Key{ID: "key_free"}, "req-1"); ok || err != nil {
+		t.Fatalf("a key without limits: %v %v", ok, err)
+	}
+}

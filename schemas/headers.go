@@ -29,6 +29,14 @@ const (
 	HdrExclude = "Tb-Exclude"
 	HdrResume  = "Tb-Resume"
 
+	// HdrTokenIDs ("1") is set by a client that takes token ids in the
+	// chunks of a chat or completions stream that did not ask for them, and
+	// removes them before its reader sees them (client: exact migration):
+	// an engine that can return them (vLLM's return_token_ids) asks for
+	// them, so that a stream whose worker fails can be continued from its
+	// tokens, not from its text.
+	HdrTokenIDs = "Tb-Token-Ids"
+
 	// Set by a dispatcher on a request for a LoRA adapter (and stripped from
 	// any other): the adapter's base model and where its weights are, from the
 	// registry, so a worker that does not have it loaded can load it first.
@@ -66,7 +74,7 @@ const (
 // canonicalises.
 func DispatcherOnly(name string, tenant bool) bool {
 	switch name { // the headers clients send, spelled as they are: no folding
-	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace, HdrExclude, HdrResume:
+	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace, HdrExclude, HdrResume, HdrTokenIDs:
 		return false
 	}
 	if len(name) < 3 || !strings.EqualFold(name[:3], "tb-") {

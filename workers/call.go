@@ -62,6 +62,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		Body:        m.Data,
 		Deadline:    schemas.ParseDeadline(h.Get(schemas.HdrDeadline)),
 		TraceParent: h.Get(schemas.HdrTrace),
+		TokenIDs:    h.Get(schemas.HdrTokenIDs) == "1",
 	}
 	if v := h.Get(schemas.HdrResume); v != "" { // usually absent: Atoi("") allocates its error
 		c.req.Resume, _ = strconv.Atoi(v)

@@ -18,12 +18,30 @@
 // false). Content chunk i of a choice is the text " tok<i>"; usage says 7
 // prompt tokens (2 cached) and one completion token per content chunk.
 //
+// Chunks have vLLM's members in vLLM's order, token ids included: with
+// "return_token_ids": true a stream's first chunk names the prompt's ids
+// (prompt_token_ids: at the top of a chat stream's role chunk, in a
+// completions choice) and each content chunk its token's (token_ids);
+// unasked they are null, as vLLM writes them. Token ids follow from the
+// context (tokens.go): a text prompt is 7 ids, content token " tok<p>" is
+// id FirstTokenID+p, and a token-id prompt ending in such an id goes on at
+// the next position, with usage counting its ids: a stream continued from
+// the ids of its prompt and of what it streamed is one uninterrupted run's,
+// one continued from its text starts again at " tok0".
+//
 // A request scripts the rest with an "x_fake" object in its body (which also
 // shows that unknown fields reach the server), as envoyproxy/ai-gateway's
 // testupstreamlib is driven by its requests; a client that cannot add a field
 // (the bench tool, a gateway in front of the engine) gets Server.Default:
 //
-//	{"x_fake": {"mode": "...", "chunks": 3, "status": 400, "delay_ms": 0, "ttft_ms": 0}}
+//	{"x_fake": {"mode": "...", "chunks": 3, "status": 400, "delay_ms": 0, "ttft_ms": 0,
+//	            "cut_after": 0, "stop_at": 0}}
+//
+// cut_after N ends the first stream of each request id on this server after
+// N content chunks, without finish_reason (the engine cut it: a
+// migration's continuation of the same id is not cut); stop_at P ends a
+// choice with finish_reason "stop" at the token of position P, where a
+// model's end-of-sequence token would.
 //
 // Modes: "" (normal), "error_flat" and "error_nested" (a non-2xx answer in
 // vLLM's old and new shapes), "midstream_error" (chunks with no

@@ -43,6 +43,7 @@ type Server struct {
 	byID     map[string]int      // request id → its last index in received
 	sent     map[string][]string // request id → chunk JSON sent
 	models   int                 // GET /v1/models answered
+	cut      map[string]bool     // request ids whose stream was cut (Script.CutAfter)
 }
 
 // Request is one completion request as the fake received it.

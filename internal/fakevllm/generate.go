@@ -19,6 +19,16 @@ type Script struct {
 	Status  int    `json:"status"`   // of the error modes; default 400
 	DelayMS int    `json:"delay_ms"` // pause after each content chunk
 	TTFTMS  int    `json:"ttft_ms"`  // pause before the first content chunk (stream:false: before the answer)
+	// CutAfter ends the first stream of each request id after that many
+	// content chunks, as "truncate" does (no finish_reason, the body ends):
+	// an engine that cut the stream, which the next attempt of the same
+	// request (a migration's continuation) is not cut by.
+	CutAfter int `json:"cut_after"`
+	// StopAt ends a choice with finish_reason "stop" at the content token
+	// of that position (tokens.go: counted from the start of the context,
+	// so a continuation stops where the run it continues would have), as a
+	// model's end-of-sequence token does. 0: never.
+	StopAt int `json:"stop_at"`
 }
 
 // complete is POST /v1/chat/completions and /v1/completions.
@@ -38,7 +48,8 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	}
 	f := s.Default
 	var x struct {
-		Fake *Script `json:"x_fake"`
+		Fake           *Script `json:"x_fake"`
+		ReturnTokenIDs bool    `json:"return_token_ids"`
 	}
 	if json.Unmarshal(body, &x) == nil && x.Fake != nil {
 		f = *x.Fake
@@ -60,7 +71,15 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, 404, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", view.Model), &param)
 		return
 	}
-	a := answer{s: s, id: id, view: view, script: f, chunks: f.Chunks}
+	a := answer{s: s, id: id, view: view, script: f, chunks: f.Chunks, ids: x.ReturnTokenIDs, prompt: promptTokens(view)}
+	a.start = startAt(a.prompt)
+	a.finish = `"length"`
+	if f.StopAt > 0 && f.StopAt >= a.start && f.StopAt-a.start+1 <= a.chunks {
+		a.chunks, a.finish = f.StopAt-a.start+1, `"stop"`
+	}
+	if f.CutAfter > 0 && s.cutOnce(id) {
+		a.cut = f.CutAfter
+	}
 	if a.chunks <= 0 {
 		a.chunks = view.MaxTokens
 	}
@@ -96,14 +115,50 @@ type answer struct {
 	chat   bool
 	prefix string // of the response id
 	object string // of a chunk
+	ids    bool   // return_token_ids
+	prompt []int  // the prompt's ids (tokens.go)
+	start  int    // the position of the first content token
+	cut    int    // end the stream after this many content chunks (CutAfter)
+	finish string // of the last content chunk: "length", or "stop" (StopAt)
 }
 
 func (a *answer) usage() string {
-	n := a.chunks * a.view.N
-	return fmt.Sprintf(`{"prompt_tokens":7,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, n, 7+n)
+	n, p := a.chunks*a.view.N, len(a.prompt)
+	return fmt.Sprintf(`{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":2}}`, p, n, p+n)
 }
 
-func token(i int) string { return fmt.Sprintf(" tok%d", i) }
+// token is content token i's text.
+func (a *answer) token(i int) string { return fmt.Sprintf(" tok%d", a.start+i) }
+
+// tokenIDs is content token i's token_ids value.
+func (a *answer) tokenIDs(i int) string {
+	if !a.ids {
+		return "null"
+	}
+	return fmt.Sprintf("[%d]", FirstTokenID+a.start+i)
+}
+
+// promptIDs is the prompt_token_ids value of a stream's first chunk.
+func (a *answer) promptIDs() string {
+	if !a.ids {
+		return "null"
+	}
+	return idsJSON(a.prompt)
+}
+
+// cutOnce reports whether request id's stream is cut: the first time only.
+func (s *Server) cutOnce(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cut[id] {
+		return false
+	}
+	if s.cut == nil {
+		s.cut = map[string]bool{}
+	}
+	s.cut[id] = true
+	return true
+}
 
 // whole answers stream:false with the whole response.
 func (a *answer) whole(w http.ResponseWriter, r *http.Request) {
@@ -117,7 +172,7 @@ func (a *answer) whole(w http.ResponseWriter, r *http.Request) {
 	}
 	var text strings.Builder
 	for i := range a.chunks {
-		text.WriteString(token(i))
+		text.WriteString(a.token(i))
 	}
 	var choices []string
 	for k := range a.view.N {
@@ -158,15 +213,29 @@ func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
 	if mode == "empty" {
 		return // a 200 stream with no chunk (a real server's answer to a prompt over the context)
 	}
+	// The members and their order are vLLM's: a completions choice names
+	// stop_reason, prompt_token_ids (the first chunk's, with
+	// return_token_ids) and token_ids, null when not asked; a chat stream
+	// has prompt_token_ids at the top of its first chunk, token_ids in its
+	// content chunks, and stop_reason in its last.
 	head := fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[`, a.prefix, a.id, a.object, a.view.Model)
 	if a.chat {
 		for k := range a.view.N {
-			send(head+fmt.Sprintf(`{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`, k), true)
+			send(head+fmt.Sprintf(`{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":%s}`, k, a.promptIDs()), true)
 		}
+	}
+	sentPrompt := make([]bool, a.view.N)
+	firstOf := func(k int) string {
+		if a.chat || sentPrompt[k] {
+			return "null"
+		}
+		sentPrompt[k] = true
+		return a.promptIDs()
 	}
 	if mode == "slow" {
 		if !a.chat {
-			send(head+`{"index":0,"text":" tok0","logprobs":null,"finish_reason":null}]}`, true)
+			send(head+fmt.Sprintf(`{"index":0,"text":%q,"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":%s,"token_ids":%s}]}`,
+				a.token(0), firstOf(0), a.tokenIDs(0)), true)
 		}
 		<-r.Context().Done()
 		a.s.cancelled(a.id)
@@ -178,15 +247,22 @@ func (a *answer) stream(w http.ResponseWriter, r *http.Request) {
 	// A stream that fails mid-generation never finishes its choices.
 	unfinished := mode == "midstream_error" || mode == "break" || mode == "truncate" || mode == "truncate_done"
 	for i := range a.chunks {
+		if a.cut > 0 && i == a.cut {
+			return // cut: the body ends without a finish_reason
+		}
 		finish := "null"
 		if i == a.chunks-1 && !unfinished {
-			finish = `"length"`
+			finish = a.finish
 		}
 		for k := range a.view.N {
-			if a.chat {
-				send(head+fmt.Sprintf(`{"index":%d,"delta":{"content":%q},"logprobs":null,"finish_reason":%s}]}`, k, token(i), finish), true)
-			} else {
-				send(head+fmt.Sprintf(`{"index":%d,"text":%q,"logprobs":null,"finish_reason":%s}]}`, k, token(i), finish), true)
+			switch {
+			case a.chat && finish == "null":
+				send(head+fmt.Sprintf(`{"index":%d,"delta":{"content":%q},"logprobs":null,"finish_reason":null,"token_ids":%s}]}`, k, a.token(i), a.tokenIDs(i)), true)
+			case a.chat:
+				send(head+fmt.Sprintf(`{"index":%d,"delta":{"content":%q},"logprobs":null,"finish_reason":%s,"stop_reason":null,"token_ids":%s}]}`, k, a.token(i), finish, a.tokenIDs(i)), true)
+			default:
+				send(head+fmt.Sprintf(`{"index":%d,"text":%q,"logprobs":null,"finish_reason":%s,"stop_reason":null,"prompt_token_ids":%s,"token_ids":%s}]}`,
+					k, a.token(i), finish, firstOf(k), a.tokenIDs(i)), true)
 			}
 		}
 		if mode != "burst" && !pause(r, time.Duration(a.script.DelayMS)*time.Millisecond) {

@@ -27,6 +27,11 @@ type Request struct {
 	// resumes at that position of its deterministic sequence) uses it; the
 	// others ignore it (the body is a text continuation).
 	Resume int
+	// TokenIDs: the requester takes token ids in the chunks of a stream
+	// that did not ask for them, and strips them (schemas.HdrTokenIDs). An
+	// engine that can return them (vllm: return_token_ids) asks for them;
+	// the others ignore it.
+	TokenIDs bool
 }
 
 // Sink receives a request's output. An engine calls it from one goroutine at

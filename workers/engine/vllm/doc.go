@@ -1,7 +1,10 @@
 // Package vllm is the engine for a vLLM OpenAI server, attached by URL or
 // started as a child process ("vllm serve ...", with
 // VLLM_ALLOW_RUNTIME_LORA_UPDATING=True in its environment). Requests and
-// answers pass through untouched (see httpengine).
+// answers pass through untouched (see httpengine), but for what exact
+// migration needs (request.go): return_token_ids on a stream whose client
+// strips ids, and max_tokens on a continuation from token ids that has
+// none.
 //
 // On top of httpengine it adds what vLLM offers:
 //

@@ -121,11 +121,13 @@ func (e *Engine) PID() int { return e.core.PID() }
 // Restarts is how many times the child process was started again.
 func (e *Engine) Restarts() int { return e.core.Restarts() }
 
-// Generate passes the request through (httpengine.Engine.Generate). An
-// adapter it names is loaded beforehand by the worker's adapter manager.
-// With KV events on, its prompt is queued for mapping first (never waited
-// for).
+// Generate passes the request through (httpengine.Engine.Generate), with
+// what prepare adds (request.go: token ids for a requester that strips
+// them, the length of a continuation). An adapter it names is loaded
+// beforehand by the worker's adapter manager. With KV events on, its prompt
+// is queued for mapping first (never waited for).
 func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	req = e.prepare(req)
 	e.observe(req)
 	return e.core.Generate(ctx, req, sink)
 }
