@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"context"
 	"strconv"
+	"strings"
 
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -37,15 +38,34 @@ type Attempt struct {
 	Again bool
 }
 
-// attemptOf is the attempt a request's headers say.
-func attemptOf(h map[string][]string) Attempt {
+// attemptOf is the attempt a request's headers say. A request sent again
+// is the same request only when it excludes a worker that failed it
+// (failures) or that this dispatcher no longer sees live: a client sends
+// again after its worker failed, and a tenant could otherwise send any
+// request again with these headers to have it counted once.
+func (d *Dispatcher) attemptOf(h map[string][]string) Attempt {
 	get := func(k string) string {
 		if v := h[k]; len(v) > 0 {
 			return v[0]
 		}
 		return ""
 	}
-	return Attempt{RequestID: get(schemas.HdrRequestID), Again: get(schemas.HdrExclude) != "" || get(schemas.HdrResume) != ""}
+	at := Attempt{RequestID: get(schemas.HdrRequestID)}
+	ex := get(schemas.HdrExclude)
+	if ex == "" || len(ex) > schemas.MaxExclude {
+		return at
+	}
+	if d.failed.failedOn(at.RequestID, ex) {
+		at.Again = true
+		return at
+	}
+	for _, id := range strings.Split(ex, ",") {
+		if id != "" && !d.fleet.Live(id) {
+			at.Again = true
+			break
+		}
+	}
+	return at
 }
 
 // setAdmission marks an admitted tenant request for the worker's usage record.

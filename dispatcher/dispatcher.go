@@ -146,6 +146,7 @@ type Dispatcher struct {
 	models Registry // nil: every model with no worker is unknown, and no adapter routing
 	log    *slog.Logger
 	fleet  *fleet.Fleet
+	failed failures // requests whose last attempt a worker failed (admit.go)
 	m      *metrics
 	demand *demand // requests per adapter: for placement and for the choice of a worker to evict on
 
@@ -291,6 +292,7 @@ func (d *Dispatcher) onDone(m *nats.Msg) {
 	if !ok {
 		return
 	}
+	d.failed.record(n)
 	d.drain(d.fleet.ModelsOf(n.Worker))
 }
 

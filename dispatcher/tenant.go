@@ -68,7 +68,7 @@ func (d *Dispatcher) admitTenant(m *nats.Msg, k registry.Key, view *schemas.Requ
 	if d.cfg.Admit != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), d.cfg.KeyTimeout)
 		var err error
-		a, err = d.cfg.Admit.Admit(ctx, k, view, attemptOf(m.Header))
+		a, err = d.cfg.Admit.Admit(ctx, k, view, d.attemptOf(m.Header))
 		cancel()
 		var se *schemas.Error
 		switch {

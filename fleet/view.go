@@ -57,6 +57,14 @@ func (f *Fleet) Serving(model string) int {
 	return n
 }
 
+// Live reports whether worker id is live (heard from, not gone).
+func (f *Fleet) Live(id string) bool {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	_, ok := f.workers[id]
+	return ok
+}
+
 // Len is the number of live workers.
 func (f *Fleet) Len() int {
 	f.mu.RLock()

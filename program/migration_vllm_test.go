@@ -388,4 +388,28 @@ func TestMigratedTenantRequestCountsOnce(t *testing.T) {
 			t.Fatalf("%s: %d tokens reserved, want one reservation of %d", kind, reserved, want)
 		}
 	}
+	// Not a way around the limits: the first request sent again, after it
+	// finished, with the headers of a resend naming a live worker that did
+	// not fail it, is a new request (counted again).
+	r0, _ := counted()
+	m := nats.NewMsg(schemas.TenantReqSubject(key.ID, "base"))
+	m.Reply = schemas.TenantInbox("acme") + ".abuse.1"
+	m.Header.Set(schemas.HdrRequestID, "tenant-0")
+	m.Header.Set(schemas.HdrKind, string(schemas.KindChat))
+	m.Header.Set(schemas.HdrExclude, "w1")
+	m.Header.Set(schemas.HdrResume, "3")
+	m.Data = []byte(`{"model":"base","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	sub, err := nc.SubscribeSync(m.Reply)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.NextMsg(10 * time.Second); err != nil {
+		t.Fatalf("the resend got no answer: %v", err)
+	}
+	if r1, _ := counted(); r1-r0 != 1 {
+		t.Fatalf("a finished request sent again as a resend counted %d requests, want 1 (a new request)", r1-r0)
+	}
 }

@@ -49,6 +49,10 @@ type DoneNotice struct {
 	Worker    string `json:"worker"`
 	RequestID string `json:"request_id"`
 	Running   int    `json:"running"` // the worker's running count after this request left
+	// Failed: the request ended without its done frame (an error, a
+	// cancel, a broken engine stream). A dispatcher lets a tenant's request
+	// sent again after it in on its first admission (counted once).
+	Failed bool `json:"failed,omitempty"`
 }
 
 // Control operations on CtlSubject; request and reply bodies are JSON.

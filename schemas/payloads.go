@@ -55,6 +55,9 @@ func AppendDoneNotice(b []byte, n DoneNotice) []byte {
 	b = appendJSONString(b, n.RequestID)
 	b = append(b, `,"running":`...)
 	b = strconv.AppendInt(b, int64(n.Running), 10)
+	if n.Failed {
+		b = append(b, `,"failed":true`...)
+	}
 	return append(b, '}')
 }
 
@@ -69,6 +72,8 @@ func ParseDoneNotice(p []byte) (DoneNotice, bool) {
 			return once(1) && s.readString(&n.RequestID)
 		case keyIs(key, "running"):
 			return once(2) && s.readInt(&n.Running)
+		case keyIs(key, "failed"):
+			return once(3) && s.readBool(&n.Failed)
 		}
 		return s.skip(1)
 	})

@@ -31,6 +31,7 @@ type call struct {
 
 	start      time.Time // admission
 	firstChunk bool      // a chunk was sent (for TTFT)
+	completed  bool      // the done frame was sent (else the done notice says failed)
 
 	mu        sync.Mutex
 	seq       uint64

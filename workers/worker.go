@@ -387,6 +387,7 @@ func (w *Worker) serve(c *call) {
 		payload = schemas.AppendDoneInfo(buf[:0], &res.Usage)
 	}
 	c.send(schemas.FrameDone, payload)
+	c.completed = true
 	c.record("done", nil, res)
 	c.recordUsage(res)
 }
@@ -401,6 +402,7 @@ func (w *Worker) finish(c *call) {
 	w.mu.Unlock()
 	n := w.running.Add(-1)
 	var buf [256]byte
-	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n)})
+	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n),
+		Failed: !c.completed})
 	_ = w.nc.Publish(w.doneSubject, b)
 }

@@ -1,0 +1,45 @@
+package dispatcher
+
+import (
+	"testing"
+
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// A request sent again counts once only after an attempt that failed on a
+// worker it excludes; a finished attempt, or another worker, makes the
+// resend a new request.
+func TestFailuresDecideResends(t *testing.T) {
+	var f failures
+	f.record(schemas.DoneNotice{Worker: "w1", RequestID: "r1", Failed: true})
+	f.record(schemas.DoneNotice{Worker: "w1", RequestID: "r2"})
+	f.record(schemas.DoneNotice{Worker: "w2", RequestID: "r3", Failed: true})
+	f.record(schemas.DoneNotice{Worker: "w2", RequestID: "r3"}) // sent again, finished
+	for _, tc := range []struct {
+		id, exclude string
+		want        bool
+	}{
+		{"r1", "w1", true},
+		{"r1", "w0,w1", true},
+		{"r1", "w2", false}, // not the worker that failed it
+		{"r1", "", false},
+		{"r2", "w1", false}, // it finished
+		{"r3", "w2", false}, // its last attempt finished
+		{"r4", "w1", false}, // never seen
+	} {
+		if got := f.failedOn(tc.id, tc.exclude); got != tc.want {
+			t.Errorf("failedOn(%q, %q) = %v, want %v", tc.id, tc.exclude, got, tc.want)
+		}
+	}
+}
+
+// The table is bounded: the oldest failures are forgotten first.
+func TestFailuresBounded(t *testing.T) {
+	var f failures
+	for i := range maxFailures + 10 {
+		f.record(schemas.DoneNotice{Worker: "w", RequestID: string(rune('a'+i%26)) + string(rune(i)), Failed: true})
+	}
+	if n := len(f.byID); n > maxFailures {
+		t.Fatalf("%d failures held, bound %d", n, maxFailures)
+	}
+}
