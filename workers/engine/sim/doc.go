@@ -28,7 +28,9 @@
 //
 // Output text is drawn from a list of common English words, each one
 // cl100k_base token, from a seed (the request's seed, else a hash of the
-// prompt), so it is deterministic and its token count is exact. Prompts are
+// prompt), so it is deterministic and its token count is exact. A LoRA
+// adapter mixes a hash of its path (its weights) into the seed: it answers
+// differently from its base model, the same for the same prompt. Prompts are
 // counted with cl100k_base; chat messages get a ChatML template
 // (<|im_start|>role\ncontent<|im_end|>\n each, and <|im_start|>assistant\n).
 // Without ignore_eos a sequence ends by itself ("stop") at a length drawn

@@ -33,7 +33,7 @@ func (e *Engine) answer(ctx context.Context, req *engine.Request) (*engine.Resul
 	if err != nil {
 		return nil, err
 	}
-	if _, err := e.resolve(model); err != nil {
+	if _, _, err := e.resolve(model); err != nil {
 		return nil, err
 	}
 	if model == "" {

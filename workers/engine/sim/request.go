@@ -102,7 +102,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	if err != nil {
 		return nil, err
 	}
-	adapterName, err := e.resolve(model)
+	adapterName, salt, err := e.resolve(model)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +226,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		default:
 			seed = schemas.TokenBlockHash(0, ids)
 		}
+		seed ^= salt // 0 for the base model
 		mt := limit - len(ids)
 		if maxTokens > 0 {
 			mt = maxTokens

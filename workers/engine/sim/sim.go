@@ -306,18 +306,32 @@ func (e *Engine) Close() error {
 	return nil
 }
 
-// resolve maps the requested model to an adapter name ("" for the base model).
-func (e *Engine) resolve(model string) (string, error) {
+// resolve maps the requested model to an adapter name ("" for the base
+// model) and the adapter's salt: what it mixes into the seed of its output.
+func (e *Engine) resolve(model string) (string, uint64, error) {
 	if model == "" || e.names[model] {
-		return "", nil
+		return "", 0, nil
 	}
 	e.mu.Lock()
 	a := e.adapters[model]
 	e.mu.Unlock()
 	if a == nil || !a.ready {
-		return "", schemas.ErrModelNotFound.New(model)
+		return "", 0, schemas.ErrModelNotFound.New(model)
 	}
-	return model, nil
+	return model, adapterSalt(a.path, model), nil
+}
+
+// adapterSalt stands for an adapter's weights: its output is drawn from the
+// seed mixed with it, so an adapter answers differently from its base model
+// and from other adapters, and the same for the same prompt on every worker
+// that loads it (a migrated stream goes on exactly). The weights are named by
+// the path (two names for one path answer alike, as on a real engine), else
+// by the adapter's name.
+func adapterSalt(path, name string) uint64 {
+	if path == "" {
+		path = name
+	}
+	return schemas.StringHash("lora-weights:" + path)
 }
 
 // Accepter is an optional interface of a Sink. Generate calls Accepted once

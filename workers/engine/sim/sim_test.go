@@ -691,6 +691,61 @@ func TestAdapters(t *testing.T) {
 	}
 }
 
+// An adapter stands for other weights: its answer to a prompt differs from
+// the base model's and from another adapter's, and is the same every time
+// (and on another engine that loads it from the same path, so a migrated
+// stream goes on exactly). With a seed too: the seed picks the sample, the
+// weights what is sampled.
+func TestAdapterChangesOutput(t *testing.T) {
+	ctx := t.Context()
+	cfg := fastConfig()
+	e, other := newEngine(t, cfg), newEngine(t, cfg)
+	for _, x := range []*Engine{e, other} {
+		if err := x.LoadAdapter(ctx, "sql", "/loras/sql"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.LoadAdapter(ctx, "poems", "/loras/poems"); err != nil {
+		t.Fatal(err)
+	}
+	if err := other.LoadAdapter(ctx, "sql-again", "/loras/sql"); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{
+		`{"prompt":"Once upon a time","max_tokens":24,"ignore_eos":true%s}`,
+		`{"prompt":"Once upon a time","max_tokens":24,"ignore_eos":true,"seed":7%s}`,
+	} {
+		text := func(x *Engine, model string) string {
+			t.Helper()
+			var r textCompletion
+			decodeStrict(t, mustGen(t, x, schemas.KindCompletion, fmt.Sprintf(body, `,"model":"`+model+`"`), nil).Response, &r)
+			return r.Choices[0].Text
+		}
+		base, sql, poems := text(e, "sim"), text(e, "sql"), text(e, "poems")
+		if sql == base || poems == base || sql == poems {
+			t.Fatalf("%s\nbase  %q\nsql   %q\npoems %q: want three different answers", fmt.Sprintf(body, ""), base, sql, poems)
+		}
+		if again := text(e, "sql"); again != sql {
+			t.Errorf("sql twice: %q, then %q", sql, again)
+		}
+		if there := text(other, "sql"); there != sql {
+			t.Errorf("sql on another engine: %q, here %q", there, sql)
+		}
+		if alias := text(other, "sql-again"); alias != sql {
+			t.Errorf("the same weights under another name: %q, want %q", alias, sql)
+		}
+	}
+	// A continuation on the adapter goes on with the adapter's text.
+	full := tokensOf(t, e, schemas.KindCompletion, `{"model":"sql","prompt":"Tell me","max_tokens":30,"ignore_eos":true}`, 0)
+	const at = 11
+	p, _ := json.Marshal("Tell me" + strings.Join(full[:at], ""))
+	rest := tokensOf(t, other, schemas.KindCompletion,
+		fmt.Sprintf(`{"model":"sql","prompt":%s,"max_tokens":%d,"ignore_eos":true}`, p, 30-at), at)
+	if fmt.Sprint(rest) != fmt.Sprint(full[at:]) {
+		t.Fatalf("continuation on the adapter:\n%q\nwant\n%q", rest, full[at:])
+	}
+}
+
 func TestAdapterLoadCancelled(t *testing.T) {
 	cfg := fastConfig()
 	cfg.MaxLoras = 1
