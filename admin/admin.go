@@ -91,6 +91,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Redactor == nil {
 		cfg.Redactor = gateway.NewRedactor(cfg.Token)
 	}
+	cfg.Throttle.Reasons("wrong_admin_token")
 	s := &Server{cfg: cfg, log: cfg.Log, token: sha256.Sum256([]byte(cfg.Token)), streams: make(chan struct{}, maxTrafficStreams)}
 	s.base, s.endBase = context.WithCancel(context.Background())
 	if s.log == nil {

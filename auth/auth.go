@@ -103,6 +103,12 @@ func New(cfg Config) *Auth {
 			Help: "Finished requests whose usage could not be recorded (Redis error or too many writes pending).",
 		}),
 	}
+	cfg.Throttle.Reasons("malformed_key", "unknown_key")
+	// Each outcome has its series from start-up, at 0.
+	for _, o := range []string{"ok", "missing_key", "invalid_key", "throttled", "unavailable", "model_not_allowed",
+		"rate_limited", "fail_open", "fail_closed"} {
+		a.decisions.WithLabelValues(o)
+	}
 	if cfg.Metrics != nil {
 		cfg.Metrics.MustRegister(a.decisions, a.failOpen, a.failClosed, a.usageLost,
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -169,6 +169,9 @@ func newRunnerMetrics(reg prometheus.Registerer) runnerMetrics {
 			Help: "Batches not yet ended (validating, in progress, cancelling, finalizing), as this runner sees them.",
 		}),
 	}
+	for _, o := range []string{"ok", "error", "cancelled", "expired", "revoked", "retried"} {
+		m.lines.WithLabelValues(o) // each from start-up, at 0
+	}
 	if reg != nil {
 		reg.MustRegister(m.lines, m.inflight, m.active)
 	}

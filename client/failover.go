@@ -59,11 +59,18 @@ func retryable(e *schemas.Error) string {
 	if e == nil || e.Body.Code == nil {
 		return ""
 	}
-	switch code := *e.Body.Code; code {
-	case "shutting_down", "worker_busy", "engine_unhealthy", schemas.CodeEngineTruncated:
+	if code := *e.Body.Code; slices.Contains(retryableCodes, code) {
 		return code
 	}
 	return ""
+}
+
+var retryableCodes = []string{"shutting_down", "worker_busy", "engine_unhealthy", schemas.CodeEngineTruncated}
+
+// Reasons are every Failover.Reason there is, for metrics that show each
+// from start-up (at 0).
+func Reasons() []string {
+	return append([]string{ReasonWorkerLost, ReasonGap, ReasonSilent}, retryableCodes...)
 }
 
 // Failover is one event of a stream's failover, for metrics.

@@ -4,6 +4,8 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenbus/tokenbus/fleet"
 )
 
 type metrics struct {
@@ -43,7 +45,32 @@ func (m *metrics) prefixRouted(cached, blocks, block int) {
 	m.prefixPredicted.Add(float64(cached * block / bytesPerToken))
 }
 
+// The label values of the counters with labels. Each series is made at
+// start-up, at 0: one that appears only at its first event cannot be told
+// from a counter the product lacks, and rate() misses its first increase.
+var (
+	rejectReasons = []string{"bad_request", "model_mismatch", "bad_reply_subject", "no_worker", "queue_full", "queue_timeout",
+		"no_keys", "unknown_key", "key_lookup", "model_not_allowed", "rate_limited"}
+	placements       = []fleet.Placement{fleet.PlacedHolder, fleet.PlacedFreeSlot, fleet.PlacedEvict}
+	placementActions = []string{"load", "unload", "evict"}
+)
+
 func newMetrics() *metrics {
+	m := newCollectors()
+	for _, r := range rejectReasons {
+		m.rejected.WithLabelValues(r)
+	}
+	for _, p := range placements {
+		m.adapterRouted.WithLabelValues(p.String())
+	}
+	for _, a := range placementActions {
+		m.adapterPlaced.WithLabelValues(a, "ok")
+		m.adapterPlaced.WithLabelValues(a, "error")
+	}
+	return m
+}
+
+func newCollectors() *metrics {
 	return &metrics{
 		routed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_routed_total", Help: "Requests forwarded to a worker."}),

@@ -167,6 +167,17 @@ func (t *Throttle) Refused() {
 	}
 }
 
+// Reasons makes the failures metric's series of each reason the caller
+// will Fail with, at 0, so that they exist from start-up.
+func (t *Throttle) Reasons(reasons ...string) {
+	if t == nil {
+		return
+	}
+	for _, r := range reasons {
+		t.failures.WithLabelValues(r)
+	}
+}
+
 // Fail counts a failed check against each of keys; reason labels the
 // metric.
 func (t *Throttle) Fail(reason string, keys ...string) {

@@ -8,6 +8,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/tokenbus/tokenbus/client"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // After a request, /metrics (all components share it in dev) parses and has
@@ -114,4 +117,72 @@ func bounds(f *dto.MetricFamily) []float64 {
 		out = append(out, b.GetUpperBound())
 	}
 	return out
+}
+
+// Every counter whose labels take a known set of values has each series from
+// start-up, at 0, before anything happened: a series that appears only at its
+// first event cannot be told from a counter the product lacks (the chaos
+// harness read that as "n/a"), and rate() misses its first increase.
+func TestLabelledCountersFromStart(t *testing.T) {
+	d := startDev(t, func(c *program.DevConfig) { c.HTTP.Auth = true })
+	resp, err := http.Get(d.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics do not parse: %v", err)
+	}
+	reasons := client.Reasons()
+	for _, r := range []string{client.ReasonWorkerLost, client.ReasonGap, client.ReasonSilent, "worker_busy"} {
+		if !slices.Contains(reasons, r) {
+			t.Fatalf("client.Reasons() %v lacks %s", reasons, r)
+		}
+	}
+	type series struct {
+		label  string
+		values []string
+	}
+	want := map[string][]series{
+		"tokenbus_client_retries_total":           {{"reason", reasons}},
+		"tokenbus_client_migrations_total":        {{"reason", reasons}},
+		"tokenbus_client_migrations_failed_total": {{"reason", reasons}},
+		"tokenbus_dispatcher_rejected_total": {{"reason", []string{"bad_request", "model_mismatch", "bad_reply_subject",
+			"no_worker", "queue_full", "queue_timeout", "no_keys", "unknown_key", "key_lookup", "model_not_allowed", "rate_limited"}}},
+		"tokenbus_dispatcher_adapter_routed_total":     {{"placement", []string{"holder", "free_slot", "evict"}}},
+		"tokenbus_dispatcher_adapter_placements_total": {{"action", []string{"load", "unload", "evict"}}, {"result", []string{"ok", "error"}}},
+		"tokenbus_worker_requests_total":               {{"outcome", []string{"ok", "error", "cancelled", "bounced"}}, {"worker", []string{"dev-worker-1", "dev-worker-2"}}},
+		"tokenbus_auth_decisions_total": {{"outcome", []string{"ok", "missing_key", "invalid_key", "throttled", "unavailable",
+			"model_not_allowed", "rate_limited", "fail_open", "fail_closed"}}},
+		"tokenbus_auth_failures_total":             {{"reason", []string{"malformed_key", "unknown_key", "wrong_admin_token"}}},
+		"tokenbus_batch_lines_total":               {{"outcome", []string{"ok", "error", "cancelled", "expired", "revoked", "retried"}}},
+		"tokenbus_redis_breaker_transitions_total": {{"to", []string{"closed", "half_open", "open"}}},
+	}
+	for name, labels := range want {
+		f := families[name]
+		if f == nil {
+			t.Errorf("%s: no series at start-up", name)
+			continue
+		}
+		for _, l := range labels {
+			seen := map[string]bool{}
+			for _, m := range f.Metric {
+				for _, lp := range m.Label {
+					if lp.GetName() == l.label {
+						seen[lp.GetValue()] = true
+					}
+				}
+				if v := m.GetCounter().GetValue(); v != 0 {
+					t.Errorf("%s %v = %v at start-up", name, m.Label, v)
+				}
+			}
+			for _, v := range l.values {
+				if !seen[v] {
+					t.Errorf("%s{%s=%q}: no series at start-up", name, l.label, v)
+				}
+			}
+		}
+	}
 }

@@ -10,7 +10,9 @@ import (
 
 // failoverMetrics counts a gateway client's retries, migrations and failed
 // migrations by reason (client.Options.OnFailover). Registered once per
-// registry: programs that share one (dev) share the counters.
+// registry: programs that share one (dev) share the counters. Every reason
+// has its series from start-up, at 0: a counter that appears only at its
+// first event cannot be told from one the product lacks.
 func failoverMetrics(reg prometheus.Registerer) func(client.Failover) {
 	vec := func(name, help string) *prometheus.CounterVec {
 		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"reason"})
@@ -21,6 +23,9 @@ func failoverMetrics(reg prometheus.Registerer) func(client.Failover) {
 					return old
 				}
 			}
+		}
+		for _, r := range client.Reasons() {
+			c.WithLabelValues(r)
 		}
 		return c
 	}

@@ -63,6 +63,9 @@ func newBreaker(cfg registry.BreakerConfig, reg prometheus.Registerer, log *slog
 		Name: "tokenbus_redis_breaker_transitions_total",
 		Help: "Transitions of the Redis circuit breaker, by the state entered.",
 	}, []string{"to"})
+	for _, st := range []registry.BreakerState{registry.BreakerClosed, registry.BreakerHalfOpen, registry.BreakerOpen} {
+		transitions.WithLabelValues(st.String()) // each from start-up, at 0
+	}
 	cfg.OnChange = func(from, to registry.BreakerState) {
 		transitions.WithLabelValues(to.String()).Inc()
 		log.Warn("Redis circuit breaker", "from", from.String(), "to", to.String())

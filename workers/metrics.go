@@ -49,6 +49,9 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 			Help: "Cancels ignored: a wrong or missing cancel token, or a request not (or no longer) running here."}),
 		prefix: newPrefixMetrics(),
 	}
+	for _, o := range []string{"ok", "error", "cancelled", "bounced"} {
+		m.requests.WithLabelValues(o) // each from start-up, at 0
+	}
 	w.m = m
 	if reg == nil {
 		return
