@@ -65,24 +65,40 @@ func TestProgressLine(t *testing.T) {
 	}
 }
 
-// --data-dir: "temp" is dev's temporary directory; "" the user's state
-// directory, made if missing.
+// --data-dir: "temp" is dev's temporary directory; "" .tokenbus/jetstream
+// in the directory dev runs in (made if missing), so that two checkouts
+// do not share files and batches, whatever XDG_STATE_HOME says.
 func TestDevDataDir(t *testing.T) {
-	state := t.TempDir()
-	t.Setenv("XDG_STATE_HOME", state)
+	t.Setenv("XDG_STATE_HOME", t.TempDir())
 	if got, err := devDataDir("temp"); got != "" || err != nil {
 		t.Fatalf("temp: %q %v", got, err)
 	}
-	got, err := devDataDir("")
-	if want := filepath.Join(state, "tokenbus", "jetstream"); got != want || err != nil {
-		t.Fatalf("default: %q %v, want %q", got, err, want)
+	var dirs []string
+	for range 2 {
+		checkout := t.TempDir()
+		t.Chdir(checkout)
+		got, err := devDataDir("")
+		if want := filepath.Join(checkout, ".tokenbus", "jetstream"); got != want || err != nil {
+			t.Fatalf("default: %q %v, want %q", got, err, want)
+		}
+		if fi, err := os.Stat(got); err != nil || !fi.IsDir() {
+			t.Fatalf("default not made: %v", err)
+		}
+		dirs = append(dirs, got)
+		if got, err := devDataDir("state"); got != filepath.Join(checkout, "state") || err != nil {
+			t.Fatalf("a relative --data-dir: %q %v, want it absolute", got, err)
+		}
 	}
-	if fi, err := os.Stat(got); err != nil || !fi.IsDir() {
-		t.Fatalf("default not made: %v", err)
+	if dirs[0] == dirs[1] {
+		t.Fatalf("two checkouts share %s", dirs[0])
 	}
-	t.Setenv("XDG_STATE_HOME", "")
-	t.Setenv("HOME", "")
+	// Where it cannot be made, an error (dev then says so and runs on a
+	// temporary directory).
+	t.Chdir(t.TempDir())
+	if err := os.WriteFile(".tokenbus", nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := devDataDir(""); err == nil {
-		t.Fatal("no home and no XDG_STATE_HOME: want an error (dev then falls back to a temporary directory)")
+		t.Fatal(".tokenbus is a file: want an error")
 	}
 }

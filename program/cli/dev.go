@@ -22,7 +22,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		`LoRA adapters to register on the served model, as name=path pairs; none given: with --engine sim, <model>-lora=sim://<model>-lora (<model>'s last path element); "" for none`)
 	fs.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
 	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "use this Redis instead of the embedded store")
-	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, `JetStream storage directory (files, batches, usage records), kept across restarts; "" is $XDG_STATE_HOME/tokenbus/jetstream, else ~/.local/state/tokenbus/jetstream; "temp": a temporary directory removed at exit`)
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, `JetStream storage directory (files, batches, usage records), kept across restarts; "" is `+devStateDir+` in the current directory (remove it to start clean); "temp": a temporary directory removed at exit`)
 	fs.IntVar(&cfg.SimWorkers, "sim-workers", cfg.SimWorkers, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
 	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "per-worker cap on requests in flight")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on Ctrl-C, how long in-flight requests may run before they are cancelled")
@@ -38,8 +38,8 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else if cfg.DataDir != "" {
 		return err
 	} else {
-		// The default place is not to be had (no home directory, a
-		// read-only one in a container): dev runs, on a temporary one.
+		// The default place is not to be had (a read-only directory, in a
+		// container): dev runs, on a temporary one.
 		fmt.Fprintf(stderr, "tokenbus dev: %v; JetStream data goes to a temporary directory, removed at exit\n", err)
 		cfg.DataDir = ""
 	}
@@ -60,22 +60,25 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	return untilDone(ctx, d, func() { fmt.Fprintln(stdout, "shutting down") })
 }
 
-// devDataDir resolves --data-dir: "" the user's state directory (made if
-// missing), "temp" a temporary one (program.DevConfig's "").
+// devStateDir is dev's JetStream directory by default, below the directory
+// it runs in: each checkout (or project) has its own files and batches, and
+// `rm -rf .tokenbus` starts clean. A per-user default (~/.local/state) was
+// shared by every checkout, so one saw another's batches.
+const devStateDir = ".tokenbus/jetstream"
+
+// devDataDir resolves --data-dir: "" devStateDir in the current directory
+// (made if missing), "temp" a temporary one (program.DevConfig's ""); the
+// directory is returned absolute, as the banner shows it.
 func devDataDir(v string) (string, error) {
 	switch v {
 	case "temp":
 		return "", nil
 	case "":
-		base := os.Getenv("XDG_STATE_HOME")
-		if base == "" {
-			home, err := os.UserHomeDir()
-			if err != nil {
-				return "", fmt.Errorf("--data-dir: no home directory to keep JetStream data in (%w); name a directory or \"temp\"", err)
-			}
-			base = filepath.Join(home, ".local", "state")
-		}
-		v = filepath.Join(base, "tokenbus", "jetstream")
+		v = filepath.FromSlash(devStateDir)
+	}
+	v, err := filepath.Abs(v)
+	if err != nil {
+		return "", fmt.Errorf("--data-dir: %w", err)
 	}
 	if err := os.MkdirAll(v, 0o700); err != nil {
 		return "", fmt.Errorf("--data-dir: %w", err)
@@ -105,7 +108,9 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 	fmt.Fprintf(w, "  NATS         %s\n", d.NATSURL())
 	fmt.Fprintf(w, "  store        %s\n", d.StoreURL())
 	if cfg.DataDir != "" {
-		fmt.Fprintf(w, "  JetStream    %s   (files, batches, usage: kept across restarts)\n", cfg.DataDir)
+		fmt.Fprintf(w, "  JetStream    %s   (files, batches, usage: kept across restarts; to start clean, stop dev and remove it, or run with --data-dir temp)\n", cfg.DataDir)
+	} else {
+		fmt.Fprintln(w, "  JetStream    a temporary directory, removed at exit (--data-dir temp)")
 	}
 	keyHeader := ""
 	if cfg.HTTP.Auth {
