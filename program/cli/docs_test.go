@@ -76,3 +76,34 @@ func TestEveryFlagHasAnEnvFallback(t *testing.T) {
 
 // flagLine matches pflag's indented "  -x, --name type   usage" lines.
 var flagLine = regexp.MustCompile(`^ {2,}(-\w, )?--[a-z0-9-]+`)
+
+// docs/security.md names, in its heading, the subcommands that take the
+// NATS credential flags: exactly those have them.
+func TestNATSFlagsWhereSecurityDocSays(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^## NATS credentials \(([^)]*)\)$`).FindSubmatch(doc)
+	if m == nil {
+		t.Fatal(`docs/security.md has no "## NATS credentials (commands)" heading`)
+	}
+	named := map[string]bool{}
+	for _, c := range strings.Split(string(m[1]), ",") {
+		named[strings.TrimSpace(c)] = true
+	}
+	for _, c := range commands() {
+		var out bytes.Buffer
+		_ = Run(context.Background(), []string{c.name, "--help"}, &out, &out)
+		for _, flag := range []string{"--nats-url", "--nats-user", "--nats-password", "--nats-token", "--nats-nkey", "--nats-creds",
+			"--nats-tls-ca", "--nats-tls-cert", "--nats-tls-key", "--nats-inbox-prefix"} {
+			if has := strings.Contains(out.String(), "  "+flag+" "); has != named[c.name] {
+				t.Errorf("%s has %s: %v; docs/security.md says %v", c.name, flag, has, named[c.name])
+			}
+		}
+		delete(named, c.name)
+	}
+	for c := range named {
+		t.Errorf("docs/security.md names %q, which is no command", c)
+	}
+}
