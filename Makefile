@@ -1,11 +1,16 @@
 # Convenience targets; each is one script a newcomer can also run directly.
-.PHONY: dev test bench bench-smoke bench-peers chaos build
+.PHONY: dev test bench bench-smoke bench-peers chaos build install
 
+# bin/tokenbus, counting the packages it compiles (a first build: minutes; README "Two commands").
 build:
-	go build -o tokenbus ./cmd/tokenbus
+	./scripts/build
 
-dev:
-	go run ./cmd/tokenbus dev
+# tokenbus into $(go env GOBIN), else $(go env GOPATH)/bin (~/go/bin): put that on your PATH.
+install:
+	go install ./cmd/tokenbus
+
+dev: build
+	bin/tokenbus dev
 
 test:
 	./scripts/test
