@@ -106,7 +106,7 @@ func New(cfg Config) *Auth {
 	cfg.Throttle.Reasons("malformed_key", "unknown_key")
 	// Each outcome has its series from start-up, at 0.
 	for _, o := range []string{"ok", "missing_key", "invalid_key", "throttled", "unavailable", "model_not_allowed",
-		"rate_limited", "fail_open", "fail_closed"} {
+		"rate_limited", "readmitted", "fail_open", "fail_closed"} {
 		a.decisions.WithLabelValues(o)
 	}
 	if cfg.Metrics != nil {

@@ -155,7 +155,7 @@ func TestLabelledCountersFromStart(t *testing.T) {
 		"tokenbus_dispatcher_adapter_placements_total": {{"action", []string{"load", "unload", "evict"}}, {"result", []string{"ok", "error"}}},
 		"tokenbus_worker_requests_total":               {{"outcome", []string{"ok", "error", "cancelled", "bounced"}}, {"worker", []string{"dev-worker-1", "dev-worker-2"}}},
 		"tokenbus_auth_decisions_total": {{"outcome", []string{"ok", "missing_key", "invalid_key", "throttled", "unavailable",
-			"model_not_allowed", "rate_limited", "fail_open", "fail_closed"}}},
+			"model_not_allowed", "rate_limited", "readmitted", "fail_open", "fail_closed"}}},
 		"tokenbus_auth_failures_total":             {{"reason", []string{"malformed_key", "unknown_key", "wrong_admin_token"}}},
 		"tokenbus_batch_lines_total":               {{"outcome", []string{"ok", "error", "cancelled", "expired", "revoked", "retried"}}},
 		"tokenbus_redis_breaker_transitions_total": {{"to", []string{"closed", "half_open", "open"}}},
