@@ -68,6 +68,7 @@ func awayFromMinuteEnd(t *testing.T, rd *testenv.Redis) {
 // with Retry-After. Before reservations all 20 were served (about 1,000
 // tokens).
 func TestTPMHoldsUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t)
 	_, secret := newKey(t, d, `{"name":"tpm","tenant":"acme","tpm":200}`)
 	awayFromMinuteEnd(t, rd)
@@ -110,6 +111,7 @@ func TestTPMHoldsUnderConcurrency(t *testing.T) {
 
 // A prompt array of n prompts counts n requests against RPM.
 func TestPromptArrayCountsRequests(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t)
 	_, secret := newKey(t, d, `{"name":"rpm","tenant":"acme","rpm":3}`)
 	awayFromMinuteEnd(t, rd)
@@ -149,6 +151,7 @@ func usageOf(t *testing.T, d *dev, keyID string) (requests, prompt, completion i
 // refused) a request with a cached key waits at most the breaker's bounded
 // wait for the limit check, not 2 s; an unknown key gets 503; after SIGCONT
 // limits are checked again and the usage of every request arrives.
+// Not parallel: bounds of 500 ms, which neighbours would eat into.
 func TestRedisStoppedBoundedWait(t *testing.T) {
 	d, rd := limitsDev(t)
 	keyID, secret := newKey(t, d, `{"name":"stop","tenant":"acme","rpm":10000}`)
@@ -212,6 +215,7 @@ func TestRedisStoppedBoundedWait(t *testing.T) {
 // no request fails, and every request's usage arrives in Redis exactly
 // once — as many records as requests, the tokens the clients were told.
 func TestUsageExactlyOnceThroughRedisKill(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t, testenv.DurableRedis...)
 	keyID, secret := newKey(t, d, `{"name":"kill","tenant":"acme","rpm":100000,"tpm":100000000}`)
 	auth := []string{"Authorization", "Bearer " + secret}

@@ -18,6 +18,7 @@ import (
 // it loaded on more workers ahead of demand, an adapter asked for once stays
 // on one, and once the burst is over the spare replicas are unloaded.
 func TestAdapterPlacement(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	for _, m := range []registry.Model{
@@ -86,6 +87,7 @@ func TestAdapterPlacement(t *testing.T) {
 // adapter, which evicts it); no hot adapter is evicted, where evicting the
 // least recently used would push them out one by one.
 func TestAdapterEvictionByDemand(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	hot := []string{"h1", "h2", "h3"}
