@@ -129,6 +129,7 @@ func keyedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, keyI
 	rd := testenv.StartRedis(t)
 	d = startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 	}}, configure...)...)
 	var key struct{ ID, Key string }
 	if st := adminCall(t, d, abuseAdminToken, "POST", "/keys", `{"name":"batches","tenant":"acme","models":["llama-8b"]}`, &key); st != 201 {
@@ -200,6 +201,7 @@ func TestCancelValidatingBatch(t *testing.T) {
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.HTTP.Batch.Runner = false
 	})
 	var key struct{ Key string }

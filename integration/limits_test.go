@@ -27,9 +27,23 @@ const limitsAdminToken = "limits-admin-token"
 // with args.
 func limitsDev(t *testing.T, args ...string) (*dev, *testenv.Redis) {
 	t.Helper()
+	return limitsDevBounded(t, patientBreaker, args...)
+}
+
+// patientBreaker bounds each Redis call on a request's path at a second
+// (the gateway's default is 50 ms) where a test checks limits and usage,
+// not that bound: on a busy test machine a 50 ms call can time out, and the
+// check fail open or the key lookup fail with 503. TestRedisStoppedBoundedWait
+// checks the bound, with the default.
+const patientBreaker = time.Second
+
+// limitsDevBounded is limitsDev with each Redis call bounded by timeout.
+func limitsDevBounded(t *testing.T, timeout time.Duration, args ...string) (*dev, *testenv.Redis) {
+	t.Helper()
 	rd := testenv.StartRedis(t, args...)
 	d := startDev(t, func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.HTTP.Limits.Breaker.Timeout = timeout
 	})
 	return d, rd
 }
@@ -153,7 +167,7 @@ func usageOf(t *testing.T, d *dev, keyID string) (requests, prompt, completion i
 // limits are checked again and the usage of every request arrives.
 // Not parallel: bounds of 500 ms, which neighbours would eat into.
 func TestRedisStoppedBoundedWait(t *testing.T) {
-	d, rd := limitsDev(t)
+	d, rd := limitsDevBounded(t, program.DefaultLimits().Breaker.Timeout)
 	keyID, secret := newKey(t, d, `{"name":"stop","tenant":"acme","rpm":10000}`)
 	body := `{"model":"llama-8b","max_tokens":3,"prompt":"hi"}`
 	auth := []string{"Authorization", "Bearer " + secret}
