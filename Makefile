@@ -1,5 +1,5 @@
 # Convenience targets; each is one script a newcomer can also run directly.
-.PHONY: dev test bench bench-smoke bench-peers chaos build install
+.PHONY: dev test test-short test-held-ports bench bench-smoke bench-peers chaos build install
 
 # bin/tokenbus, counting the packages it compiles (a first build: minutes; README "Two commands").
 build:
@@ -14,6 +14,15 @@ dev: build
 
 test:
 	./scripts/test
+
+# the inner loop: go vet and the tests in -short mode (no deployment checks, no benchmark smoke)
+test-short:
+	./scripts/test -short
+
+# the suite beside listeners that hold tokenbus's default ports and never answer (scripts/test-held-ports all: also
+# beside listeners that answer garbage, and ones that reset)
+test-held-ports:
+	./scripts/test-held-ports
 
 bench:
 	./scripts/bench all

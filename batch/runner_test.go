@@ -25,6 +25,7 @@ func TestIdleRunnerReadsNothing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: waits 16 s, past the old resync period")
 	}
+	t.Parallel() // 17 s of watching an idle runner, beside the other tests
 	ns := testenv.NATS(t)
 	s, err := Open(context.Background(), testenv.Connect(t, ns), Config{})
 	if err != nil {

@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 func TestPercentile(t *testing.T) {
@@ -353,9 +355,10 @@ func TestTimeoutAndConnectionErrors(t *testing.T) {
 	if rec := doOne(t, srv.URL(), "chat", true, 4, 50*time.Millisecond); rec.Err != "timeout" {
 		t.Errorf("kind %q (%s), want timeout", rec.Err, rec.ErrMsg)
 	}
-	dead := newFakeServer(t, fakeOpts{})
-	dead.Close()
-	if rec := doOne(t, dead.URL(), "chat", true, 4, time.Second); rec.Err != "connection" {
+	// A target that resets the connection, held by the test (a server closed
+	// a moment ago leaves its port to whoever takes it next).
+	dead := testenv.ResetListener(t)
+	if rec := doOne(t, "http://"+dead.Addr+"/v1", "chat", true, 4, 5*time.Second); rec.Err != "connection" {
 		t.Errorf("kind %q (%s), want connection", rec.Err, rec.ErrMsg)
 	}
 }
@@ -645,6 +648,9 @@ func TestRunDataset(t *testing.T) {
 	}
 }
 
+// Argument errors are found before anything is dialed: each bad command
+// line fails with its own message, and the target (a listener that resets
+// every connection, held by the test) sees no connection.
 func TestHelpAndFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	if err := Run(context.Background(), []string{"--help"}, &stdout, &stderr); err != nil {
@@ -655,17 +661,31 @@ func TestHelpAndFlags(t *testing.T) {
 			t.Errorf("usage lacks %q", want)
 		}
 	}
-	bad := [][]string{
-		{"--endpoint", "embeddings"},
-		{"--concurrency", "0"},
-		{"--request-rate", "-1"},
-		{"--nope"},
-		{"stray"},
-	}
-	for _, args := range bad {
-		if err := Run(context.Background(), args, &stdout, &stderr); err == nil {
-			t.Errorf("Run(%v) succeeded", args)
+	target := testenv.ResetListener(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--endpoint", "nope"}, `--endpoint must be chat, completions or embeddings, not "nope"`},
+		{[]string{"--endpoint", "embeddings", "--adapters", "2"}, "--adapters works with chat and completions only"},
+		{[]string{"--concurrency", "0"}, "--concurrency must be at least 1"},
+		{[]string{"--request-rate", "-1"}, "--request-rate must be >= 0"},
+		{[]string{"--timeout", "0s"}, "--timeout must be positive"},
+		{[]string{"--nope"}, "unknown flag: --nope"},
+		{[]string{"stray"}, "unexpected arguments: stray"},
+	} {
+		args := append(tc.args, "--url", "http://"+target.Addr+"/v1", "--quiet")
+		if err := Run(context.Background(), args, &stdout, &stderr); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Run(%q): %v, want %q", tc.args, err, tc.want)
 		}
+	}
+	if n := target.Accepted(); n != 0 {
+		t.Errorf("%d connections to the target: a command line was not refused before dialing", n)
+	}
+	// Valid, and what it means: embeddings are never streamed.
+	cfg, err := parse([]string{"--endpoint", "embeddings"}, &stdout, &stderr)
+	if err != nil || cfg == nil || cfg.endpoint != "embeddings" || cfg.stream {
+		t.Errorf("--endpoint embeddings: %+v, %v; want valid, not streamed", cfg, err)
 	}
 }
 

@@ -125,25 +125,11 @@ func (cfg *config) validate() error {
 // to stdout (progress to stderr). Cancelling ctx stops the run and prints the
 // partial report, then Run returns an error wrapping ctx's.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	var cfg config
-	fs := newFlags(&cfg)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stdout, "Usage: tokenbus bench [flags]\n\nLoad generator for an OpenAI-compatible endpoint (see `go doc github.com/tokenbus/tokenbus/bench`).\n--url is the target under test; --compare-url the baseline.\n\nFlags:\n%s", fs.FlagUsages())
-	}
-	if err := flagenv.Parse(fs, args, nil); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil
-		}
+	cfg, err := parse(args, stdout, stderr)
+	if cfg == nil || err != nil {
 		return err
 	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
-	}
-	if err := cfg.validate(); err != nil {
-		return err
-	}
-	rep, err := run(ctx, &cfg, stderr)
+	rep, err := run(ctx, cfg, stderr)
 	if err != nil {
 		return err
 	}
@@ -167,6 +153,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// parse reads and checks the command line, without dialing anything; a nil
+// config and no error after --help (the usage is printed to stdout).
+func parse(args []string, stdout, stderr io.Writer) (*config, error) {
+	var cfg config
+	fs := newFlags(&cfg)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stdout, "Usage: tokenbus bench [flags]\n\nLoad generator for an OpenAI-compatible endpoint (see `go doc github.com/tokenbus/tokenbus/bench`).\n--url is the target under test; --compare-url the baseline.\n\nFlags:\n%s", fs.FlagUsages())
+	}
+	if err := flagenv.Parse(fs, args, nil); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
 }
 
 // endpoint is one side of the run: the target, or the baseline.

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
 	"github.com/tokenbus/tokenbus/workers/engine/sim"
@@ -146,6 +147,7 @@ func TestTurnStats(t *testing.T) {
 
 func TestSessionFlags(t *testing.T) {
 	var stdout, stderr bytes.Buffer
+	target := testenv.ResetListener(t) // refused before dialing: it sees no connection
 	for _, args := range [][]string{
 		{"--sessions", "2", "--endpoint", "completions"},
 		{"--sessions", "2", "--turns", "0"},
@@ -153,9 +155,12 @@ func TestSessionFlags(t *testing.T) {
 		{"--sessions", "-1"},
 		{"--sessions", "2", "--prefix-groups", "2"}, // groups of no system prompt
 	} {
-		if err := Run(context.Background(), append(args, "--url", "http://127.0.0.1:1/v1", "--quiet"), &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "--") {
+		if err := Run(context.Background(), append(args, "--url", "http://"+target.Addr+"/v1", "--quiet"), &stdout, &stderr); err == nil || !strings.Contains(err.Error(), "--") {
 			t.Errorf("Run(%v): %v, want a flag error", args, err)
 		}
+	}
+	if n := target.Accepted(); n != 0 {
+		t.Errorf("%d connections to the target: a command line was not refused before dialing", n)
 	}
 }
 

@@ -129,6 +129,7 @@ func keyedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, keyI
 	rd := testenv.StartRedis(t)
 	d = startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 	}}, configure...)...)
 	var key struct{ ID, Key string }
 	if st := adminCall(t, d, abuseAdminToken, "POST", "/keys", `{"name":"batches","tenant":"acme","models":["llama-8b"]}`, &key); st != 201 {
@@ -142,6 +143,7 @@ func keyedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, keyI
 // quoting at most 128 bytes of the model. On main it stayed validating:
 // this test timed out waiting for failed.
 func TestPoisonBatchFailsBounded(t *testing.T) {
+	t.Parallel()
 	d, _, secret := keyedDev(t)
 	c := newBatchClient(t, d.URL, secret)
 	start := time.Now()
@@ -195,9 +197,11 @@ func secondGateway(t *testing.T, d *dev, redisURL string) {
 // its file being validated. On main the runner validated it anyway, could
 // not write the failure, and it stayed cancelling.
 func TestCancelValidatingBatch(t *testing.T) {
+	t.Parallel()
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.HTTP.Batch.Runner = false
 	})
 	var key struct{ Key string }
@@ -253,6 +257,7 @@ func editRecord(t *testing.T, natsURL, id string, edit func(rec map[string]any))
 // all three waited for the lease, and then the validating one was
 // validated and run past its window.
 func TestStuckBatchesEnd(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, func(c *program.DevConfig) { c.HTTP.Batch.Runner = false })
 	c := newBatchClient(t, d.URL, "")
 	line := []byte(`{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"llama-8b","max_tokens":2,"messages":[]}}` + "\n")
@@ -296,6 +301,7 @@ func TestStuckBatchesEnd(t *testing.T) {
 // ends cancelled within a bound. On main the batch ran every line, billed
 // to the deleted key.
 func TestKeyDeletionStopsItsBatch(t *testing.T) {
+	t.Parallel()
 	const inFlight = 4
 	d, keyID, secret := keyedDev(t, func(c *program.DevConfig) {
 		c.SimWorkers = 1
@@ -370,6 +376,7 @@ func TestKeyDeletionStopsItsBatch(t *testing.T) {
 // completes. On main its result could not be stored, so the line ran
 // again every second, for ever, and the batch never ended.
 func TestOversizedResultAnswered(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	c := newBatchClient(t, d.URL, "")
 	inputs := make([]string, 2000)
@@ -419,6 +426,7 @@ func TestPoisonBatchMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and a 100 MB upload")
 	}
+	t.Parallel()
 	bin := tokenbusBinary(t)
 	rd := testenv.StartRedis(t)
 	natsPort, httpPort, adminPort, runnerPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
@@ -436,10 +444,11 @@ func TestPoisonBatchMemory(t *testing.T) {
 	if st != 201 || err != nil || json.Unmarshal(raw, &key) != nil {
 		t.Fatalf("POST /keys: %d %v %s", st, err, raw)
 	}
-	model := strings.Repeat("<", 1_000_000)
+	model := strconv.Quote(strings.Repeat("<", 1_000_000)) // quoted once: 100 MB through %q is seconds under -race
 	var f bytes.Buffer
+	f.Grow(101 * len(model))
 	for i := range 100 {
-		fmt.Fprintf(&f, `{"custom_id":"p-%d","method":"POST","url":"/v1/chat/completions","body":{"model":%q,"messages":[]}}`+"\n", i, model)
+		fmt.Fprintf(&f, `{"custom_id":"p-%d","method":"POST","url":"/v1/chat/completions","body":{"model":%s,"messages":[]}}`+"\n", i, model)
 	}
 	c := newBatchClient(t, base, key.Key)
 	c.deadline = 60 * time.Second

@@ -69,6 +69,7 @@ func TestBatchSurvivesCrashes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and kill -9, ~30 s")
 	}
+	t.Parallel()
 	bin := tokenbusBinary(t)
 	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
 	storeDir := t.TempDir()

@@ -86,6 +86,7 @@ func chromium() string {
 // may read X-Request-Id. A page of an origin not allowed is blocked by the
 // browser (fetch fails) though the gateway is the same.
 func TestBrowserCORS(t *testing.T) {
+	t.Parallel()
 	bin := chromium()
 	if bin == "" {
 		t.Skip("no chromium binary (apt-get install chromium; scripts/test installs it)")

@@ -22,13 +22,14 @@ func TestChaosWorkerKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: separate processes and a kill -9")
 	}
+	t.Parallel()
 	const streams, tokens, pace = 30, 100, 20 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var progress strings.Builder
 	rep, err := chaos.Run(ctx, chaos.Config{
 		Scenarios: []string{"worker"}, Streams: streams, Tokens: tokens, Pace: pace,
-		Dir: t.TempDir(), Progress: &progress,
+		Dir: t.TempDir(), Progress: &progress, Tokenbus: tokenbusBinary(t), NATSServer: natsServer(t),
 	})
 	if err != nil {
 		t.Fatalf("chaos: %v\n%s", err, progress.String())

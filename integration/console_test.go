@@ -29,6 +29,7 @@ const screenshotsEnv = "TOKENBUS_CONSOLE_SCREENSHOTS"
 // then served; the playground streams a reply with its TTFT and tokens/s;
 // the traffic page charts the requests sent.
 func TestConsole(t *testing.T) {
+	t.Parallel()
 	bin := chromium()
 	if bin == "" {
 		t.Skip("no chromium binary (apt-get install chromium; scripts/test installs it)")

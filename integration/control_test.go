@@ -46,6 +46,7 @@ func adminCall(t *testing.T, d *dev, token, method, path, body string, out any) 
 // usage, and stop working when deleted. /v1/models needs a key and lists the
 // key's models; the adapter registered by default is there under its base.
 func TestDevWithKeys(t *testing.T) {
+	t.Parallel()
 	const adminToken = "test-admin-token"
 	d := startDev(t, func(c *program.DevConfig) { c.HTTP.Auth, c.HTTP.AdminToken = true, adminToken })
 	if d.AdminURL == "" {
@@ -130,6 +131,7 @@ func TestDevWithKeys(t *testing.T) {
 // Redis stopped mid-test: streaming for known models goes on from the
 // caches, admin writes answer 503, and both recover when Redis returns.
 func TestRedisOutage(t *testing.T) {
+	t.Parallel()
 	const adminToken = "outage-admin-token"
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) { c.RedisURL, c.HTTP.AdminToken = rd.URL, adminToken })

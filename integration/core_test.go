@@ -116,6 +116,7 @@ func checkStream(t testing.TB, s sse, chat bool, n int, wantUsage bool) []int {
 }
 
 func TestOpenAIGoClient(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	ctx := context.Background()
 	for _, base := range []string{d.URL + "/v1", d.URL + "/predictions/llama-8b/1.0/v1"} {
@@ -193,6 +194,7 @@ func TestOpenAIGoClient(t *testing.T) {
 }
 
 func TestStreamShapes(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	tests := []struct {
 		name  string
@@ -221,6 +223,7 @@ func TestStreamShapes(t *testing.T) {
 }
 
 func TestConcurrentStreams(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	const streams = 200
 	var wg sync.WaitGroup
@@ -260,6 +263,7 @@ func TestConcurrentStreams(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	tests := []struct {
 		name   string
@@ -307,6 +311,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestNoWorker503(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, func(c *program.DevConfig) { c.SimWorkers = 0 })
 	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","messages":[{"role":"user","content":"x"}]}`)
 	if s.Status != 503 || s.Header.Get("Retry-After") == "" {
@@ -323,6 +328,7 @@ func TestQueueFills503(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: waits out a queue timeout")
 	}
+	t.Parallel()
 	// One worker taking one request at a time, a queue of one, a slow engine.
 	d := startDev(t, func(c *program.DevConfig) {
 		c.SimWorkers, c.Worker.MaxConcurrency, c.Dispatcher.QueueSize, c.Engine.Sim.DecodeBase = 1, 1, 1, 50*time.Millisecond
@@ -356,6 +362,7 @@ func TestQueueFills503(t *testing.T) {
 	}
 }
 
+// Not parallel: a bound of about a second, which neighbours would eat into.
 func TestClientHangUpFreesEngine(t *testing.T) {
 	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.DecodeBase = 20 * time.Millisecond })
 	hb := watchHeartbeats(t, d.NATSURL)
@@ -391,6 +398,7 @@ func TestClientHangUpFreesEngine(t *testing.T) {
 	}
 }
 
+// Not parallel: a bound of 2 s, which neighbours would eat into.
 func TestDevStopsFastWithOpenStreams(t *testing.T) {
 	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.DecodeBase = 20 * time.Millisecond })
 	done := make(chan sse, 4)
@@ -426,6 +434,7 @@ func tail(s []string, n int) []string {
 }
 
 func TestRequestIDAndUnknownFields(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","max_tokens":3,"my_field":{"x":1},"messages":[{"role":"user","content":"x"}]}`, "X-Request-Id", "my-req-42")
 	if s.Status != 200 || s.Header.Get("X-Request-Id") != "my-req-42" {

@@ -31,11 +31,26 @@ import (
 // The deployment's NATS configuration, deploy/nats/nats.conf, run by a real
 // nats-server with the tokenbus programs logged in as its deploy users.
 
-// deployPasswords are the deploy users' passwords, from the environment as
-// nats.conf reads them.
+// deployPasswords are the deploy users' passwords, the variables nats.conf
+// reads (withPasswords defines them).
 var deployPasswords = map[string]string{
 	"NATS_SYS_PASSWORD": "sys-d", "NATS_GATEWAY_PASSWORD": "gw-d", "NATS_DISPATCHER_PASSWORD": "disp-d",
 	"NATS_WORKER_PASSWORD": "worker-d", "NATS_OPERATOR_PASSWORD": "op-d", "NATS_TENANT_A_PASSWORD": "ta-d",
+}
+
+// withPasswords is conf with the variables its $NATS_..._PASSWORD
+// references name defined at its top: nats-server looks a variable up in
+// the file before the environment, so the file stays as deployed and the
+// test's process environment is left alone (which t.Setenv would take, and
+// with it the test's running beside others).
+func withPasswords(conf []byte, passwords map[string]string) []byte {
+	var b bytes.Buffer
+	for k, v := range passwords {
+		if bytes.Contains(conf, []byte("$"+k)) { // one not referenced would be an unknown field
+			fmt.Fprintf(&b, "%s: %q\n", k, v)
+		}
+	}
+	return append(b.Bytes(), conf...)
 }
 
 // natsLog is a nats-server's log, kept to look for permission violations
@@ -81,8 +96,8 @@ func grep(lines []string, subs ...string) []string {
 
 // deployNATS starts a nats-server from deploy/nats/nats.conf, its tenant
 // block replaced by users when users is not nil, with JetStream in a
-// temporary directory, on a port chosen now. Passwords come from the
-// environment (set them first, with t.Setenv).
+// temporary directory, on a port chosen now, the deploy users' passwords
+// deployPasswords.
 func deployNATS(t *testing.T, users []byte) (url string, log *natsLog) {
 	t.Helper()
 	conf, err := os.ReadFile("../deploy/nats/nats.conf")
@@ -97,7 +112,7 @@ func deployNATS(t *testing.T, users []byte) (url string, log *natsLog) {
 		conf = block.ReplaceAllLiteral(conf, users)
 	}
 	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, conf, 0o600); err != nil {
+	if err := os.WriteFile(path, withPasswords(conf, deployPasswords), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(path)
@@ -172,10 +187,10 @@ func startDeployStack(t *testing.T, url, redisURL string) *deployStack {
 	return s
 }
 
-// deployLogin is the NATS login of deploy user user, its password from the
-// environment as nats.conf reads it.
+// deployLogin is the NATS login of deploy user user, its password
+// deployPasswords's, as deployNATS gives it to the server.
 func deployLogin(url, user string) natsconn.Options {
-	return natsconn.Options{URL: url, User: user, Password: os.Getenv("NATS_" + strings.ToUpper(user) + "_PASSWORD")}
+	return natsconn.Options{URL: url, User: user, Password: deployPasswords["NATS_"+strings.ToUpper(user)+"_PASSWORD"]}
 }
 
 // startDispatcherWorker starts a dispatcher and a sim worker (id w1, model
@@ -216,9 +231,7 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 // program's (nats.go reports a refused publish or subscription as an
 // asynchronous error, which every program logs), and no feature turned off.
 func TestDeployConfigEveryFeature(t *testing.T) {
-	for k, v := range deployPasswords {
-		t.Setenv(k, v)
-	}
+	t.Parallel()
 	url, serverLog := deployNATS(t, nil)
 	rd, store := startStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -554,9 +567,7 @@ func TestDeployFeatureOffSaysWhy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: each refused store takes its 5 s opening timeout")
 	}
-	for k, v := range deployPasswords {
-		t.Setenv(k, v)
-	}
+	t.Parallel() // the two 5 s timeouts waited beside other tests
 	conf, err := os.ReadFile("../deploy/nats/nats.conf")
 	if err != nil {
 		t.Fatal(err)
@@ -567,7 +578,7 @@ func TestDeployFeatureOffSaysWhy(t *testing.T) {
 	broken := strings.NewReplacer("KV_TOKENBUS_RESPONSES", "KV_TOKENBUS_RESPONSES_OLD",
 		"OBJ_TOKENBUS_FILES", "OBJ_TOKENBUS_FILES_OLD").Replace(string(conf))
 	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, []byte(broken), 0o600); err != nil {
+	if err := os.WriteFile(path, withPasswords([]byte(broken), deployPasswords), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(path)

@@ -18,13 +18,17 @@ import (
 	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
-// natsServerBinary builds the standalone nats-server from the Go module once.
+// natsServer is the standalone nats-server: TOKENBUS_TEST_NATS_SERVER, built
+// once by scripts/test, or else built here from the Go module once.
 var natsOnce sync.Once
 var natsBin string
 var natsErr error
 
 func natsServer(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("TOKENBUS_TEST_NATS_SERVER"); bin != "" { // built once by scripts/test
+		return bin
+	}
 	natsOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "nats-server-bin-")
 		if err != nil {
@@ -93,6 +97,7 @@ func TestDistributed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes of the built binary, ~10 s")
 	}
+	t.Parallel()
 	bin := tokenbusBinary(t)
 	redis := testenv.StartRedis(t)
 	natsPort := testenv.FreePort(t)

@@ -36,6 +36,7 @@ func cosine(a, b []float64) float64 {
 // route forms: shapes, usage, unit vectors, similar texts closer than
 // unrelated ones, and the same vector for the same text every time.
 func TestEmbeddingsOpenAIGo(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -103,6 +104,7 @@ func TestEmbeddingsOpenAIGo(t *testing.T) {
 
 // Errors in OpenAI's shape, with OpenAI's statuses and codes.
 func TestEmbeddingsErrors(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	for _, tc := range []struct {
 		name, body  string
@@ -147,6 +149,7 @@ func TestEmbeddingsErrors(t *testing.T) {
 // vLLM's /tokenize and /detokenize through the bus to the sim, at the root
 // only, as vLLM serves them.
 func TestTokenizeThroughTheBus(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	r := post(t, d.URL, "/tokenize", `{"model":"llama-8b","prompt":"Hello world","return_token_strs":true}`)
 	var tok struct {
@@ -201,6 +204,7 @@ func TestTokenizeThroughTheBus(t *testing.T) {
 // reaches it untouched and its answer comes back whole; in front of a
 // generative one, vLLM's own 400.
 func TestEmbeddingsInFrontOfVLLM(t *testing.T) {
+	t.Parallel()
 	for _, pooling := range []bool{true, false} {
 		t.Run("pooling="+strconv.FormatBool(pooling), func(t *testing.T) {
 			f := fakevllm.New()
@@ -237,6 +241,7 @@ func TestEmbeddingsInFrontOfVLLM(t *testing.T) {
 // Limits and usage count embeddings: one request per input against RPM, and
 // the inputs' prompt tokens (no completion tokens) in the key's usage.
 func TestEmbeddingsLimitsAndUsage(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t)
 	keyID, secret := newKey(t, d, `{"name":"emb","tenant":"acme","rpm":4}`)
 	auth := []string{"Authorization", "Bearer " + secret}
@@ -274,6 +279,7 @@ func TestEmbeddingsLimitsAndUsage(t *testing.T) {
 // through the standalone request subjects and the dispatcher: no chunk, a
 // done frame with the whole answer; a bad body is the dispatcher's 400.
 func TestEmbeddingsNATSClient(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	nc := connectNATS(t, d.NATSURL)
 	cl, err := client.New(nc, client.Options{})
@@ -321,6 +327,7 @@ func TestEmbeddingsNATSClient(t *testing.T) {
 // A client that hangs up on an embeddings request frees the engine: the
 // unary path cancels on disconnect as a stream:false chat does.
 func TestEmbeddingsHangUpFreesEngine(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.PrefillBase = time.Hour })
 	hb := watchHeartbeats(t, d.NATSURL)
 	ctx, cancel := context.WithCancel(context.Background())

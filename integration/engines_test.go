@@ -101,6 +101,7 @@ func TestVLLMEngine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: kills and revives the engine under load, ~6 s")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	eng := startSimServer(t, func(c *program.SimServerConfig) {
 		c.Sim.DecodeBase, c.Sim.PrefillBase = 2*time.Millisecond, 2*time.Millisecond
@@ -199,6 +200,7 @@ func TestVLLMEngine(t *testing.T) {
 // TestVLLMEngineLegacyErrors: vLLM before 0.10.1 answered errors flat;
 // clients still get OpenAI's nested shape.
 func TestVLLMEngineLegacyErrors(t *testing.T) {
+	t.Parallel()
 	eng := startSimServer(t, func(c *program.SimServerConfig) { c.LegacyErrors = true })
 	d := startDev(t, vllmEngine(eng.URL()))
 	for _, stream := range []string{"false", "true"} {
@@ -215,6 +217,7 @@ func TestVLLMEngineLegacyErrors(t *testing.T) {
 // TestVLLMEngineLoRA: adapters registered in Redis are loaded into vLLM on
 // demand, once, and the least recently used is evicted at --max-loras.
 func TestVLLMEngineLoRA(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	for _, name := range []string{"lora-a", "lora-b"} {
@@ -267,6 +270,7 @@ func TestVLLMChildProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds the binary and runs it as vLLM")
 	}
+	t.Parallel()
 	bin := tokenbusBinary(t)
 	port := testenv.FreePort(t)
 	cmd := fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-decode-base 1ms", bin, port)

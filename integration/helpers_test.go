@@ -279,13 +279,17 @@ func (h *heartbeats) running() int {
 	return n
 }
 
-// buildBinary builds the tokenbus binary once per test run.
+// tokenbusBinary is the tokenbus binary: TOKENBUS_TEST_BIN, built once by
+// scripts/test for the whole suite, or else built here once per test run.
 var buildOnce sync.Once
 var binPath string
 var buildErr error
 
 func tokenbusBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("TOKENBUS_TEST_BIN"); bin != "" {
+		return bin
+	}
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "tokenbus-bin-")
 		if err != nil {

@@ -63,6 +63,7 @@ func (w *kvWatch) find(ok func(schemas.KVEvents) bool) (found bool, n int) {
 // record (the next request is predicted less cached), and a restart of the
 // engine reports a loss, which clears the record.
 func TestVLLMKVEvents(t *testing.T) {
+	t.Parallel()
 	port := testenv.FreePort(t)
 	ss := startSimServer(t, func(c *program.SimServerConfig) {
 		c.KVEvents = fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","topic":"kv-events"}`, port)
@@ -177,6 +178,7 @@ func TestVLLMKVEventsAuto(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds the binary and runs it as vLLM")
 	}
+	t.Parallel()
 	bin := tokenbusBinary(t)
 	cmd := fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-decode-base 1ms", bin, testenv.FreePort(t))
 	d := startDev(t, vllmEngine(""), func(c *program.DevConfig) {
@@ -202,6 +204,7 @@ func TestVLLMKVEventsAuto(t *testing.T) {
 // hashes rooted at the adapter's name, as dispatchers key it: the worker ties
 // vLLM's lora_name in the events to the request's adapter.
 func TestVLLMKVEventsLoRA(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	if err := store.PutModel(ctx, registry.Model{Name: "lora-a", Base: "llama-8b", Path: "/adapters/lora-a"}); err != nil {

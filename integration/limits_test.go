@@ -27,9 +27,23 @@ const limitsAdminToken = "limits-admin-token"
 // with args.
 func limitsDev(t *testing.T, args ...string) (*dev, *testenv.Redis) {
 	t.Helper()
+	return limitsDevBounded(t, patientBreaker, args...)
+}
+
+// patientBreaker bounds each Redis call on a request's path at a second
+// (the gateway's default is 50 ms) where a test checks limits and usage,
+// not that bound: on a busy test machine a 50 ms call can time out, and the
+// check fail open or the key lookup fail with 503. TestRedisStoppedBoundedWait
+// checks the bound, with the default.
+const patientBreaker = time.Second
+
+// limitsDevBounded is limitsDev with each Redis call bounded by timeout.
+func limitsDevBounded(t *testing.T, timeout time.Duration, args ...string) (*dev, *testenv.Redis) {
+	t.Helper()
 	rd := testenv.StartRedis(t, args...)
 	d := startDev(t, func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.HTTP.Limits.Breaker.Timeout = timeout
 	})
 	return d, rd
 }
@@ -68,6 +82,7 @@ func awayFromMinuteEnd(t *testing.T, rd *testenv.Redis) {
 // with Retry-After. Before reservations all 20 were served (about 1,000
 // tokens).
 func TestTPMHoldsUnderConcurrency(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t)
 	_, secret := newKey(t, d, `{"name":"tpm","tenant":"acme","tpm":200}`)
 	awayFromMinuteEnd(t, rd)
@@ -110,6 +125,7 @@ func TestTPMHoldsUnderConcurrency(t *testing.T) {
 
 // A prompt array of n prompts counts n requests against RPM.
 func TestPromptArrayCountsRequests(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t)
 	_, secret := newKey(t, d, `{"name":"rpm","tenant":"acme","rpm":3}`)
 	awayFromMinuteEnd(t, rd)
@@ -149,8 +165,9 @@ func usageOf(t *testing.T, d *dev, keyID string) (requests, prompt, completion i
 // refused) a request with a cached key waits at most the breaker's bounded
 // wait for the limit check, not 2 s; an unknown key gets 503; after SIGCONT
 // limits are checked again and the usage of every request arrives.
+// Not parallel: bounds of 500 ms, which neighbours would eat into.
 func TestRedisStoppedBoundedWait(t *testing.T) {
-	d, rd := limitsDev(t)
+	d, rd := limitsDevBounded(t, program.DefaultLimits().Breaker.Timeout)
 	keyID, secret := newKey(t, d, `{"name":"stop","tenant":"acme","rpm":10000}`)
 	body := `{"model":"llama-8b","max_tokens":3,"prompt":"hi"}`
 	auth := []string{"Authorization", "Bearer " + secret}
@@ -212,6 +229,7 @@ func TestRedisStoppedBoundedWait(t *testing.T) {
 // no request fails, and every request's usage arrives in Redis exactly
 // once — as many records as requests, the tokens the clients were told.
 func TestUsageExactlyOnceThroughRedisKill(t *testing.T) {
+	t.Parallel()
 	d, rd := limitsDev(t, testenv.DurableRedis...)
 	keyID, secret := newKey(t, d, `{"name":"kill","tenant":"acme","rpm":100000,"tpm":100000000}`)
 	auth := []string{"Authorization", "Bearer " + secret}

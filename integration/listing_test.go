@@ -54,6 +54,7 @@ func TestListingReadsOnlyOwnTenant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 1,100 objects and records, ~10 s")
 	}
+	t.Parallel()
 	ctx := context.Background()
 	natsPort, monPort := testenv.FreePort(t), testenv.FreePort(t)
 	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-m", strconv.Itoa(monPort),

@@ -81,6 +81,7 @@ func (l *beatLog) holders(adapter string) []string {
 // TestLoRAAdapters runs `tokenbus dev` on a real Redis holding registered
 // LoRA adapters of llama-8b, on two sim workers with one LoRA slot each.
 func TestLoRAAdapters(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	for _, m := range []registry.Model{

@@ -16,6 +16,7 @@ import (
 // After a request, /metrics (all components share it in dev) parses and has
 // the gateway's, the dispatcher's and the worker's series.
 func TestMetricsAfterARequest(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	checkStream(t, post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","stream":true,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}`), true, 1, false)
 	resp, err := http.Get(d.URL + "/metrics")

@@ -35,6 +35,7 @@ type modelEntry struct {
 // name the list would begin with an adapter. Also dev's example adapter is
 // named after the model it serves, and /version answers vLLM's shape.
 func TestModelList(t *testing.T) {
+	t.Parallel()
 	const simModel = "meta-llama/Llama-3.1-8B-Instruct"
 	d := startDev(t, func(c *program.DevConfig) {
 		c.Engine.Model, c.Engine.Sim.MaxModelLen, c.SimWorkers = simModel, 4096, 1

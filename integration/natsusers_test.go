@@ -28,6 +28,7 @@ import (
 // the inbox the dispatcher computes for it (schemas.TenantInbox), which is
 // the one its permissions allow. A tenant named after a deploy user, or
 // "workers" (the workers' own inbox), is refused.
+// Not parallel: the tenants' passwords are in the environment (t.Setenv).
 func TestNATSUsersCollidingTenants(t *testing.T) {
 	ctx := context.Background()
 	rd, store := startStore(t)

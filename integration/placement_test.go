@@ -18,6 +18,7 @@ import (
 // it loaded on more workers ahead of demand, an adapter asked for once stays
 // on one, and once the burst is over the spare replicas are unloaded.
 func TestAdapterPlacement(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	for _, m := range []registry.Model{
@@ -85,6 +86,8 @@ func TestAdapterPlacement(t *testing.T) {
 // fourth slot (the dispatcher sends each to the worker holding the coldest
 // adapter, which evicts it); no hot adapter is evicted, where evicting the
 // least recently used would push them out one by one.
+// Not parallel: each placement follows from the heartbeats that came before
+// it, which neighbours' load delays (h1 was once found evicted).
 func TestAdapterEvictionByDemand(t *testing.T) {
 	ctx := context.Background()
 	rd, store := startStore(t)

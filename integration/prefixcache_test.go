@@ -55,6 +55,7 @@ func prefixCounts(t *testing.T, base string) (predicted, actual float64, compare
 // again goes to the same worker, predicted cached and found cached, the two
 // within a block of 16 tokens of each other.
 func TestPrefixCachePredictedVsActual(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	system := strings.Repeat("You are a careful assistant who answers in plain words and short sentences. ", 30)
 	body := fmt.Sprintf(`{"model":"llama-8b","stream":true,"stream_options":{"include_usage":true},"max_tokens":4,`+

@@ -107,6 +107,7 @@ type tenantView struct {
 // The lead's extension point: stored responses, background responses and
 // resumable streams of the other tenant go where "beta is served" is.
 func TestTenantQuotas(t *testing.T) {
+	t.Parallel()
 	d, _, keys := devWithKeys(t, []string{"acme", "beta"}, func(c *program.DevConfig) { c.HTTP.Batch.Runner = false })
 	acme := tenantAPI{t, d.URL, keys["acme"]}
 	beta := tenantAPI{t, d.URL, keys["beta"]}
@@ -232,6 +233,7 @@ func bucketBytes(t *testing.T, natsURL string) uint64 {
 // the room at once, and another tenant then uploads. Batches and chats,
 // on their own streams, are not touched by the full bucket.
 func TestFilesStoreFull(t *testing.T) {
+	t.Parallel()
 	const mib = 1 << 20
 	d, _, keys := devWithKeys(t, []string{"acme", "beta"}, func(c *program.DevConfig) {
 		c.HTTP.Batch.FilesMaxBytes = 4 * mib
@@ -302,6 +304,7 @@ func TestFilesStoreFull(t *testing.T) {
 // other tenant uploads, stores a response and reads it back, and streams
 // (a plain chat stream, a resumable one, a background response) as usual.
 func TestOneTenantAtEveryQuota(t *testing.T) {
+	t.Parallel()
 	d, _, keys := devWithKeys(t, []string{"acme", "beta"}, func(c *program.DevConfig) {
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
 	})

@@ -17,6 +17,7 @@ import (
 // another case is not the field, a repeated field is refused. These are the
 // bodies issue 11 found walking around the gateway.
 func TestOneReadingOfARequest(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, func(c *program.DevConfig) {
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
 	})

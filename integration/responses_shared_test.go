@@ -122,6 +122,7 @@ func sharedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, rd 
 	rd = testenv.StartRedis(t)
 	d = startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
 	}}, configure...)...)
 	_, acme = newKey(t, d, `{"name":"a","tenant":"acme"}`)
@@ -140,6 +141,7 @@ func TestResponsesConsumerFlood(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 1,300 follows")
 	}
+	t.Parallel()
 	d, _, acme, beta := sharedDev(t)
 	js, err := jetstream.New(connectNATS(t, d.NATSURL))
 	if err != nil {
@@ -233,6 +235,7 @@ func TestResponsesConsumerFlood(t *testing.T) {
 // and when JetStream refuses the follow's consumer the client gets an
 // error status, never a 200 with no events.
 func TestResponseFollowCaps(t *testing.T) {
+	t.Parallel()
 	d, _, acme, beta := sharedDev(t, func(c *program.DevConfig) {
 		c.HTTP.Responses.MaxFollowsPerTenant, c.HTTP.Responses.MaxFollows = 2, 3
 	})
@@ -315,6 +318,7 @@ func TestResponseFollowCaps(t *testing.T) {
 // JetStream cannot store is an error to its client (503, or an error event
 // in place of response.completed), not a 200 that is 404 afterwards.
 func TestStoredResponseNotLost(t *testing.T) {
+	t.Parallel()
 	d, _, acme, _ := sharedDev(t)
 	js, err := jetstream.New(connectNATS(t, d.NATSURL))
 	if err != nil {
@@ -373,9 +377,10 @@ func TestStoredResponseNotLost(t *testing.T) {
 // follower sees the end.
 func TestResponseNotDropped(t *testing.T) {
 	if testing.Short() {
-		t.Skip("-short: 25 s of refusals")
+		t.Skip("-short: 7 s of refusals, then 8 s to the next delivery")
 	}
-	d, _, acme, _ := sharedDev(t, func(c *program.DevConfig) { c.HTTP.Responses.RunnerMaxAttempts = 3 })
+	t.Parallel()
+	d, _, acme, _ := sharedDev(t, func(c *program.DevConfig) { c.HTTP.Responses.RunnerMaxAttempts = 2 })
 	js, err := jetstream.New(connectNATS(t, d.NATSURL))
 	if err != nil {
 		t.Fatal(err)
@@ -412,8 +417,29 @@ func TestResponseNotDropped(t *testing.T) {
 		s := &sseStream{res: res, sc: bufio.NewScanner(res.Body)}
 		events <- s.rest()
 	}()
-	// Past the old budget: 20 deliveries a second apart.
-	time.Sleep(25 * time.Second)
+	// Past MaxAttempts (2): the first run fails and is retried 1 s later;
+	// from the second on, each run fails to end it (JetStream refuses the
+	// failed event too) and keeps it queued, delivered again 2 s, then 4 s
+	// later: the fourth delivery, the third kept past MaxAttempts, comes
+	// about 7 s in. (Before: MaxAttempts 3 and a timed 25 s, three kept.)
+	ws, err := js.Stream(ctx, responses.WorkStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, time.Minute, func() error {
+		var n uint64
+		l := ws.ListConsumers(ctx)
+		for ci := range l.Info() {
+			n += ci.Delivered.Consumer
+		}
+		if l.Err() != nil {
+			return l.Err()
+		}
+		if n < 4 {
+			return fmt.Errorf("the response was delivered %d times, want 4", n)
+		}
+		return nil
+	})
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -436,6 +462,7 @@ func TestResponseNotDropped(t *testing.T) {
 // resumable streams it abandons, 250 background responses); beta's
 // resumable stream's first token and its 3-token background response come
 // within a bound far below the flood's length.
+// Not parallel: a flood, and bounds of 3 s and 5 s on beta's wait behind it.
 func TestResponsesRunnerFairness(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: a flood")
@@ -547,6 +574,7 @@ func TestResponsesRunnerFairness(t *testing.T) {
 // /v1/chat/completions/{id}/cancel ends a running one (its tenant's only),
 // and its followers see stream_cancelled.
 func TestResumableDeadlineAndCancel(t *testing.T) {
+	t.Parallel()
 	d, _, acme, beta := sharedDev(t, func(c *program.DevConfig) { c.HTTP.RequestTimeout = 2 * time.Second })
 	s, st, err := resumable(t, d.URL, acme, 2000) // 40 s of tokens
 	if err != nil {
@@ -596,6 +624,7 @@ func TestResumableDeadlineAndCancel(t *testing.T) {
 // 429 quota_exceeded before anything is written; another tenant is not
 // affected, and a delete makes room.
 func TestResponsesQuota(t *testing.T) {
+	t.Parallel()
 	d, _, acme, beta := sharedDev(t, func(c *program.DevConfig) {
 		c.HTTP.Responses.Quota = responses.Quota{Stored: 4, Background: 2, Resumable: 1}
 	})
@@ -655,6 +684,7 @@ func TestResponsesQuota(t *testing.T) {
 // in the registry (a real redis-server) ends its queued and running
 // background responses and resumable streams, in band, naming the key.
 func TestResponsesKeyRevoked(t *testing.T) {
+	t.Parallel()
 	// The gateway's own wiring: registry.Revocations, told of the deletion
 	// by the admin API's keys event.
 	d, _, acme, beta := sharedDev(t, func(c *program.DevConfig) {
@@ -728,6 +758,7 @@ func TestResponsesKeyRevoked(t *testing.T) {
 // is done; before, it stayed 5 minutes against the results stream's
 // consumer limit, which every tenant's batches share.
 func TestBatchFinalizeLeavesNoConsumer(t *testing.T) {
+	t.Parallel()
 	d := startDev(t, func(c *program.DevConfig) {
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
 	})

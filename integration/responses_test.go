@@ -17,6 +17,7 @@ import (
 // TestResponsesSDK: the official Python and Node SDKs' Responses API
 // calls, unchanged, against tokenbus dev (issue 17).
 func TestResponsesSDK(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	for _, tt := range []struct{ name, env, script, ok string }{
 		{"python", "TOKENBUS_TEST_PYTHON", "clients/python_responses.py", "python responses ok"},
@@ -35,6 +36,7 @@ func TestResponseResumesOnAnotherGateway(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and kill -9")
 	}
+	t.Parallel()
 	natsProc, w, gateway := gatewaysOnJetStream(t)
 	// B starts once A's runner generates the response: the only runner
 	// then, so that killing A kills the generation and B's runner must
@@ -122,6 +124,7 @@ func TestResumableChatStream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: separate processes and kill -9")
 	}
+	t.Parallel()
 	natsProc, w, gateway := gatewaysOnJetStream(t)
 	a, baseA := gateway("gateway-a")
 	const body = `{"model":"llama-8b","max_tokens":120,"ignore_eos":true,"stream":true,"messages":[{"role":"user","content":"a long one"}]}`
@@ -202,6 +205,7 @@ func TestResumableChatStream(t *testing.T) {
 // resumable chat stream) is its key's tenant's: another tenant's key gets
 // OpenAI's 404 for every route; errors come in OpenAI's shape.
 func TestResponsesTenancyAndErrors(t *testing.T) {
+	t.Parallel()
 	d, _ := limitsDev(t)
 	_, acme := newKey(t, d, `{"name":"a","tenant":"acme"}`)
 	_, other := newKey(t, d, `{"name":"o","tenant":"other"}`)

@@ -12,6 +12,7 @@ import (
 // The official Python and Node SDKs, unchanged, against tokenbus dev.
 // scripts/test installs them and sets TOKENBUS_TEST_PYTHON / TOKENBUS_TEST_NODE.
 func TestOfficialSDKs(t *testing.T) {
+	t.Parallel()
 	d := startDev(t)
 	tests := []struct {
 		name, env, script, ok string
@@ -33,6 +34,7 @@ func TestBatchSDK(t *testing.T) {
 	if os.Getenv("TOKENBUS_TEST_PYTHON") == "" && os.Getenv("CI") == "" {
 		t.Skip("TOKENBUS_TEST_PYTHON not set: run scripts/test to install the official Python SDK")
 	}
+	t.Parallel()
 	lines := "10000"
 	if testing.Short() {
 		lines = "500"

@@ -152,9 +152,7 @@ func endsWith(s *tstream, typ schemas.FrameType, code string) func() error {
 }
 
 func TestThreatModel(t *testing.T) {
-	for k, v := range threatPasswords {
-		t.Setenv(k, v)
-	}
+	t.Parallel()
 	ctx := context.Background()
 	rd, store := startStore(t)
 	keyA, _, err := store.CreateKey(ctx, registry.KeySpec{Tenant: "tenant-a"})
@@ -181,7 +179,7 @@ func TestThreatModel(t *testing.T) {
 	}
 	conf = block.ReplaceAllLiteral(conf, users.Bytes())
 	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, conf, 0o600); err != nil {
+	if err := os.WriteFile(path, withPasswords(conf, threatPasswords), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	opts, err := server.ProcessConfigFile(path)

@@ -84,6 +84,7 @@ func findHops(t *testing.T, spans []testenv.Span, wantEngine bool) hops {
 // TestTracingAcrossTheBus: a trace exported to an in-process OTLP receiver
 // shows the spans across the bus with one trace id: the client's, gateway →
 // dispatcher → worker, each the parent of the next.
+// Not parallel: tracing is the process's (otel's global tracer provider).
 func TestTracingAcrossTheBus(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	d := startDevIn(t, process{otlp: rcv.URL}, func(c *program.DevConfig) { c.SimWorkers = 1 })
@@ -212,6 +213,7 @@ func traceparents(f *fakevllm.Server) []string {
 
 // TestTracingToVLLM: with --engine vllm the worker's engine client span is
 // what the vLLM server gets as traceparent, in the client's trace.
+// Not parallel: tracing is the process's (otel's global tracer provider).
 func TestTracingToVLLM(t *testing.T) {
 	eng, url := fakeEngine(t)
 	rcv := testenv.StartOTLPReceiver(t)
@@ -255,6 +257,7 @@ func TestTracingToVLLM(t *testing.T) {
 
 // TestTracingClientGone: a stream:false request whose client hangs up ends
 // its gateway span with status 499 and outcome client_gone, not as an error.
+// Not parallel: tracing is the process's (otel's global tracer provider).
 func TestTracingClientGone(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	d := startDevIn(t, process{otlp: rcv.URL}, func(c *program.DevConfig) {
@@ -306,6 +309,7 @@ func TestTracingClientGone(t *testing.T) {
 // TestTracingOff: with no --otlp-endpoint nothing is exported, not even to
 // the endpoint OpenTelemetry's own environment names, and the client's
 // traceparent reaches the engine unchanged.
+// Not parallel: t.Setenv, and tracing is the process's.
 func TestTracingOff(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", rcv.URL)
@@ -359,6 +363,7 @@ func (b *syncBuffer) lines() []string {
 
 // TestLogsCarryRequestAndTraceIDs: every JSON log line about a request has
 // its request_id and, with tracing on, its trace_id.
+// Not parallel: tracing is the process's (otel's global tracer provider).
 func TestLogsCarryRequestAndTraceIDs(t *testing.T) {
 	rcv := testenv.StartOTLPReceiver(t)
 	var logs syncBuffer

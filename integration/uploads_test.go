@@ -93,6 +93,7 @@ func devWithKeys(t *testing.T, tenants []string, configure ...func(*program.DevC
 	rd, store := startStore(t)
 	d := startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
 		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, "admin-secret"
+		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 	}}, configure...)...)
 	keys := map[string]string{}
 	for _, tenant := range tenants {
@@ -110,6 +111,7 @@ func devWithKeys(t *testing.T, tenants []string, configure ...func(*program.DevC
 // limits, the file limit) and answered before any of its body is read;
 // an admitted one is streamed into the store, and the connection serves
 // the next request.
+// Not parallel: answers awaited within 5 s, each.
 func TestUploadAdmittedBeforeBody(t *testing.T) {
 	d, _, keys := devWithKeys(t, []string{"acme", "beta"}, func(c *program.DevConfig) {
 		c.HTTP.Batch.UploadsPerTenant, c.HTTP.Batch.UploadsMax = 2, 3

@@ -178,6 +178,7 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: a 3-node cluster")
 	}
+	t.Parallel() // its own servers and ports; mostly waiting
 	for _, victim := range []string{"worker's node", "gateway's node"} {
 		t.Run(victim, func(t *testing.T) {
 			nodes := natsCluster(t, 3)
@@ -229,6 +230,7 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("chaos: a NATS restart")
 	}
+	t.Parallel() // its own servers and ports; ~20 s of its programs' closing after the restart, waited beside other tests
 	port, dir := testenv.FreePort(t), t.TempDir()
 	ns := natsOn(t, port, dir)
 	simWorker(t, ns, "w1")

@@ -95,7 +95,9 @@ func fleetLen(gw *Gateway, n int) func() error {
 // goes to the live worker.
 func TestDeadWorkerNoticedWithinASecond(t *testing.T) {
 	ns := testenv.NATS(t)
-	w1 := simWorker(t, ns, "w1")
+	// Its streams cannot drain once its connection is gone: closing it at
+	// the test's end need not wait out DrainTimeout (30 s).
+	w1 := simWorker(t, ns, "w1", func(c *WorkerConfig) { c.Worker.DrainTimeout = 100 * time.Millisecond })
 	// Migration off: this checks that the streams end at once; with it on
 	// they continue elsewhere (failover_test.go).
 	gw := plainGateway(t, ns, func(c *GatewayConfig) { c.HTTP.MigrationLimit = 0 })
@@ -200,6 +202,7 @@ func chat(t *testing.T, addr string) (int, string, time.Duration) {
 // 5s for a 503 no_dispatcher); once the server is back on its port,
 // requests work again.
 func TestNATSDownIsAnImmediate503(t *testing.T) {
+	t.Parallel() // ~20 s of its programs' closing after the restart: waited beside other tests
 	port, dir := testenv.FreePort(t), t.TempDir()
 	ns := natsOn(t, port, dir)
 	simWorker(t, ns, "w1")

@@ -261,6 +261,7 @@ func grepLines(s, sub string) string {
 // A NATS-native Go client (the client package, through the standalone
 // dispatcher) gets the same: its streams survive the loss of a worker.
 func TestMigrationNATSNative(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	ns := testenv.NATS(t)
 	_, ws, _ := failoverFleet(t, ns)
 	nc := testenv.Connect(t, ns)

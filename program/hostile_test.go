@@ -263,6 +263,7 @@ func clipForLog(s string) string {
 }
 
 func TestHostileIDsOnEveryRoute(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	w := startHostileWorld(t)
 	apps := map[string]*fiber.App{"": w.gw.run().g.App(), "admin:": w.gw.run().adm.App()}
 	n := 0
@@ -291,6 +292,7 @@ func TestHostileIDsOnEveryRoute(t *testing.T) {
 // Huge values in bodies are refused with the right status and a short
 // message, before anything is stored.
 func TestHostileValuesRefused(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	w := startHostileWorld(t)
 	x := strings.Repeat("b", 100_000)
 	for i, want := range map[int]int{0: 404, 1: 400, 2: 404, 3: 404, 4: 400, 5: 404, 8: 404, 9: 404} {

@@ -301,6 +301,7 @@ func (w *leakWorld) secrets() []string {
 }
 
 func TestNoSecretLeaks(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	w := startLeakWorld(t)
 	for _, raw := range leakVariants() {
 		for _, s := range w.secrets() {

@@ -131,6 +131,7 @@ func collect(ctx context.Context, t *testing.T, gw *Gateway, path, id, body stri
 // one (internal/fakevllm/tokens.go), as a model's next token follows from
 // the ids before it: a text continuation (main's) repeats " tok0...".
 func TestExactMigrationVLLM(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	for _, tc := range []struct {
 		name, path, body string
 		fault            string // "kill" or "cut"
@@ -314,6 +315,7 @@ func TestTextMigrationOpenAI(t *testing.T) {
 // Tb-Resume, is let in on the first admission (real Redis), so the key's
 // window counts 1 request, and the first reservation is the only one.
 func TestMigratedTenantRequestCountsOnce(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	ns := testenv.NATS(t)
 	rd := testenv.StartRedis(t)
 	httpFleetOn(t, ns, "vllm", rd.URL)

@@ -71,6 +71,7 @@ func drainStream(r *bufio.Reader) string {
 // Before, the gateway exited ("responses runner: stopped while the program
 // was running"). Then the same for the worker and the dispatcher.
 func TestProgramsOutliveAConnectionTheServerClosed(t *testing.T) {
+	t.Parallel() // its own servers on its own ports
 	ctx0 := context.Background()
 	port, dir := testenv.FreePort(t), t.TempDir()
 	ns := natsOn(t, port, dir)

@@ -353,6 +353,23 @@ func (s *Store) appendRaw(ctx context.Context, id string, data []byte, n int, la
 	return ack.Sequence, nil
 }
 
+// latest is the stream sequence of id's last event, and the event (0 and
+// nil: none).
+func (s *Store) latest(ctx context.Context, id string) (uint64, *Event, error) {
+	m, err := s.events.GetLastMsgForSubject(ctx, EventPrefix+id)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil, nil
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	var ev Event
+	if err := json.Unmarshal(m.Data, &ev); err != nil {
+		return 0, nil, err
+	}
+	return m.Sequence, &ev, nil
+}
+
 // lastEvent is the stream sequence of id's last event (0: none).
 func (s *Store) lastEvent(ctx context.Context, id string) (uint64, error) {
 	last, err := s.events.GetLastMsgForSubject(ctx, EventPrefix+id)
@@ -438,12 +455,28 @@ func (s *Store) Cancel(ctx context.Context, tenant, id string) (*Response, error
 			continue // changed meanwhile: read again
 		}
 		ev := Event{Type: "response.cancelled", SequenceNumber: gen.Seq(), Response: &r}
-		if _, err := s.append(ctx, id, &ev, last); errors.Is(err, errConflict) {
-			// The runner appended meanwhile: append after its event, unless
-			// that event ended the response. Then the cancel came too late:
-			// the record follows the events again (the runner, finding it
-			// cancelled, leaves it), and the caller is told, as for a
-			// response that had ended before.
+		_, err = s.append(ctx, id, &ev, last)
+		// A runner still generating appends meanwhile, an event a token: the
+		// cancel goes after its latest event, as often as that takes (once
+		// was not enough: a second conflict left the runner generating to
+		// the end while the record said cancelled), unless that event ended
+		// the response.
+		for try := 0; errors.Is(err, errConflict) && try < 100; try++ {
+			var latest *Event
+			if last, latest, err = s.latest(ctx, id); err != nil || latest == nil {
+				break
+			}
+			if !latest.Terminal() {
+				ev.SequenceNumber = latest.SequenceNumber + 1
+				_, err = s.append(ctx, id, &ev, last)
+				continue
+			}
+			if latest.Type == ev.Type {
+				break // cancelled by another caller meanwhile
+			}
+			// The cancel came too late: the record follows the events again
+			// (the runner, finding it cancelled, leaves it), and the caller
+			// is told, as for a response that had ended before.
 			if last, err = s.replay(ctx, id, gen); err == nil && gen.Ended() {
 				rec.Response = *gen.Resp
 				for range 10 {
@@ -459,10 +492,7 @@ func (s *Store) Cancel(ctx context.Context, tenant, id string) (*Response, error
 				}
 				return nil, schemas.ErrResponseState.New("Cannot cancel a response with status '" + gen.Resp.Status + "'.")
 			}
-			if err == nil {
-				ev.SequenceNumber = gen.Seq()
-				_, _ = s.append(ctx, id, &ev, last)
-			}
+			break
 		}
 		return &r, nil
 	}

@@ -119,3 +119,55 @@ func TestGetAfterTerminalEvent(t *testing.T) {
 		t.Fatalf("after the terminal event: %v, %+v", err, got.Response)
 	}
 }
+
+// TestCancelWhileTheRunnerAppends: a cancel lands however often the runner
+// appends in between (an event a token; here one every 200 µs, while the
+// cancel replays hundreds): the runner's next append fails, it stops, and
+// the last event is response.cancelled. Before, a cancel retried once: a
+// second conflict left the runner generating to the end while the record
+// said cancelled (seen in integration's TestDeployConfigEveryFeature under
+// load: 2,000 deltas, then response.incomplete).
+func TestCancelWhileTheRunnerAppends(t *testing.T) {
+	s := openStore(t)
+	ctx := context.Background()
+	const id, events = "resp_busy", 5_000
+	rec := &Record{Response: *New(id, &CreateRequest{Model: "m", Background: true}, time.Now()), Tenant: "t1"}
+	if err := s.Put(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	// The runner: an event after the last it wrote, until one fails.
+	stopped := make(chan int, 1)
+	started := make(chan struct{})
+	go func() {
+		delta := "x"
+		last, err := s.append(ctx, id, &Event{Type: "response.in_progress", SequenceNumber: 0}, 0)
+		for n := 1; err == nil && n < events; n++ {
+			if n == 300 {
+				close(started)
+			}
+			time.Sleep(200 * time.Microsecond)
+			last, err = s.append(ctx, id, &Event{Type: "response.output_text.delta", SequenceNumber: n, Delta: &delta}, last)
+			if err != nil {
+				stopped <- n
+				return
+			}
+		}
+		stopped <- events
+	}()
+	<-started
+	if r, err := s.Cancel(ctx, "t1", id); err != nil || r.Status != StatusCancelled {
+		t.Fatalf("cancel: %v %+v", err, r)
+	}
+	select {
+	case n := <-stopped:
+		if n == events {
+			t.Fatalf("the runner appended all %d events: the cancel never landed", events)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the runner still appends 30 s after the cancel")
+	}
+	_, latest, err := s.latest(ctx, id)
+	if err != nil || latest == nil || latest.Type != "response.cancelled" {
+		t.Fatalf("the last event: %+v, %v; want response.cancelled", latest, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -34,8 +35,10 @@ func TestHTTP(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "503") {
 		t.Fatalf("503 endpoint: got %v, want an error naming 503", err)
 	}
-	if err := run(context.Background(), []string{"http", "--timeout", "300ms", "http://127.0.0.1:1/health"}, &out, noenv); err == nil {
-		t.Fatal("closed port: want an error")
+	// Nothing serving: a listener held by the test that resets connections
+	// (a port merely closed may be another program's by the time it is dialed).
+	if err := run(context.Background(), []string{"http", "--timeout", "300ms", "http://" + testenv.ResetListener(t).Addr + "/health"}, &out, noenv); err == nil {
+		t.Fatal("no server: want an error")
 	}
 }
 
@@ -97,7 +100,7 @@ func TestHeartbeat(t *testing.T) {
 	if err := run(ctx, []string{"heartbeat", "--id", "nobody", "--timeout", "300ms"}, &out, getenv); err == nil {
 		t.Fatal("absent worker: want an error")
 	}
-	env["TOKENBUS_NATS_URL"] = "nats://127.0.0.1:1"
+	env["TOKENBUS_NATS_URL"] = "nats://" + testenv.ResetListener(t).Addr
 	if err := run(ctx, []string{"heartbeat", "--id", "w-explicit", "--timeout", "300ms"}, &out, getenv); err == nil {
 		t.Fatal("no NATS: want an error")
 	}

@@ -2,9 +2,11 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -22,6 +24,9 @@ type Config struct {
 	Repeat    int           // runs of each scenario (default 1): some faults land differently each time
 	Dir       string        // where binaries, logs and data go; "" a temporary directory, removed after a clean run
 	Progress  io.Writer     // progress lines; nil: none
+	// Tokenbus and NATSServer, if both set, are binaries built already
+	// (the test suite builds each once); else they are built into Dir.
+	Tokenbus, NATSServer string
 }
 
 func (c *Config) defaults() {
@@ -113,10 +118,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		dir, clean = d, true
 	}
-	fmt.Fprintf(cfg.Progress, "chaos: building into %s\n", dir)
-	tb, nb, err := build(ctx, dir)
-	if err != nil {
-		return nil, err
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, errors.New("redis-server is not installed")
+	}
+	tb, nb := cfg.Tokenbus, cfg.NATSServer
+	if tb == "" || nb == "" {
+		fmt.Fprintf(cfg.Progress, "chaos: building into %s\n", dir)
+		var err error
+		if tb, nb, err = build(ctx, dir); err != nil {
+			return nil, err
+		}
 	}
 	rep := &Report{Started: time.Now().UTC().Format(time.RFC3339),
 		Config: fmt.Sprintf("streams=%d tokens=%d pace=%s duration=%s outage=%s", cfg.Streams, cfg.Tokens, cfg.Pace,

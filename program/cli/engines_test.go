@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // --engine-health-path reaches the engine, from the command line or the
@@ -30,7 +32,11 @@ func TestEngineHealthFlags(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	base := []string{"worker", "--engine", "openai", "--engine-url", srv.URL, "--nats-url", "nats://127.0.0.1:1", "--log-level", "error"}
+	// NATS: a listener held by the test that resets every connection (the
+	// worker retries it until its context ends); a connection to it says
+	// the worker got past its engine.
+	natsLn := testenv.ResetListener(t)
+	base := []string{"worker", "--engine", "openai", "--engine-url", srv.URL, "--nats-url", "nats://" + natsLn.Addr, "--log-level", "error"}
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -58,12 +64,19 @@ func TestEngineHealthFlags(t *testing.T) {
 		})
 	}
 	t.Run("off", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(t.Context(), 8*time.Second)
+		// The engine gets ready without a probe; the worker then dials NATS,
+		// which resets it: once it has, the worker is stopped.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
-		// The engine gets ready without a probe; the worker then fails on
-		// NATS, which is not there.
+		before := natsLn.Accepted()
+		go func() {
+			for ctx.Err() == nil && natsLn.Accepted() == before {
+				time.Sleep(5 * time.Millisecond)
+			}
+			cancel()
+		}()
 		err := Run(ctx, append(append([]string{}, base...), "--engine-health-path", "/custom-health", "--engine-health-interval", "0"), io.Discard, io.Discard)
-		if err == nil || strings.Contains(err.Error(), "engine") && strings.Contains(err.Error(), "not ready") {
+		if err == nil || !strings.Contains(err.Error(), "connect to NATS") || natsLn.Accepted() == before {
 			t.Fatalf("err %v, want the engine ready and NATS failing", err)
 		}
 		if n := probes.Load(); n != 0 {

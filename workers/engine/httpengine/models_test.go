@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"testing"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 )
 
 // /v1/models as real servers write it, read over HTTP: missing created and
@@ -66,7 +68,8 @@ func TestModelsVariants(t *testing.T) {
 
 // SetModels tells NotifyModels's function of a change, and only of one.
 func TestSetModelsNotifies(t *testing.T) {
-	e := newEngine(t, Config{URL: "http://127.0.0.1:1", Models: []string{"m"}, Logger: slog.New(slog.DiscardHandler)})
+	// No server: the engine's probes go to a listener held by the test, reset.
+	e := newEngine(t, Config{URL: "http://" + testenv.ResetListener(t).Addr, Models: []string{"m"}, Logger: slog.New(slog.DiscardHandler)})
 	var told atomic.Int32
 	e.NotifyModels(func() { told.Add(1) })
 	for _, s := range []struct {
