@@ -64,12 +64,24 @@ const (
 	// "<cached>/<total>" bytes of the prompt text (FormatPrefixCached). The
 	// worker sets it against the cached tokens its engine reports.
 	HdrPrefixCached = "Tb-Prefix-Cached"
+
+	// Flow control (docs/scheduling.md). HdrBand is the request's priority
+	// band (a Band's name; default interactive), HdrWeight its tenant's
+	// fair-share weight in that band (1..MaxWeight; default 1), HdrMaxQueue
+	// the longest it may wait in a dispatcher's queue, in milliseconds
+	// (default: the dispatcher's queue timeout). A gateway sets them from
+	// the caller's API key; on a tenant request (TenantReqPrefix) the
+	// dispatcher sets them from the key and a client's are removed.
+	HdrBand     = "Tb-Band"
+	HdrWeight   = "Tb-Weight"
+	HdrMaxQueue = "Tb-Max-Queue"
 )
 
 // DispatcherOnly reports whether a request header is one only dispatchers
 // may set: a dispatcher removes each such header a client sent before it
-// sets its own. Tb-Tenant is one of them on tenant requests only (the caller
-// passes tenant), where the key decides the tenant. Header names are
+// sets its own. Tb-Tenant, Tb-Band, Tb-Weight and Tb-Max-Queue are among
+// them on tenant requests only (the caller passes tenant), where the key
+// decides them. Header names are
 // compared case-insensitively, so that no spelling slips past a reader that
 // canonicalises.
 func DispatcherOnly(name string, tenant bool) bool {
@@ -85,8 +97,19 @@ func DispatcherOnly(name string, tenant bool) bool {
 			return true
 		}
 	}
-	return tenant && strings.EqualFold(name, HdrTenant)
+	if !tenant {
+		return false
+	}
+	for _, h := range tenantSet {
+		if strings.EqualFold(name, h) {
+			return true
+		}
+	}
+	return false
 }
+
+// tenantSet: what a dispatcher sets on a tenant request from its key.
+var tenantSet = [...]string{HdrTenant, HdrBand, HdrWeight, HdrMaxQueue}
 
 var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBase, HdrAdapterPath,
 	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken, HdrPrefixCached}

@@ -36,6 +36,8 @@ func TestDispatcherOnly(t *testing.T) {
 		{HdrTenant, false, false}, {HdrTenant, true, true}, {"tb-tenant", true, true},
 		{HdrModel, true, false}, {HdrRequestID, true, false}, {HdrTrace, true, false}, {"X", true, false},
 		{HdrPrefixCached, false, true}, {"tb-prefix-cached", false, true},
+		{HdrBand, true, true}, {"TB-BAND", true, true}, {HdrWeight, true, true}, {HdrMaxQueue, true, true},
+		{HdrBand, false, false}, {HdrWeight, false, false}, {HdrMaxQueue, false, false},
 	} {
 		if got := DispatcherOnly(tc.name, tc.tenant); got != tc.want {
 			t.Errorf("DispatcherOnly(%q, %v) = %v", tc.name, tc.tenant, got)
