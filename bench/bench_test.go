@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -831,6 +832,58 @@ func TestPrefixGroups(t *testing.T) {
 	for _, p := range randomPrompts(3, 1, 8, 40, 10, 7, 2, "completions") {
 		if p.messages != nil || len(strings.Fields(p.prompt)) != 50 {
 			t.Fatalf("completion prompt %.60q (messages %s)", p.prompt, p.messages)
+		}
+	}
+}
+
+func TestErrorCode(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{"error":{"message":"wait","type":"overloaded","code":"queue_wait_too_long"}}`, "queue_wait_too_long"},
+		{`{"error":{"message":"boom","type":"x","param":null,"code":null}}`, ""},
+		{`{"error":{"message":"nested","code":503}}`, "503"},
+		{`{"object":"error","message":"old vllm","code":400}`, "400"},
+		{`{"error":"flat"}`, ""},
+		{"plain text\n", ""},
+	}
+	for _, tt := range tests {
+		if got := errorCode([]byte(tt.body)); got != tt.want {
+			t.Errorf("errorCode(%s) = %q, want %q", tt.body, got, tt.want)
+		}
+	}
+}
+
+// A refused request's error code and Retry-After reach --json, per request
+// and counted in the summary, and the load clock's start is there to line
+// up the runs of separate bench processes.
+func TestRefusalsInJSON(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "2")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		io.WriteString(w, `{"error":{"message":"would wait too long","type":"overloaded","code":"queue_wait_too_long"}}`)
+	}))
+	defer srv.Close()
+	before := float64(time.Now().UnixMicro()) / 1e6
+	_, err, m := runBench(t, context.Background(), "--url", srv.URL+"/v1", "--num-prompts", "3", "--concurrency", "1",
+		"--input-len", "5", "--output-len", "5", "--quiet")
+	if err == nil || !strings.Contains(err.Error(), "all 3 requests failed") {
+		t.Errorf("err = %v, want all 3 requests failed (and the JSON written all the same)", err)
+	}
+	r := results(t, m)[0]
+	if codes, _ := r["error_codes"].(map[string]any); codes["http_503 queue_wait_too_long"] != 3.0 {
+		t.Errorf("error_codes = %v, want 3 of http_503 queue_wait_too_long", r["error_codes"])
+	}
+	if at, _ := r["load_start_unix_s"].(float64); at < before || at > float64(time.Now().UnixMicro())/1e6 {
+		t.Errorf("load_start_unix_s = %v, not within the run (began after %v)", r["load_start_unix_s"], before)
+	}
+	reqs, _ := m["requests"].([]any)
+	if len(reqs) != 3 {
+		t.Fatalf("%d request records, want 3", len(reqs))
+	}
+	for _, q := range reqs {
+		q := q.(map[string]any)
+		if q["error"] != "http_503" || q["error_code"] != "queue_wait_too_long" || q["retry_after"] != "2" || q["chunks"] != 0.0 {
+			t.Errorf("request record %v", q)
 		}
 	}
 }

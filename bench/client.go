@@ -43,6 +43,8 @@ type record struct {
 	Text         []byte        // with caller.collect: the answer's content, raw JSON string contents
 	Err          string        // "" or the failure kind
 	ErrMsg       string        // detail for the first failures of a kind
+	ErrCode      string        // a non-200 answer's error code (OpenAI's error.code), if any
+	RetryAfter   string        // a non-200 answer's Retry-After header, if any
 	Cancelled    bool          // cut by --duration or ctx; neither completed nor failed
 }
 
@@ -131,6 +133,7 @@ func (c *caller) do(parent context.Context, body []byte, rec *record) {
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 		rec.fail("http_"+strconv.Itoa(resp.StatusCode), errorMessage(b))
+		rec.ErrCode, rec.RetryAfter = errorCode(b), resp.Header.Get("Retry-After")
 		rec.E2E = time.Since(t0)
 		return
 	}
@@ -184,6 +187,35 @@ func errorMessage(b []byte) string {
 		}
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// errorCode is a non-200 body's error code: OpenAI's {"error":{"code":...}}
+// (a string, or a number as vLLM sends), else vLLM's old flat {"code":...};
+// "" when there is none.
+func errorCode(b []byte) string {
+	var e struct {
+		Error json.RawMessage `json:"error"`
+		Code  json.RawMessage `json:"code"`
+	}
+	if json.Unmarshal(b, &e) != nil {
+		return ""
+	}
+	code := e.Code
+	var inner struct {
+		Code json.RawMessage `json:"code"`
+	}
+	if len(e.Error) > 0 && json.Unmarshal(e.Error, &inner) == nil && len(inner.Code) > 0 {
+		code = inner.Code
+	}
+	var s string
+	switch {
+	case len(code) == 0 || string(code) == "null":
+		return ""
+	case json.Unmarshal(code, &s) == nil:
+		return s
+	default:
+		return string(code) // a number
+	}
 }
 
 func (c *caller) readStream(parent, ctx context.Context, cancel context.CancelFunc, t0 time.Time, resp *http.Response, rec *record) {

@@ -95,6 +95,14 @@ type Summary struct {
 
 	Errors       map[string]int    `json:"errors"`
 	ErrorSamples map[string]string `json:"error_samples,omitempty"`
+	// ErrorCodes counts the failed answers that carried an error code, by
+	// kind and code: "http_503 queue_full".
+	ErrorCodes map[string]int `json:"error_codes,omitempty"`
+
+	// LoadStartUnixS is when the load clock began (the first phase's start),
+	// in Unix seconds: request start offsets and Timeline are relative to
+	// it, so that runs of separate bench processes can be lined up.
+	LoadStartUnixS float64 `json:"load_start_unix_s"`
 
 	// Timeline is output tokens/s in 1 s buckets of the load clock, from the
 	// chunks of every request (completed or not).
@@ -130,6 +138,12 @@ func summarizeRecords(s *Summary, recs []record, dur time.Duration) {
 			s.Errors[r.Err]++
 			if _, ok := s.ErrorSamples[r.Err]; !ok {
 				s.ErrorSamples[r.Err] = r.ErrMsg
+			}
+			if r.ErrCode != "" {
+				if s.ErrorCodes == nil {
+					s.ErrorCodes = map[string]int{}
+				}
+				s.ErrorCodes[r.Err+" "+r.ErrCode]++
 			}
 			continue
 		}

@@ -191,7 +191,8 @@ type RequestJSON struct {
 	Prompt       int       `json:"prompt"`
 	Turn         int       `json:"turn,omitempty"` // --sessions: the session is prompt / turns
 	StartS       float64   `json:"start_s"`        // on the endpoint's load clock
-	TTFTms       float64   `json:"ttft_ms"`
+	TTFTms       float64   `json:"ttft_ms"`        // with no content chunk (chunks 0): e2e_ms
+	Chunks       int       `json:"chunks"`         // content chunks received (a cut request's too)
 	E2Ems        float64   `json:"e2e_ms"`
 	OutputTokens int       `json:"output_tokens"`
 	PromptTokens int       `json:"prompt_tokens"`
@@ -199,6 +200,8 @@ type RequestJSON struct {
 	ITLms        []float64 `json:"itl_ms,omitempty"`
 	Error        string    `json:"error,omitempty"`
 	ErrorMessage string    `json:"error_message,omitempty"`
+	ErrorCode    string    `json:"error_code,omitempty"`  // a non-200 answer's error.code
+	RetryAfter   string    `json:"retry_after,omitempty"` // a non-200 answer's Retry-After header
 	Cancelled    bool      `json:"cancelled,omitempty"`
 }
 
@@ -213,9 +216,10 @@ func writeJSON(path string, rep *Report, withRequests bool) error {
 			for _, r := range recs {
 				rj := RequestJSON{
 					Endpoint: name, Prompt: r.Prompt, StartS: r.Start.Seconds(),
-					TTFTms: ms(r.TTFT()), E2Ems: ms(r.E2E), OutputTokens: r.Tokens, PromptTokens: r.PromptTokens,
+					TTFTms: ms(r.TTFT()), Chunks: len(r.Chunks), E2Ems: ms(r.E2E), OutputTokens: r.Tokens, PromptTokens: r.PromptTokens,
 					Turn: r.Turn, CachedTokens: r.CachedTokens,
-					Error: r.Err, ErrorMessage: r.ErrMsg, Cancelled: r.Cancelled,
+					Error: r.Err, ErrorMessage: r.ErrMsg, ErrorCode: r.ErrCode, RetryAfter: r.RetryAfter,
+					Cancelled: r.Cancelled,
 				}
 				rj.ITLms = appendITLs(nil, r.Chunks)
 				out.Requests = append(out.Requests, rj)

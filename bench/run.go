@@ -190,6 +190,7 @@ type endpoint struct {
 	warmup   [][]byte
 	recs     []record      // one per prompt (session turn), filled by its phases
 	loadTime time.Duration // sum of its phases' durations
+	began    time.Time     // wall clock at the start of its first phase (load clock 0)
 }
 
 // Report is the result of a run.
@@ -284,6 +285,9 @@ func run(ctx context.Context, cfg *config, stderr io.Writer) (*Report, error) {
 			}
 		}
 		summarizeRecords(s, recs, e.loadTime)
+		if !e.began.IsZero() {
+			s.LoadStartUnixS = float64(e.began.UnixMicro()) / 1e6
+		}
 		if sess != nil {
 			s.Turns, s.LaterTurns = turnStats(recs, cfg.turns)
 		}
@@ -468,6 +472,9 @@ func paced(ctx context.Context, e *endpoint, cfg *config, lo, hi int, arr []time
 	}
 	defer cancel()
 	start := time.Now()
+	if e.began.IsZero() {
+		e.began = start
+	}
 	clock := e.loadTime // this phase starts where the endpoint's last one ended
 	sem := make(chan struct{}, cfg.concurrency)
 	timer := time.NewTimer(0)
