@@ -32,6 +32,7 @@ type call struct {
 	start      time.Time // admission
 	firstChunk bool      // a chunk was sent (for TTFT)
 	completed  bool      // the done frame was sent (else the done notice says failed)
+	used       schemas.Usage // of a completed request, for the done notice (flow control's cost)
 
 	mu        sync.Mutex
 	seq       uint64
