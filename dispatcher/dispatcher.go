@@ -19,8 +19,8 @@ import (
 	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/registry"
-	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/scheduler"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Registry is the model registry as a dispatcher reads it; registry.Cache

@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/scheduler"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // Flow control (docs/scheduling.md): each request is classified into a
@@ -138,7 +138,9 @@ func (d *Dispatcher) flowStats(top int) []FlowStat {
 	d.mu.Unlock()
 	var out []FlowStat
 	for _, fs := range by {
-		slices.SortFunc(fs, func(a, b FlowStat) int { return cmp.Or(cmp.Compare(b.Queued, a.Queued), cmp.Compare(a.Tenant, b.Tenant)) })
+		slices.SortFunc(fs, func(a, b FlowStat) int {
+			return cmp.Or(cmp.Compare(b.Queued, a.Queued), cmp.Compare(a.Tenant, b.Tenant))
+		})
 		if len(fs) > top {
 			other := FlowStat{Model: fs[0].Model, Band: fs[0].Band, Tenant: "other"}
 			for _, f := range fs[top:] {

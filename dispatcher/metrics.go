@@ -100,7 +100,7 @@ func (m *metrics) prefixRouted(cached, blocks, block int) {
 var (
 	rejectReasons = []string{"bad_request", "model_mismatch", "bad_reply_subject", "no_worker", "queue_full", "queue_timeout",
 		"no_keys", "unknown_key", "key_lookup", "model_not_allowed", "rate_limited", "wait_too_long"}
-	flowRefusals = []string{"wait_too_long", "queue_full", "evicted", "queue_timeout"}
+	flowRefusals     = []string{"wait_too_long", "queue_full", "evicted", "queue_timeout"}
 	placements       = []fleet.Placement{fleet.PlacedHolder, fleet.PlacedFreeSlot, fleet.PlacedEvict}
 	placementActions = []string{"load", "unload", "evict"}
 )
