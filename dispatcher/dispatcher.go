@@ -169,7 +169,8 @@ type Dispatcher struct {
 	mu      sync.Mutex
 	queues  map[string]*scheduler.Queue // by model: flow control's order (flow.go)
 	byID    map[string]*queued          // by queueKey: request id and cancel token
-	charges map[string]charge           // by chargeKey: what requests that left a queue were charged, until done
+	charges map[string]charge           // by chargeKey: what forwarded requests were charged, until done
+	svc     map[string]float64          // by model: seconds of a slot per cost unit, measured (flow.go)
 	// adapterQueues lists, by base model, the adapters that have a queue, so
 	// that a worker of the base freeing a slot drains them too.
 	adapterQueues map[string]map[string]struct{}
@@ -183,7 +184,7 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[string]charge{},
+		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[string]charge{}, svc: map[string]float64{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
 	// Requests per adapter are counted with placement off too: routing
@@ -599,6 +600,7 @@ func (d *Dispatcher) route(r *request, exclude string) {
 	}
 	id, serving, cached, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
 	if ok {
+		d.chargedLocked(id, r.id, charge{model: r.model, at: time.Now()}) // its service time counts for the capacity estimate
 		d.mu.Unlock()
 		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text))
 		return
@@ -663,6 +665,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	// Refuse at once what cannot start in time, instead of letting it wait
 	// in vain (flow control: the estimate is the measured service rate over
 	// the cost that goes first).
+	d.capacityLocked(r.model, q)
 	wait, ahead, known := q.Estimate(r.tenant, r.band, float64(r.weight), r.cost, now)
 	if known && now.Add(wait).After(expires) {
 		d.m.refused(r.band, r.tenant, "wait_too_long")
@@ -737,7 +740,7 @@ func (d *Dispatcher) drain(models []string) {
 			}
 			q.Pop(now)
 			delete(d.byID, e.id)
-			d.chargedLocked(id, e, now)
+			d.chargedLocked(id, e.reqID, charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now})
 			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
 			waited := now.Sub(e.enqueued()).Seconds()
 			d.m.queueWait.Observe(waited)

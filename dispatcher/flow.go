@@ -72,12 +72,14 @@ const maxCharges = 1 << 16
 // chargeKey: a done notice names the worker and the request id.
 func chargeKey(worker, id string) string { return worker + " " + id }
 
-// chargedLocked records the charge of a request forwarded to worker.
-func (d *Dispatcher) chargedLocked(worker string, e *queued, now time.Time) {
+// chargedLocked records what a request forwarded to worker was charged
+// (0 for one that did not wait: its flow was not charged, but its service
+// time counts).
+func (d *Dispatcher) chargedLocked(worker, reqID string, c charge) {
 	if len(d.charges) >= maxCharges {
 		return
 	}
-	d.charges[chargeKey(worker, e.reqID)] = charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now}
+	d.charges[chargeKey(worker, reqID)] = c
 }
 
 // settle corrects the tenant's charge for a request that completed on
@@ -98,6 +100,15 @@ func (d *Dispatcher) settle(n schemas.DoneNotice) {
 		return // failed or not reported: the estimate stands
 	}
 	real := float64(n.PromptTokens)*d.cfg.PromptTokenCost + float64(n.CompletionTokens)
+	// Seconds of a slot per cost unit, for the capacity estimate.
+	per := time.Since(c.at).Seconds() / real
+	if old, ok := d.svc[c.model]; ok {
+		per = old + 0.1*(per-old)
+	}
+	d.svc[c.model] = per
+	if c.cost == 0 {
+		return // it did not wait: nothing was charged
+	}
 	if q := d.queues[c.model]; q != nil {
 		q.Settle(c.tenant, c.band, real-c.cost)
 	}
@@ -165,6 +176,22 @@ func (d *Dispatcher) forgetChargesLocked(now time.Time) {
 			delete(d.charges, k)
 		}
 	}
+}
+
+// capacityLocked tells model's queue what its workers can serve (cost units
+// per second): their slots over the measured slot time per cost unit.
+func (d *Dispatcher) capacityLocked(model string, q *scheduler.Queue) {
+	per, ok := d.svc[model]
+	if !ok || per <= 0 {
+		return
+	}
+	slots := 0
+	for _, w := range d.fleet.Workers() {
+		if w.Healthy && !w.Draining && slices.Contains(w.Models, model) {
+			slots += w.MaxConcurrency
+		}
+	}
+	q.SetCapacity(float64(slots) / per)
 }
 
 // queueFor is model's queue, made on first use.
