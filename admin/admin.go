@@ -132,6 +132,7 @@ func (s *Server) routes() {
 	app.Post("/keys", s.createKey)
 	app.Get("/keys", s.listKeys)
 	app.Delete("/keys/:id", s.deleteKey)
+	app.Patch("/keys/:id", s.patchKey)
 	app.Get("/usage", s.usage)
 	app.Get("/tenants", s.listTenants)
 	app.Get("/tenants/:tenant/quotas", s.getTenantQuotas)

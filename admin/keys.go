@@ -20,7 +20,7 @@ type keyView struct {
 	Secret string `json:"key,omitempty"`
 }
 
-// POST /keys {"name","tenant","models","rpm","tpm"}
+// POST /keys {"name","tenant","models","rpm","tpm","band","weight","max_queue_ms"}
 func (s *Server) createKey(c *fiber.Ctx) error {
 	var spec registry.KeySpec
 	if err := decode(c, &spec); err != nil {
@@ -33,6 +33,27 @@ func (s *Server) createKey(c *fiber.Ctx) error {
 		return err
 	}
 	return c.Status(http.StatusCreated).JSON(keyView{Object: "api_key", Key: k, Secret: secret})
+}
+
+// PATCH /keys/{id} {"band","weight","max_queue_ms"}: a key's flow control
+// (docs/scheduling.md); fields left out stay as they are. Every gateway and
+// dispatcher drops its cached copy when the event reaches it.
+func (s *Server) patchKey(c *fiber.Ctx) error {
+	id := pathParam(c, "id")
+	var p registry.FlowPolicy
+	if err := decode(c, &p); err != nil {
+		return err
+	}
+	ctx, cancel := s.ctx()
+	defer cancel()
+	k, err := s.cfg.Store.SetKeyFlow(ctx, id, p)
+	if err != nil {
+		return err
+	}
+	if err := registry.AnnounceKeys(s.cfg.NC, id); err != nil {
+		s.log.Warn("could not announce a key change: gateways see it within their cache TTL", "key_id", id, "err", err)
+	}
+	return c.JSON(keyView{Object: "api_key", Key: k})
 }
 
 // GET /keys

@@ -147,7 +147,8 @@ func (a *Auth) authorize(c *fiber.Ctx, req *schemas.Request) (gateway.Principal,
 	if aerr != nil {
 		return gateway.Principal{}, outcome, aerr
 	}
-	return gateway.Principal{Tenant: k.Tenant, KeyID: k.ID, Reserved: d.Reserved, Window: d.Window}, outcome, nil
+	return gateway.Principal{Tenant: k.Tenant, KeyID: k.ID, Reserved: d.Reserved, Window: d.Window,
+		Band: k.FlowBand(), Weight: k.Weight, MaxQueue: time.Duration(k.MaxQueueMS) * time.Millisecond}, outcome, nil
 }
 
 // ModelAccess is gateway.Config.ModelAccess: GET /v1/models needs a key

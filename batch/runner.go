@@ -26,8 +26,10 @@ type RunnerConfig struct {
 	ID          string // names this runner in leases; default a random one
 	MaxInFlight int    // lines running at once in this runner; default 64
 	MaxPerBatch int    // lines of one batch running at once in this runner; default 32
-	// Priority is every line's Tb-Priority: dispatchers serve lower values
-	// first, and interactive requests have 0. Default 100.
+	// Every line goes in the batch band, below every interactive request
+	// (docs/scheduling.md). Priority is every line's Tb-Priority, which
+	// orders only the tenant's own queued requests: lower first; the
+	// tenant's interactive requests have 0. Default 100.
 	Priority int
 	// RequestTimeout bounds one line end to end; default 10m.
 	RequestTimeout time.Duration
@@ -696,7 +698,7 @@ func (r *Runner) call(ctx context.Context, rec record, in InputLine, reqID strin
 	lctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	st, err := r.cl.Start(&client.Request{ID: reqID, Kind: kind, Model: rec.Model, Body: in.Body,
-		Deadline: deadline, Priority: r.cfg.Priority, Tenant: rec.Tenant})
+		Deadline: deadline, Priority: r.cfg.Priority, Tenant: rec.Tenant, Band: schemas.BandBatch})
 	if err != nil {
 		return r.failed(ctx, reqID, err, msg)
 	}

@@ -196,9 +196,17 @@ type Request struct {
 	Model    string       // required
 	Body     []byte       // the OpenAI JSON body, sent as is; kept until the stream ends (a retry sends it again): do not modify it
 	Deadline time.Time    // optional
-	Priority int          // optional; lower runs first
+	Priority int          // optional; orders the tenant's own queued requests: lower first
 	Tenant   string       // optional
 	Trace    string       // optional W3C traceparent
+	// Flow control (docs/scheduling.md), all optional: the band (0: the
+	// default, interactive), the tenant's weight in it (0: 1), the longest
+	// wait in a dispatcher's queue (0: the dispatcher's queue timeout), and
+	// max_tokens for the dispatcher's cost estimate (0: unknown).
+	Band      schemas.Band
+	Weight    int
+	MaxQueue  time.Duration
+	MaxTokens int
 }
 
 // Header builds the NATS headers of r.
@@ -218,6 +226,18 @@ func (r *Request) Header() nats.Header {
 	}
 	if r.Trace != "" {
 		h[schemas.HdrTrace] = []string{r.Trace}
+	}
+	if r.Band.Valid() {
+		h[schemas.HdrBand] = []string{r.Band.String()}
+	}
+	if r.Weight > 1 {
+		h[schemas.HdrWeight] = []string{strconv.Itoa(r.Weight)}
+	}
+	if r.MaxQueue > 0 {
+		h[schemas.HdrMaxQueue] = []string{strconv.FormatInt(r.MaxQueue.Milliseconds(), 10)}
+	}
+	if r.MaxTokens > 0 {
+		h[schemas.HdrMaxTokens] = []string{strconv.Itoa(r.MaxTokens)}
 	}
 	h[schemas.HdrMux] = []string{"1"} // this client takes multiplexed replies
 	return h

@@ -68,10 +68,19 @@ func (d *Dispatcher) attemptOf(h map[string][]string) Attempt {
 	return at
 }
 
-// setAdmission marks an admitted tenant request for the worker's usage record.
+// setAdmission marks an admitted tenant request for the worker's usage
+// record, and with its key's flow.
 func setAdmission(h map[string][]string, k registry.Key, a Admission) {
 	h[schemas.HdrTenant] = []string{k.Tenant}
 	h[schemas.HdrKeyID] = []string{k.ID}
+	// The key's flow (flow.go); a client's own were stripped.
+	h[schemas.HdrBand] = []string{k.FlowBand().String()}
+	if k.Weight > 1 {
+		h[schemas.HdrWeight] = []string{strconv.Itoa(k.Weight)}
+	}
+	if k.MaxQueueMS > 0 {
+		h[schemas.HdrMaxQueue] = []string{strconv.FormatInt(k.MaxQueueMS, 10)}
+	}
 	if a.Reserved > 0 {
 		h[schemas.HdrReserved] = []string{strconv.Itoa(a.Reserved)}
 		h[schemas.HdrWindow] = []string{strconv.FormatInt(a.Window, 10)}

@@ -19,6 +19,7 @@ import (
 	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/tracing"
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/scheduler"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -88,6 +89,12 @@ type Config struct {
 	// Local hands requests to the workers in this process (dev) in memory
 	// instead of publishing them; nil: every request goes on the bus.
 	Local LocalWorkers
+	// Flow control's cost estimate (flow.go): a prompt token costs
+	// PromptTokenCost output tokens (default 1/32: a prefill token is that
+	// much cheaper than a decode step), and a request with no max_tokens
+	// counts DefaultOutputTokens (default 256) until its real usage settles it.
+	PromptTokenCost     float64
+	DefaultOutputTokens int
 }
 
 // LocalWorkers takes requests for the workers that run in this process
@@ -126,6 +133,12 @@ func (c *Config) defaults() {
 	if c.KeyTimeout <= 0 {
 		c.KeyTimeout = defaultKeyTimeout
 	}
+	if c.PromptTokenCost <= 0 {
+		c.PromptTokenCost = 1.0 / 32
+	}
+	if c.DefaultOutputTokens <= 0 {
+		c.DefaultOutputTokens = 256
+	}
 	if c.PrefixBlockBytes < 8 {
 		c.PrefixBlockBytes = 64
 	}
@@ -153,10 +166,11 @@ type Dispatcher struct {
 	ready   chan struct{} // closed once Run has subscribed
 	started time.Time     // when Run subscribed: the fleet fills in the first heartbeat interval
 
-	mu     sync.Mutex
-	queues map[string]*modelQueue
-	byID   map[string]*queued // by queueKey: request id and cancel token
-	seq    uint64
+	mu      sync.Mutex
+	queues  map[string]*scheduler.Queue // by model: flow control's order (flow.go)
+	byID    map[string]*queued          // by queueKey: request id and cancel token
+	charges map[string]charge           // by chargeKey: what forwarded requests were charged, until done
+	svc     map[string]float64          // by model: seconds of a slot per cost unit, measured (flow.go)
 	// adapterQueues lists, by base model, the adapters that have a queue, so
 	// that a worker of the base freeing a slot drains them too.
 	adapterQueues map[string]map[string]struct{}
@@ -170,7 +184,7 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*modelQueue{}, byID: map[string]*queued{},
+		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[string]charge{}, svc: map[string]float64{},
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
 	// Requests per adapter are counted with placement off too: routing
@@ -293,6 +307,7 @@ func (d *Dispatcher) onDone(m *nats.Msg) {
 		return
 	}
 	d.failed.record(n)
+	d.settle(n)
 	d.drain(d.fleet.ModelsOf(n.Worker))
 }
 
@@ -324,6 +339,13 @@ type request struct {
 	priority int
 	deadline time.Time
 	attempt  int
+	// Its flow (flow.go): tenant, band, weight, its key's longest queue
+	// wait (0: QueueTimeout), and its estimated cost.
+	tenant   string
+	band     schemas.Band
+	weight   int
+	maxQueue time.Duration
+	cost     float64
 	adapter  *adapterRef // a registered LoRA adapter: its base and path
 	span     trace.Span  // the dispatch span (startSpan)
 	hashes   []uint64    // the prompt's chained block hashes (prefix.go); nil: route by load
@@ -403,6 +425,7 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
 		r.hashes, r.text = promptKey(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
 	}
+	d.flowOf(r, h, 0)
 	return r, nil
 }
 
@@ -486,6 +509,7 @@ func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 			r.priority = view.Priority
 			m.Header.Set(schemas.HdrPriority, strconv.Itoa(view.Priority))
 		}
+		d.flowOf(r, m.Header, view.MaxTokens) // the key's flow (admitTenant), the body's max_tokens
 		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
 	} else if m.Header.Get(schemas.HdrCancelToken) == "" {
 		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
@@ -576,6 +600,7 @@ func (d *Dispatcher) route(r *request, exclude string) {
 	}
 	id, serving, cached, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
 	if ok {
+		d.chargedLocked(id, r.id, charge{model: r.model, at: time.Now()}) // its service time counts for the capacity estimate
 		d.mu.Unlock()
 		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text))
 		return
@@ -613,11 +638,8 @@ func (d *Dispatcher) warmingLocked(now time.Time) bool {
 const warmUp = 2 * time.Second
 
 func (d *Dispatcher) enqueueLocked(r *request) {
-	q := d.queues[r.model]
-	if q == nil {
-		q = &modelQueue{}
-		d.queues[r.model] = q
-	}
+	now := time.Now()
+	q := d.queueFor(r.model)
 	if r.adapter != nil {
 		as := d.adapterQueues[r.adapter.base]
 		if as == nil {
@@ -626,41 +648,66 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		}
 		as[r.model] = struct{}{}
 	}
-	if q.Len() >= d.cfg.QueueSize {
-		d.m.rejected.WithLabelValues("queue_full").Inc()
-		d.fail(r.span, r.msg.Reply, schemas.ErrQueueFull.New(r.model))
-		return
-	}
 	token := r.msg.Header.Get(schemas.HdrCancelToken)
 	qk := queueKey(r.id, token)
 	if old := d.byID[qk]; old != nil {
 		d.unqueueLocked(old) // the same request bounced back: keep one entry
 		endSpan(old.span, "", nil, "superseded")
 	}
-	d.seq++
-	expires := time.Now().Add(d.cfg.QueueTimeout)
+	limit := d.cfg.QueueTimeout
+	if r.maxQueue > 0 {
+		limit = min(limit, r.maxQueue)
+	}
+	expires := now.Add(limit)
 	if !r.deadline.IsZero() && r.deadline.Before(expires) {
 		expires = r.deadline
 	}
-	e := &queued{msg: r.msg, id: qk, model: r.model, priority: r.priority, seq: d.seq,
-		enqueued: time.Now(), expires: expires, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span}
-	q.push(e)
+	// Refuse at once what cannot start in time, instead of letting it wait
+	// in vain (flow control: the estimate is the measured service rate over
+	// the cost that goes first).
+	d.capacityLocked(r.model, q)
+	wait, ahead, known := q.Estimate(r.tenant, r.band, float64(r.weight), r.cost, now)
+	if known && now.Add(wait).After(expires) {
+		d.m.refused(r.band, r.tenant, "wait_too_long")
+		d.m.rejected.WithLabelValues("wait_too_long").Inc()
+		e := schemas.ErrQueueWaitTooLong.New(r.model, wait.Round(time.Millisecond).String(), expires.Sub(now).Round(time.Millisecond).String())
+		d.fail(r.span, r.msg.Reply, e.WithRetryAfter(retryAfter(wait)))
+		return
+	}
+	e := &queued{msg: r.msg, id: qk, reqID: r.id, model: r.model, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span}
+	e.item = scheduler.Item{Flow: r.tenant, Band: r.band, Weight: float64(r.weight), Priority: r.priority,
+		Cost: r.cost, Expires: expires, Value: e}
+	evicted, err := q.Push(&e.item, now)
+	if err != nil {
+		d.m.refused(r.band, r.tenant, "queue_full")
+		d.m.rejected.WithLabelValues("queue_full").Inc()
+		d.fail(r.span, r.msg.Reply, schemas.ErrQueueFull.New(r.model))
+		return
+	}
+	if evicted != nil { // a tenant holding more of the full queue than its share made room
+		old := evicted.Value.(*queued)
+		delete(d.byID, old.id)
+		d.m.refused(evicted.Band, evicted.Flow, "evicted")
+		d.m.rejected.WithLabelValues("queue_full").Inc()
+		d.fail(old.span, old.msg.Reply, schemas.ErrQueueFull.New(r.model))
+	}
 	d.byID[qk] = e
-	spanQueued(r.span, q.Len())
-	b, _ := json.Marshal(schemas.Queued{Position: q.Len(), Dispatcher: d.cfg.ID,
-		TimeoutMS: time.Until(expires).Milliseconds(), RequestID: r.id, CancelToken: token})
+	spanQueued(r.span, ahead+1)
+	b, _ := json.Marshal(schemas.Queued{Position: ahead + 1, WaitMS: wait.Milliseconds(), Band: r.band.String(),
+		Dispatcher: d.cfg.ID, TimeoutMS: expires.Sub(now).Milliseconds(), RequestID: r.id, CancelToken: token})
 	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
 }
 
 func (d *Dispatcher) unqueueLocked(e *queued) {
 	if q := d.queues[e.model]; q != nil {
-		q.remove(e)
+		q.Remove(&e.item)
 	}
 	delete(d.byID, e.id)
 }
 
 // drain forwards queued requests of models, and of the adapters whose base
-// is among models, to workers that have room.
+// is among models, to workers that have room, each queue in its
+// scheduler's order.
 func (d *Dispatcher) drain(models []string) {
 	type fwd struct {
 		msg     *nats.Msg
@@ -686,15 +733,18 @@ func (d *Dispatcher) drain(models []string) {
 	for _, model := range models {
 		q := d.queues[model]
 		for q != nil && q.Len() > 0 {
-			e := (*q)[0] // the head of the heap: the next to go
+			e := q.Peek().Value.(*queued) // the next to go
 			id, _, cached, ok := d.acquire(model, e.adapter, e.hashes, "")
 			if !ok {
 				break
 			}
-			q.pop()
+			q.Pop(now)
 			delete(d.byID, e.id)
+			d.chargedLocked(id, e.reqID, charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now})
 			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
-			d.m.queueWait.Observe(now.Sub(e.enqueued).Seconds())
+			waited := now.Sub(e.enqueued()).Seconds()
+			d.m.queueWait.Observe(waited)
+			d.m.waited(e.item.Band, e.item.Flow, waited)
 		}
 	}
 	d.mu.Unlock()
@@ -766,31 +816,38 @@ func (d *Dispatcher) sweep(now time.Time) {
 	}
 	var out []rej
 	d.mu.Lock()
+	d.forgetChargesLocked(now)
 	for model, q := range d.queues {
-		serving := -1
-		for i := 0; i < q.Len(); {
-			e := (*q)[i]
-			switch {
-			case now.After(e.expires):
-				out = append(out, rej{e.msg.Reply, schemas.ErrQueueTimeout.New("model `" + model + "`"), e.span})
-			default:
-				if serving < 0 {
-					if e.adapter != nil {
-						serving = d.fleet.ServingAdapter(model, e.adapter.base)
-					} else {
-						serving = d.fleet.Serving(model)
-					}
-				}
-				if serving > 0 || d.warmingLocked(now) {
-					i++
-					continue
-				}
-				out = append(out, rej{e.msg.Reply, d.noWorker(model, e.adapter), e.span})
+		q.Expire(now, func(it *scheduler.Item) {
+			e := it.Value.(*queued)
+			delete(d.byID, e.id)
+			d.m.refused(it.Band, it.Flow, "queue_timeout")
+			out = append(out, rej{e.msg.Reply, schemas.ErrQueueTimeout.New("model `" + model + "`"), e.span})
+		})
+		if q.Len() > 0 && !d.warmingLocked(now) {
+			// A model that lost its last worker: what waits for it is
+			// answered now. (One queue is one model or one adapter: its
+			// items share the answer.)
+			head := q.Peek().Value.(*queued)
+			serving := 0
+			if head.adapter != nil {
+				serving = d.fleet.ServingAdapter(model, head.adapter.base)
+			} else {
+				serving = d.fleet.Serving(model)
 			}
-			d.unqueueLocked(e)
+			if serving == 0 {
+				var lost []*queued
+				q.Items(func(it *scheduler.Item) { lost = append(lost, it.Value.(*queued)) })
+				for _, e := range lost {
+					d.unqueueLocked(e)
+					out = append(out, rej{e.msg.Reply, d.noWorker(model, e.adapter), e.span})
+				}
+			}
 		}
 		if q.Len() == 0 {
-			delete(d.queues, model) // the queue_depth series stays while the model is registered or served (modelStats)
+			if d.fleet.Serving(model) == 0 {
+				delete(d.queues, model) // its flows' state goes with its workers; the queue_depth series stays while the model is registered or served (modelStats)
+			}
 			for base, as := range d.adapterQueues {
 				delete(as, model)
 				if len(as) == 0 {
@@ -811,10 +868,10 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 	var replies []*queued
 	for _, q := range d.queues {
 		for q.Len() > 0 {
-			replies = append(replies, q.pop())
+			replies = append(replies, q.Pop(time.Now()).Value.(*queued))
 		}
 	}
-	d.queues = map[string]*modelQueue{}
+	d.queues = map[string]*scheduler.Queue{}
 	d.byID = map[string]*queued{}
 	d.adapterQueues = map[string]map[string]struct{}{}
 	d.mu.Unlock()

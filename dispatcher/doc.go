@@ -5,7 +5,10 @@
 // whose prefix a worker probably holds in its KV cache, that one when it is
 // not much busier (prefix.go, docs/routing.md; the request then carries what
 // the dispatcher predicts that worker holds, schemas.HdrPrefixCached), and queues it
-// (bounded, priority then FIFO) when every such worker is full. It counts
+// when every such worker is full: queued requests leave in flow control's
+// order (package scheduler, flow.go, docs/scheduling.md: strict priority
+// bands, tenants sharing each band by weight and by cost), and one that
+// cannot start before its deadline is refused at once. It counts
 // requests per LoRA adapter (a decayed rate, placement.go): a request whose
 // adapter must evict another to load goes to the worker whose coldest idle
 // adapter is coldest (fleet.Fleet.AdapterRate). With Config.Placement on it
@@ -14,5 +17,5 @@
 // gauges (queue depth, workers, running) are read at each scrape for every
 // model it knows, so an autoscaler reads 0, not nothing, while it is idle.
 //
-// Tokenbus imports: fleet, internal/decay, internal/tracing, registry, schemas.
+// Tokenbus imports: fleet, internal/decay, internal/tracing, registry, scheduler, schemas.
 package dispatcher

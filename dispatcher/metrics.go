@@ -2,10 +2,12 @@ package dispatcher
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/fleet"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 type metrics struct {
@@ -31,6 +33,53 @@ type metrics struct {
 	prefixHits, prefixMisses      prometheus.Counter
 	prefixPrompt, prefixPredicted prometheus.Counter
 	kvEvents                      prometheus.Counter // workers' KV events messages applied
+
+	// Flow control (flow.go), by band and tenant; tenants beyond the first
+	// maxTenantLabels seen share the label "other" (bounded cardinality).
+	flowWait    *prometheus.HistogramVec // band, tenant
+	flowRefused *prometheus.CounterVec   // band, tenant, reason
+	flowTokens  *prometheus.CounterVec   // band, tenant: prompt + completion tokens of settled requests
+	settled     prometheus.Histogram     // real cost / estimate
+	tenants     tenantLabels
+}
+
+// waited observes a queued request's wait in its flow.
+func (m *metrics) waited(band schemas.Band, tenant string, seconds float64) {
+	m.flowWait.WithLabelValues(band.String(), m.tenants.label(tenant)).Observe(seconds)
+}
+
+// refused counts a request of a flow refused or dropped from a queue.
+func (m *metrics) refused(band schemas.Band, tenant, reason string) {
+	m.flowRefused.WithLabelValues(band.String(), m.tenants.label(tenant), reason).Inc()
+}
+
+// maxTenantLabels bounds the tenant label's values.
+const maxTenantLabels = 20
+
+// tenantLabels gives the first maxTenantLabels tenants a label value of
+// their own and every later one "other". "" (no tenant) is "none".
+type tenantLabels struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+func (t *tenantLabels) label(tenant string) string {
+	if tenant == "" {
+		return "none"
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.seen[tenant]; ok {
+		return tenant
+	}
+	if t.seen == nil {
+		t.seen = map[string]struct{}{}
+	}
+	if len(t.seen) >= maxTenantLabels || tenant == "other" || tenant == "none" {
+		return "other"
+	}
+	t.seen[tenant] = struct{}{}
+	return tenant
 }
 
 // prefixRouted counts a prefix-aware decision: cached of blocks blocks of
@@ -50,7 +99,8 @@ func (m *metrics) prefixRouted(cached, blocks, block int) {
 // from a counter the product lacks, and rate() misses its first increase.
 var (
 	rejectReasons = []string{"bad_request", "model_mismatch", "bad_reply_subject", "no_worker", "queue_full", "queue_timeout",
-		"no_keys", "unknown_key", "key_lookup", "model_not_allowed", "rate_limited"}
+		"no_keys", "unknown_key", "key_lookup", "model_not_allowed", "rate_limited", "wait_too_long"}
+	flowRefusals     = []string{"wait_too_long", "queue_full", "evicted", "queue_timeout"}
 	placements       = []fleet.Placement{fleet.PlacedHolder, fleet.PlacedFreeSlot, fleet.PlacedEvict}
 	placementActions = []string{"load", "unload", "evict"}
 )
@@ -62,6 +112,12 @@ func newMetrics() *metrics {
 	}
 	for _, p := range placements {
 		m.adapterRouted.WithLabelValues(p.String())
+	}
+	for b := schemas.BandCritical; b < schemas.NumBands; b++ {
+		for _, r := range flowRefusals {
+			m.flowRefused.WithLabelValues(b.String(), "none", r)
+		}
+		m.flowTokens.WithLabelValues(b.String(), "none")
 	}
 	for _, a := range placementActions {
 		m.adapterPlaced.WithLabelValues(a, "ok")
@@ -111,6 +167,20 @@ func newCollectors() *metrics {
 		kvEvents: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_kv_events_total",
 			Help: "Workers' KV cache event messages applied to this dispatcher's record of their prefix caches."}),
+		flowWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tokenbus_dispatcher_flow_wait_seconds", Help: "Time requests spent queued before a worker took them, by band and tenant (tenants past the first 20 seen: other; no tenant: none).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}, []string{"band", "tenant"}),
+		flowRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_flow_refused_total",
+			Help: "Requests flow control refused or took out of a queue, by band, tenant and reason: wait_too_long (could not start before its deadline or max_queue_ms: refused at once), queue_full, evicted (made room in a full queue for a tenant holding less of it), queue_timeout."},
+			[]string{"band", "tenant", "reason"}),
+		flowTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_flow_tokens_total",
+			Help: "Prompt and completion tokens of the requests this dispatcher took out of a queue and whose worker reported their usage, by band and tenant."},
+			[]string{"band", "tenant"}),
+		settled: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_dispatcher_cost_estimate_ratio", Help: "Real cost of a queued request over its estimate (flow control settles the difference).",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 0.8, 1, 1.25, 2, 4, 10}}),
 		prefixPredicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_prefix_predicted_cached_tokens_total",
 			Help: "Prompt tokens (estimated) the worker chosen was predicted to hold in its prefix cache."}),
@@ -124,7 +194,8 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 	}
 	m := d.m
 	reg.MustRegister(m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
-		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, modelCollector{d})
+		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, m.flowWait, m.flowRefused, m.flowTokens, m.settled,
+		modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up
@@ -137,6 +208,8 @@ var (
 		"Requests waiting in this dispatcher for a worker, by model (0 for every known model with none).", []string{"model"}, nil)
 	descWorkers = prometheus.NewDesc("tokenbus_dispatcher_workers",
 		"Live, healthy, non-draining workers serving the model, as this dispatcher sees them.", []string{"model"}, nil)
+	descFlowQueued = prometheus.NewDesc("tokenbus_dispatcher_flow_queued",
+		"Requests waiting in this dispatcher, by model, band and tenant: the 20 tenants with the most queued, the rest summed as other.", []string{"model", "band", "tenant"}, nil)
 	descRunning = prometheus.NewDesc("tokenbus_dispatcher_running",
 		"Requests in flight on the live workers serving the model, as this dispatcher estimates them (their last report plus what was sent since).", []string{"model"}, nil)
 )
@@ -148,6 +221,7 @@ func (c modelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descQueueDepth
 	ch <- descWorkers
 	ch <- descRunning
+	ch <- descFlowQueued
 }
 
 func (c modelCollector) Collect(ch chan<- prometheus.Metric) {
@@ -157,6 +231,9 @@ func (c modelCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(s.workers), s.model)
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.running), s.model)
 		}
+	}
+	for _, f := range c.d.flowStats(maxTenantLabels) {
+		ch <- prometheus.MustNewConstMetric(descFlowQueued, prometheus.GaugeValue, float64(f.Queued), f.Model, f.Band, f.Tenant)
 	}
 }
 

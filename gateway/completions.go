@@ -95,7 +95,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 				return err
 			}
 			caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID),
-				Reserved: p.Reserved, Window: p.Window}
+				Reserved: p.Reserved, Window: p.Window, Band: p.Band, Weight: p.Weight, MaxQueue: p.MaxQueue}
 		}
 		if !known {
 			return schemas.ErrModelNotFound.New(req.Model)
@@ -111,16 +111,18 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		reqCtx, x.cancel = context.WithCancelCause(g.base)
 		x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline, g.errTimeout)
 
-		st, err := g.cl.Start(&client.Request{
-			ID:       id,
-			Kind:     kind,
-			Model:    req.Model,
-			Body:     payload(req),
-			Deadline: deadline,
-			Priority: req.Priority,
-			Tenant:   caller.Tenant,
-			Trace:    outgoingTrace(span, c.Get("traceparent")),
-		})
+		creq := &client.Request{
+			ID:        id,
+			Kind:      kind,
+			Model:     req.Model,
+			Body:      payload(req),
+			Deadline:  deadline,
+			Priority:  req.Priority,
+			MaxTokens: req.MaxTokens,
+			Trace:     outgoingTrace(span, c.Get("traceparent")),
+		}
+		g.flow(creq, caller, req.User)
+		st, err := g.cl.Start(creq)
 		if err != nil {
 			x.stopDL()
 			x.cancel(nil)

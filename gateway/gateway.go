@@ -35,6 +35,11 @@ type Config struct {
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
 	Version         string        // the tokenbus version, for /version and /ready
+	// FlowFromUser: a request with no tenant (no API keys) belongs to the
+	// flow its "user" field names, so that flow control shares capacity
+	// fairly between an application's end users (docs/scheduling.md). Off
+	// by default: any client can write any "user".
+	FlowFromUser bool
 	// CORS lets browser pages of other origins call the API; its zero value
 	// is off.
 	CORS CORSConfig

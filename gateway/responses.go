@@ -94,7 +94,8 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		if err != nil {
 			return err
 		}
-		caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID), Reserved: p.Reserved, Window: p.Window}
+		caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID), Reserved: p.Reserved, Window: p.Window,
+			Band: p.Band, Weight: p.Weight, MaxQueue: p.MaxQueue}
 	}
 	if !g.cat.Known(req.Model) {
 		return schemas.ErrModelNotFound.New(req.Model)
@@ -163,7 +164,8 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 
 	deadline := start.Add(g.cfg.RequestTimeout)
 	creq := &client.Request{ID: id, Kind: schemas.KindChat, Model: req.Model, Body: body, Deadline: deadline,
-		Tenant: caller.Tenant, Trace: traceParent(c.Get("traceparent"))}
+		Trace: traceParent(c.Get("traceparent"))}
+	g.flow(creq, caller, "")
 	ctx, cancel := context.WithDeadlineCause(g.base, deadline, g.errTimeout)
 	st, err := g.cl.Start(creq)
 	if err != nil {

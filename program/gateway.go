@@ -30,6 +30,7 @@ type HTTPConfig struct {
 	RequestTimeout  time.Duration // longest a request may take end to end
 	ShutdownTimeout time.Duration // on Close, how long open streams may go on
 	Auth            bool          // require API keys and enforce their model lists and rate limits (needs the store)
+	FlowFromUser    bool          // without a key, a request's "user" field names its flow (gateway.Config.FlowFromUser)
 	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
 	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
 	AdminToken      string        // the bearer token the admin API requires
@@ -379,6 +380,7 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 		RequestTimeout:  cfg.HTTP.RequestTimeout,
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
+		FlowFromUser:    cfg.HTTP.FlowFromUser,
 		CORS:            cfg.HTTP.CORS,
 		Metrics:         h.gatherer(reg),
 	}

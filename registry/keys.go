@@ -42,6 +42,21 @@ type KeySpec struct {
 	Models []string `json:"models"` // models it may use; empty: all
 	RPM    int      `json:"rpm"`    // requests per minute; 0: no limit
 	TPM    int      `json:"tpm"`    // tokens (prompt + completion) per minute; 0: no limit
+	// Flow control (docs/scheduling.md): the priority band of the key's
+	// requests ("critical", "interactive" or "batch"; "" is interactive),
+	// its tenant's weight in that band (1..1000; 0 is 1), and the longest a
+	// request may wait in a dispatcher's queue (ms; 0: the dispatcher's
+	// queue timeout). Give a tenant's keys the same weight: the weight is
+	// the flow's, and the latest request's wins.
+	Band       string `json:"band,omitempty"`
+	Weight     int    `json:"weight,omitempty"`
+	MaxQueueMS int64  `json:"max_queue_ms,omitempty"`
+}
+
+// FlowBand is the key's band (BandDefault when it names none).
+func (k Key) FlowBand() schemas.Band {
+	b, _ := schemas.ParseBand(k.Band)
+	return b
 }
 
 // Key is an API key's record. It never holds the secret.
@@ -87,6 +102,13 @@ func (spec *KeySpec) check() error {
 		return invalid(schemas.ErrInvalidValue.At("rpm", "rpm", "must not be negative (0 means no limit)"))
 	case spec.TPM < 0:
 		return invalid(schemas.ErrInvalidValue.At("tpm", "tpm", "must not be negative (0 means no limit)"))
+	case spec.Weight < 0 || spec.Weight > schemas.MaxWeight:
+		return invalid(schemas.ErrInvalidValue.At("weight", "weight", fmt.Sprintf("must be 1..%d (0 means 1)", schemas.MaxWeight)))
+	case spec.MaxQueueMS < 0:
+		return invalid(schemas.ErrInvalidValue.At("max_queue_ms", "max_queue_ms", "must not be negative (0 means the dispatcher's queue timeout)"))
+	}
+	if _, ok := schemas.ParseBand(spec.Band); !ok {
+		return invalid(schemas.ErrInvalidValue.At("band", "band", "must be one of "+strings.Join(schemas.BandNames(), ", ")))
 	}
 	// The tenant travels as a NATS header value.
 	for _, r := range spec.Tenant {
@@ -196,6 +218,50 @@ func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
 		return cmp.Or(cmp.Compare(a.Created, b.Created), strings.Compare(a.ID, b.ID))
 	})
 	return out, nil
+}
+
+// FlowPolicy is what PATCH /keys/{id} may change of a key: its flow
+// control fields (nil: unchanged).
+type FlowPolicy struct {
+	Band       *string `json:"band"`
+	Weight     *int    `json:"weight"`
+	MaxQueueMS *int64  `json:"max_queue_ms"`
+}
+
+// SetKeyFlow changes a key's flow control fields and returns the key.
+// ErrNotFound if there is no such key. Callers announce it (AnnounceKeys)
+// so that gateways and dispatchers drop their cached copy.
+func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, error) {
+	var out Key
+	err := s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
+		b, err := tx.HGet(ctx, keyKeys, id).Bytes()
+		if errors.Is(err, redis.Nil) {
+			return nil, keyNotFound(id)
+		}
+		if err != nil {
+			return nil, err
+		}
+		k, err := decodeKey(b)
+		if err != nil {
+			return nil, err
+		}
+		if p.Band != nil {
+			k.Band = *p.Band
+		}
+		if p.Weight != nil {
+			k.Weight = *p.Weight
+		}
+		if p.MaxQueueMS != nil {
+			k.MaxQueueMS = *p.MaxQueueMS
+		}
+		if err := k.KeySpec.check(); err != nil {
+			return nil, err
+		}
+		out = k
+		rec, _ := json.Marshal(keyRecord{Key: k, Hash: k.Hash})
+		return func(p redis.Pipeliner) { p.HSet(ctx, keyKeys, id, rec) }, nil
+	})
+	return out, err
 }
 
 // DeleteKey deletes a key, its hash index entry and its rate-limit window in

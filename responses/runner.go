@@ -595,7 +595,8 @@ func (r *Runner) generate(ctx context.Context, rec *Record, gen *Gen) error {
 	}
 	deadline, _ := ctx.Deadline()
 	err = gen.Run(ctx, r.cl, &client.Request{ID: rec.Response.ID + "_" + itoa(gen.Seq()), Kind: schemas.KindChat,
-		Model: rec.Response.Model, Body: body, Deadline: deadline, Tenant: rec.Tenant})
+		Model: rec.Response.Model, Body: body, Deadline: deadline, Tenant: rec.Tenant,
+		Band: schemas.BandBatch}) // background work: below every interactive request (docs/scheduling.md)
 	if e := endCause(ctx); e != nil && err != nil && !errors.Is(err, errConflict) && !gen.Ended() {
 		return gen.End(e)
 	}

@@ -45,11 +45,22 @@ var ErrFull = errors.New("scheduler: queue full")
 // over flows within strict priority bands. It is not safe for concurrent
 // use; time comes from the caller (no clock of its own).
 type Queue struct {
-	cfg   Config
-	bands [schemas.NumBands]band
-	n     int
-	seq   uint64
-	meter meter
+	cfg      Config
+	bands    [schemas.NumBands]band
+	n        int
+	seq      uint64
+	meter    meter
+	capacity float64 // SetCapacity's
+}
+
+// SetCapacity gives the rate (cost units per second) the workers can serve,
+// as the caller estimates it from their slots and service times: Estimate
+// uses it until the queue has been backlogged long enough to measure its
+// own.
+func (q *Queue) SetCapacity(rate float64) {
+	if rate > 0 && !math.IsInf(rate, 0) {
+		q.capacity = rate
+	}
 }
 
 // band is one priority band: its flows, the backlogged ones in a heap by
@@ -314,10 +325,14 @@ func (q *Queue) Items(fn func(*Item)) {
 }
 
 // Rate is the measured service rate: cost units served per second while
-// the queue had items, over the last RateWindow; 0 when not yet known.
+// the queue had items, over the last RateWindow; until that is known, the
+// capacity SetCapacity gave; 0 when neither is.
 func (q *Queue) Rate(now time.Time) float64 {
 	q.meter.advance(now, q.n > 0)
-	return q.meter.rate()
+	if r := q.meter.rate(); r > 0 {
+		return r
+	}
+	return q.capacity
 }
 
 // Estimate says what a new item of flow in band b with weight and cost would

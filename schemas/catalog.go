@@ -214,6 +214,9 @@ var (
 	ErrQueueTimeout = def(secBus, ErrorDef{Code: "queue_full", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "No worker became free in time for %s.",
 		When:    "The request waited in a queue for --queue-timeout (or its deadline) without a worker taking it."})
+	ErrQueueWaitTooLong = def(secBus, ErrorDef{Code: "queue_wait_too_long", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "Model `%s` is saturated: this request would wait about %s in the queue, past its limit of %s; retry after Retry-After.",
+		When:    "Flow control (docs/scheduling.md) estimated, from the measured service rate and the requests ahead in the request's band and tenant share, that it could not start before its deadline or its API key's max_queue_ms: it is refused at once instead of waiting in vain. Retry-After is the estimated wait."})
 	ErrNoWorker = def(secBus, ErrorDef{Code: "no_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 2,
 		Message: "No worker is serving model `%s` right now.",
 		When:    "The model is registered but no live worker serves it. Retry after Retry-After."})

@@ -53,6 +53,11 @@ type DoneNotice struct {
 	// cancel, a broken engine stream). A dispatcher lets a tenant's request
 	// sent again after it in on its first admission (counted once).
 	Failed bool `json:"failed,omitempty"`
+	// PromptTokens and CompletionTokens: the usage of a request that
+	// completed (0 when unknown): the dispatcher that sent it settles its
+	// tenant's fair-share charge with the real cost (docs/scheduling.md).
+	PromptTokens     int `json:"prompt_tokens,omitempty"`
+	CompletionTokens int `json:"completion_tokens,omitempty"`
 }
 
 // Control operations on CtlSubject; request and reply bodies are JSON.

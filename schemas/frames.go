@@ -141,7 +141,9 @@ func ForEachLine(payload []byte, fn func(line []byte) error) error {
 
 // Queued is the payload of a queued frame.
 type Queued struct {
-	Position   int    `json:"position"`             // 1 = next to run
+	Position   int    `json:"position"`             // 1 = next to run: estimated, in flow control's order (docs/scheduling.md)
+	WaitMS     int64  `json:"wait_ms,omitempty"`    // estimated wait from the measured service rate; 0: not yet known or none
+	Band       string `json:"band,omitempty"`       // the request's band
 	Dispatcher string `json:"dispatcher,omitempty"` // id of the queueing dispatcher
 	TimeoutMS  int64  `json:"timeout_ms"`           // how long it may stay queued; the client's stall timer uses it
 	// RequestID and CancelToken: send CancelBody(RequestID, CancelToken) to

@@ -75,6 +75,11 @@ const (
 	HdrBand     = "Tb-Band"
 	HdrWeight   = "Tb-Weight"
 	HdrMaxQueue = "Tb-Max-Queue"
+	// HdrMaxTokens is the request's max_tokens, for the dispatcher's cost
+	// estimate when it does not read the body (a gateway's embedded
+	// dispatcher); one that reads the body takes the body's. A wrong value
+	// only misplaces the request once: the real cost settles it.
+	HdrMaxTokens = "Tb-Max-Tokens"
 )
 
 // DispatcherOnly reports whether a request header is one only dispatchers
@@ -86,7 +91,7 @@ const (
 // canonicalises.
 func DispatcherOnly(name string, tenant bool) bool {
 	switch name { // the headers clients send, spelled as they are: no folding
-	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace, HdrExclude, HdrResume, HdrTokenIDs:
+	case HdrRequestID, HdrKind, HdrModel, HdrDeadline, HdrPriority, HdrMux, HdrTrace, HdrExclude, HdrResume, HdrTokenIDs, HdrMaxTokens:
 		return false
 	}
 	if len(name) < 3 || !strings.EqualFold(name[:3], "tb-") {

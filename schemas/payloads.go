@@ -58,6 +58,14 @@ func AppendDoneNotice(b []byte, n DoneNotice) []byte {
 	if n.Failed {
 		b = append(b, `,"failed":true`...)
 	}
+	if n.PromptTokens > 0 {
+		b = append(b, `,"prompt_tokens":`...)
+		b = strconv.AppendInt(b, int64(n.PromptTokens), 10)
+	}
+	if n.CompletionTokens > 0 {
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, int64(n.CompletionTokens), 10)
+	}
 	return append(b, '}')
 }
 
@@ -74,6 +82,10 @@ func ParseDoneNotice(p []byte) (DoneNotice, bool) {
 			return once(2) && s.readInt(&n.Running)
 		case keyIs(key, "failed"):
 			return once(3) && s.readBool(&n.Failed)
+		case keyIs(key, "prompt_tokens"):
+			return once(4) && s.readInt(&n.PromptTokens)
+		case keyIs(key, "completion_tokens"):
+			return once(5) && s.readInt(&n.CompletionTokens)
 		}
 		return s.skip(1)
 	})

@@ -29,9 +29,10 @@ type call struct {
 	usage                    usageMark
 	prefix                   prefixPrediction // HdrPrefixCached: what the dispatcher predicts the engine holds of the prompt
 
-	start      time.Time // admission
-	firstChunk bool      // a chunk was sent (for TTFT)
-	completed  bool      // the done frame was sent (else the done notice says failed)
+	start      time.Time     // admission
+	firstChunk bool          // a chunk was sent (for TTFT)
+	completed  bool          // the done frame was sent (else the done notice says failed)
+	used       schemas.Usage // of a completed request, for the done notice (flow control's cost)
 
 	mu        sync.Mutex
 	seq       uint64

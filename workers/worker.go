@@ -388,6 +388,7 @@ func (w *Worker) serve(c *call) {
 	}
 	c.send(schemas.FrameDone, payload)
 	c.completed = true
+	c.used = res.Usage
 	c.record("done", nil, res)
 	c.recordUsage(res)
 }
@@ -403,6 +404,6 @@ func (w *Worker) finish(c *call) {
 	n := w.running.Add(-1)
 	var buf [256]byte
 	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n),
-		Failed: !c.completed})
+		Failed: !c.completed, PromptTokens: c.used.PromptTokens, CompletionTokens: c.used.CompletionTokens})
 	_ = w.nc.Publish(w.doneSubject, b)
 }

@@ -22,7 +22,7 @@ var layers = map[string]int{
 
 	"client": 1, "fleet": 1, "registry": 1, "usage": 1, "batch": 1, "responses": 1,
 	"internal/tracing": 1, "internal/tracing/otlp": 1, "internal/natsconn": 1, "internal/embedded": 1,
-	"internal/flagenv": 1, "internal/gctune": 1, "internal/sysmon": 1, "internal/decay": 1, "internal/runners": 1, "internal/freeport": 1,
+	"scheduler": 1, "internal/flagenv": 1, "internal/gctune": 1, "internal/sysmon": 1, "internal/decay": 1, "internal/runners": 1, "internal/freeport": 1,
 
 	"gateway": 2, "gateway/httpstream": 2, "dispatcher": 2, "admin": 2, "auth": 2, "bench": 2, "program/natsusers": 2,
 	"workers": 2, "workers/lora": 2, "workers/engine": 2, "workers/engine/httpengine": 2,

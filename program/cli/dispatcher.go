@@ -26,6 +26,8 @@ func registerDispatcher(fs *pflag.FlagSet, c *dispatcher.Config) {
 	fs.Float64Var(&c.Placement.Up, "adapter-placement-up", cmp.Or(c.Placement.Up, 4), "adapter placement: add a replica while an adapter's requests/s per replica (as this dispatcher sees them) are above this")
 	fs.Float64Var(&c.Placement.Down, "adapter-placement-down", cmp.Or(c.Placement.Down, 1), "adapter placement: unload a spare replica while requests/s per remaining replica would be below this (at most half of --adapter-placement-up)")
 	fs.DurationVar(&c.Placement.MinInterval, "adapter-placement-interval", cmp.Or(c.Placement.MinInterval, 30*time.Second), "adapter placement: least time between two changes of one adapter's replicas")
+	fs.Float64Var(&c.PromptTokenCost, "prompt-token-cost", cmp.Or(c.PromptTokenCost, 1.0/32), "flow control: what a prompt token costs, in output tokens, in a request's estimated engine time (docs/scheduling.md)")
+	fs.IntVar(&c.DefaultOutputTokens, "default-output-tokens", cmp.Or(c.DefaultOutputTokens, 256), "flow control: the output a request with no max_tokens is charged for until its real usage settles it")
 	fs.IntVar(&c.PrefixBlockBytes, "prefix-block-bytes", cmp.Or(c.PrefixBlockBytes, 64), "prefix-aware routing: bytes of prompt text per hashed block (about 16 tokens at 64); must match the workers' KV events")
 }
 

@@ -19,6 +19,7 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "longest a request may take end to end")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long open streams may go on")
 	fs.BoolVar(&c.Auth, "auth", c.Auth, "require API keys (Authorization: Bearer tb-...; create them with POST /keys on the admin API) and enforce their model lists and rate limits")
+	fs.BoolVar(&c.FlowFromUser, "flow-from-user", c.FlowFromUser, `flow control: a request with no API key belongs to the flow its "user" field names, so end users share capacity fairly (any client can write any "user": for trusted clients; docs/scheduling.md)`)
 	fs.DurationVar(&c.KeyCacheTTL, "key-cache-ttl", c.KeyCacheTTL, "how long a gateway trusts an API key lookup before asking Redis again (deletions apply at once through an event)")
 	fs.StringVar(&c.Admin, "admin", c.Admin, `listen address of the admin API (models, adapters, workers, keys, usage); "" turns it off`)
 	fs.StringVar(&c.AdminToken, "admin-token", c.AdminToken, "bearer token the admin API requires (prefer the environment variable to the command line)")

@@ -1,0 +1,211 @@
+package dispatcher
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tokenbus/tokenbus/scheduler"
+	"github.com/tokenbus/tokenbus/schemas"
+)
+
+// Flow control (docs/scheduling.md): each request is classified into a
+// flow (tenant, band, weight) with an estimated cost; queued requests leave
+// in the scheduler's order; the real cost, from the worker's done notice,
+// settles the estimate.
+
+// flowOf reads a request's flow from its headers: those a gateway set from
+// the caller's key, or (tenant requests) the dispatcher from the key.
+func (d *Dispatcher) flowOf(r *request, h nats.Header, maxTokens int) {
+	r.tenant = h.Get(schemas.HdrTenant)
+	if b, ok := schemas.ParseBand(h.Get(schemas.HdrBand)); ok {
+		r.band = b
+	} else {
+		r.band = schemas.BandDefault
+	}
+	r.weight = schemas.ParseWeight(h.Get(schemas.HdrWeight))
+	if v := h.Get(schemas.HdrMaxQueue); v != "" {
+		if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+			r.maxQueue = time.Duration(min(ms, math.MaxInt64/int64(time.Millisecond))) * time.Millisecond
+		}
+	}
+	if maxTokens <= 0 {
+		if v := h.Get(schemas.HdrMaxTokens); v != "" {
+			maxTokens, _ = strconv.Atoi(v)
+		}
+	}
+	prompt := len(r.msg.Data) / bytesPerToken // the body, a little more than the prompt
+	if r.text > 0 {
+		prompt = r.text / bytesPerToken
+	}
+	r.cost = d.cost(prompt, maxTokens)
+}
+
+// cost is a request's cost in output-token units: the engine time it
+// holds a slot for, about one decode step per output token, plus its
+// prefill at PromptTokenCost per prompt token. An unknown output length
+// counts as DefaultOutputTokens.
+func (d *Dispatcher) cost(prompt, output int) float64 {
+	if output <= 0 {
+		output = d.cfg.DefaultOutputTokens
+	}
+	return float64(max(prompt, 0))*d.cfg.PromptTokenCost + float64(output)
+}
+
+// charge is what a request that left a queue was charged, kept until its
+// worker's done notice says what it cost.
+type charge struct {
+	model, tenant string
+	band          schemas.Band
+	cost          float64
+	at            time.Time
+}
+
+// maxCharges bounds the charges awaiting a done notice; past it, a
+// request's estimate stands.
+const maxCharges = 1 << 16
+
+// chargeKey: a done notice names the worker and the request id.
+func chargeKey(worker, id string) string { return worker + " " + id }
+
+// chargedLocked records what a request forwarded to worker was charged
+// (0 for one that did not wait: its flow was not charged, but its service
+// time counts).
+func (d *Dispatcher) chargedLocked(worker, reqID string, c charge) {
+	if len(d.charges) >= maxCharges {
+		return
+	}
+	d.charges[chargeKey(worker, reqID)] = c
+}
+
+// settle corrects the tenant's charge for a request that completed on
+// n.Worker with its real usage.
+func (d *Dispatcher) settle(n schemas.DoneNotice) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.charges) == 0 {
+		return
+	}
+	k := chargeKey(n.Worker, n.RequestID)
+	c, ok := d.charges[k]
+	if !ok {
+		return
+	}
+	delete(d.charges, k)
+	if n.PromptTokens == 0 && n.CompletionTokens == 0 {
+		return // failed or not reported: the estimate stands
+	}
+	real := float64(n.PromptTokens)*d.cfg.PromptTokenCost + float64(n.CompletionTokens)
+	// Seconds of a slot per cost unit, for the capacity estimate.
+	per := time.Since(c.at).Seconds() / real
+	if old, ok := d.svc[c.model]; ok {
+		per = old + 0.1*(per-old)
+	}
+	d.svc[c.model] = per
+	if c.cost == 0 {
+		return // it did not wait: nothing was charged
+	}
+	if q := d.queues[c.model]; q != nil {
+		q.Settle(c.tenant, c.band, real-c.cost)
+	}
+	d.m.settled.Observe(real / c.cost)
+	d.m.flowTokens.WithLabelValues(c.band.String(), d.m.tenants.label(c.tenant)).Add(float64(n.PromptTokens + n.CompletionTokens))
+}
+
+// FlowStat is one line of the queue by flow (metrics, the admin API's
+// traffic view): requests queued for a model in a band by a tenant.
+type FlowStat struct {
+	Model  string  `json:"model"`
+	Band   string  `json:"band"`
+	Tenant string  `json:"tenant"`
+	Queued int     `json:"queued"`
+	Cost   float64 `json:"cost"` // estimated, in output-token units
+}
+
+// FlowStats lists the queue by flow: per model and band, the top tenants
+// by requests queued, the rest summed as "other".
+func (d *Dispatcher) FlowStats(top int) []FlowStat { return d.flowStats(top) }
+
+func (d *Dispatcher) flowStats(top int) []FlowStat {
+	type key struct {
+		model string
+		band  schemas.Band
+	}
+	by := map[key][]FlowStat{}
+	d.mu.Lock()
+	for model, q := range d.queues {
+		q.Each(func(b schemas.Band, tenant string, n int, cost float64) {
+			k := key{model, b}
+			if tenant == "" {
+				tenant = "none"
+			}
+			by[k] = append(by[k], FlowStat{Model: model, Band: b.String(), Tenant: tenant, Queued: n, Cost: cost})
+		})
+	}
+	d.mu.Unlock()
+	var out []FlowStat
+	for _, fs := range by {
+		slices.SortFunc(fs, func(a, b FlowStat) int {
+			return cmp.Or(cmp.Compare(b.Queued, a.Queued), cmp.Compare(a.Tenant, b.Tenant))
+		})
+		if len(fs) > top {
+			other := FlowStat{Model: fs[0].Model, Band: fs[0].Band, Tenant: "other"}
+			for _, f := range fs[top:] {
+				other.Queued += f.Queued
+				other.Cost += f.Cost
+			}
+			fs = append(fs[:top], other)
+		}
+		out = append(out, fs...)
+	}
+	slices.SortFunc(out, func(a, b FlowStat) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Band, b.Band), cmp.Compare(b.Queued, a.Queued))
+	})
+	return out
+}
+
+// forgetChargesLocked drops charges older than an hour (their done notice
+// was lost with its worker).
+func (d *Dispatcher) forgetChargesLocked(now time.Time) {
+	for k, c := range d.charges {
+		if now.Sub(c.at) > time.Hour {
+			delete(d.charges, k)
+		}
+	}
+}
+
+// capacityLocked tells model's queue what its workers can serve (cost units
+// per second): their slots over the measured slot time per cost unit.
+func (d *Dispatcher) capacityLocked(model string, q *scheduler.Queue) {
+	per, ok := d.svc[model]
+	if !ok || per <= 0 {
+		return
+	}
+	slots := 0
+	for _, w := range d.fleet.Workers() {
+		if w.Healthy && !w.Draining && slices.Contains(w.Models, model) {
+			slots += w.MaxConcurrency
+		}
+	}
+	q.SetCapacity(float64(slots) / per)
+}
+
+// queueFor is model's queue, made on first use.
+func (d *Dispatcher) queueFor(model string) *scheduler.Queue {
+	q := d.queues[model]
+	if q == nil {
+		q = scheduler.New(scheduler.Config{MaxQueued: d.cfg.QueueSize})
+		d.queues[model] = q
+	}
+	return q
+}
+
+// retryAfter turns an estimated wait into Retry-After seconds: at least 1,
+// at most a minute.
+func retryAfter(wait time.Duration) int {
+	return int(min(max(math.Ceil(wait.Seconds()), 1), 60))
+}
