@@ -21,6 +21,11 @@ import os
 import sys
 
 
+# The dispatcher's default --prompt-token-cost: a prompt token's cost in output
+# tokens (docs/scheduling.md); flowbench runs every dispatcher with it.
+PROMPT_TOKEN_COST = 1 / 32
+
+
 class HarnessError(Exception):
     pass
 
@@ -212,6 +217,9 @@ def noisy(t, need, topo, S, meta):
     drop = 100 * (1 - tp_both / tp_alone) if tp_alone else math.nan
     t.add(topo, sc, "(c) flood beside the quiet tenant: output tokens/s (same seconds)", tp_both, "tok/s")
     t.add(topo, sc, "(c) flood throughput drop against alone", drop, "%", "<= 5 %", drop <= 5)
+    both = tp_both + quiet.output_in(flood.t0 + cut, flood.t0 + d - cut) / (d - 2 * cut)
+    t.add(topo, sc, "(c) flood + quiet output tokens/s, same seconds (info: the worker's total)", both, "tok/s",
+          f"alone: {tp_alone:.0f}")
     # Information: the flood while the quiet tenant's requests were open.
     qs = [(quiet.t0 + q["start_s"], quiet.t0 + q["start_s"] + q["e2e_ms"] / 1000) for q in quiet.reqs]
     if qs:
@@ -239,7 +247,13 @@ def weights(t, need, topo, run, meta):
     t.add(topo, sc, "weight 3's share of output tokens", share, "%", "75 +- 5", abs(share - 75) <= 5)
     tot = o3 + o1 + p3 + p1
     t.add(topo, sc, "weight 3's share of prompt + output tokens (info)", 100 * (o3 + p3) / tot if tot else math.nan,
-          "%", "75 if cost counted tokens alike")
+          "%")
+    # The scheduler's own unit (docs/scheduling.md): cost = prompt tokens x
+    # --prompt-token-cost (default 1/32, which flowbench leaves) + output tokens.
+    c3, c1 = o3 + p3 * PROMPT_TOKEN_COST, o1 + p1 * PROMPT_TOKEN_COST
+    share_c = 100 * c3 / (c3 + c1) if c3 + c1 else math.nan
+    t.add(topo, sc, "weight 3's share of cost (prompt/32 + output tokens, the scheduler's unit)", share_c, "%",
+          "75 +- 5", abs(share_c - 75) <= 5)
 
 
 def priority(t, need, topo, S):
@@ -298,6 +312,9 @@ def deadlines(t, need, topo, cal, server):
     t.add(topo, sc, "refusals without Retry-After", no_retry_after, "", "0", no_retry_after == 0)
     t.add(topo, sc, "started after 2 s, or still queued when the bench stopped", cats["late"] + cats["cut"], "", "0",
           cats["late"] + cats["cut"] == 0)
+    if cats["late"]:
+        t.add(topo, sc, "the latest start (TTFT max; info)", max(q["ttft_ms"] for q in reqs if q.get("chunks", 0) > 0),
+              "ms")
     t.add(topo, sc, "timed out in the queue (503 queue_full after >= 1 s)", cats["timed_out"], "", "0",
           cats["timed_out"] == 0)
     if server is not None:
