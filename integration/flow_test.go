@@ -44,6 +44,9 @@ type streamResult struct {
 	took   time.Duration
 	tokens int64 // completion tokens (usage)
 	err    error
+	// position: X-Tokenbus-Queue-Position, the estimated place in line
+	// when the request was queued ("": not queued).
+	position string
 }
 
 // streamChat sends one streamed chat request of maxTokens tokens (ignore_eos:
@@ -56,13 +59,17 @@ func streamChat(ctx context.Context, d *dev, key string, maxTokens int) streamRe
 func streamChatTo(ctx context.Context, base, key string, maxTokens int) streamResult {
 	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
 	start := time.Now()
+	var resp *http.Response
 	st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:         "llama-8b",
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say something")},
 		MaxTokens:     openai.Int(int64(maxTokens)),
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
-	}, option.WithJSONSet("ignore_eos", true))
+	}, option.WithJSONSet("ignore_eos", true), option.WithResponseInto(&resp))
 	var r streamResult
+	if resp != nil {
+		r.position = resp.Header.Get("X-Tokenbus-Queue-Position")
+	}
 	for st.Next() {
 		ch := st.Current()
 		if r.ttft == 0 && len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
@@ -129,6 +136,7 @@ func TestNoisyNeighbour(t *testing.T) {
 
 	for _, tc := range []struct{ name, key string }{{"quiet tenant", quietKey}, {"critical band", opsKey}} {
 		var ttfts []time.Duration
+		var positions []string
 		for range 4 { // 8 requests, 2 at a time
 			var pair [2]streamResult
 			var pw sync.WaitGroup
@@ -142,10 +150,18 @@ func TestNoisyNeighbour(t *testing.T) {
 					t.Fatalf("%s: %v", tc.name, r.err)
 				}
 				ttfts = append(ttfts, r.ttft)
+				positions = append(positions, r.position)
 			}
 		}
 		slices.Sort(ttfts)
-		t.Logf("%s under the flood: TTFT %v", tc.name, ttfts)
+		t.Logf("%s under the flood: TTFT %v, estimated queue positions %q", tc.name, ttfts, positions)
+		// They queue (every slot is taken), but near the front: the flood's
+		// backlog is not ahead of them.
+		for _, p := range positions {
+			if n, err := strconv.Atoi(p); p != "" && (err != nil || n < 1 || n > 8) {
+				t.Errorf("%s: queue position header %q", tc.name, p)
+			}
+		}
 		// One service time is ~0.7 s here; 3 s leaves room for a busy
 		// machine and is still a third of what the flood's backlog takes.
 		if worst := ttfts[len(ttfts)-1]; worst > 3*time.Second {
