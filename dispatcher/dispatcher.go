@@ -170,7 +170,7 @@ type Dispatcher struct {
 	coord        coord                       // with the other dispatchers sharing the workers (coord.go)
 	queues       map[string]*scheduler.Queue // by model: flow control's order (flow.go)
 	byID         map[string]*queued          // by queueKey: request id and cancel token
-	charges      map[string]charge           // by chargeKey: what forwarded requests were charged, until done
+	charges      map[chargeKey]charge        // by chargeKey: what forwarded requests were charged, until done
 	svc          map[string]float64          // by model: seconds of a slot per cost unit, measured (flow.go)
 	chargesSwept time.Time
 	// adapterQueues lists, by base model, the adapters that have a queue, so
@@ -186,7 +186,7 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[string]charge{}, svc: map[string]float64{}, coord: newCoord(),
+		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[chargeKey]charge{}, svc: map[string]float64{}, coord: newCoord(),
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
 	// Requests per adapter are counted with placement off too: routing
@@ -572,7 +572,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	if from != "" {
 		d.fleet.MarkFull(from)
 		d.mu.Lock()
-		d.dropChargeLocked(chargeKey(from, r.id))
+		d.dropChargeLocked(chargeKey{from, r.id})
 		d.mu.Unlock()
 	}
 	if r.attempt > d.cfg.MaxBounces {

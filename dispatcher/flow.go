@@ -70,14 +70,15 @@ type charge struct {
 // request's estimate stands.
 const maxCharges = 1 << 16
 
-// chargeKey: a done notice names the worker and the request id.
-func chargeKey(worker, id string) string { return worker + " " + id }
+// chargeKey: a done notice names the worker and the request id. A struct,
+// not a joined string: no allocation per request.
+type chargeKey struct{ worker, id string }
 
 // chargedLocked records what a request forwarded to worker was charged
 // (0 for one that did not wait: its flow was not charged, but its service
 // time counts).
 func (d *Dispatcher) chargedLocked(worker, reqID string, c charge) {
-	k := chargeKey(worker, reqID)
+	k := chargeKey{worker, reqID}
 	if _, ok := d.charges[k]; ok || len(d.charges) >= maxCharges {
 		return
 	}
@@ -88,7 +89,7 @@ func (d *Dispatcher) chargedLocked(worker, reqID string, c charge) {
 
 // dropChargeLocked forgets a forwarded request's charge (it ended, bounced
 // or its worker was lost) and returns it.
-func (d *Dispatcher) dropChargeLocked(k string) (charge, bool) {
+func (d *Dispatcher) dropChargeLocked(k chargeKey) (charge, bool) {
 	c, ok := d.charges[k]
 	if !ok {
 		return c, false
@@ -110,7 +111,7 @@ func (d *Dispatcher) settle(n schemas.DoneNotice) {
 	if len(d.charges) == 0 {
 		return
 	}
-	c, ok := d.dropChargeLocked(chargeKey(n.Worker, n.RequestID))
+	c, ok := d.dropChargeLocked(chargeKey{n.Worker, n.RequestID})
 	if !ok {
 		return
 	}
