@@ -38,6 +38,18 @@ type trafficEvent struct {
 	Streams    float64          `json:"active_streams"`
 	Errors     map[string]int64 `json:"errors"` // by HTTP status ("429") and stream error code ("stream:timeout")
 	Workers    int              `json:"workers"`
+	// Flows is the dispatcher's queue by flow (docs/scheduling.md), from
+	// tokenbus_dispatcher_flow_queued: the tenants with requests queued, by
+	// model and band, most first.
+	Flows []flowQueued `json:"flows"`
+}
+
+// flowQueued is one line of the queue by flow.
+type flowQueued struct {
+	Model  string `json:"model"`
+	Band   string `json:"band"`
+	Tenant string `json:"tenant"`
+	Queued int    `json:"queued"`
 }
 
 // snapshot is what one read of the registry gives: counters summed over
@@ -50,6 +62,7 @@ type snapshot struct {
 	errors    map[string]float64
 	ttft, itl hist
 	streams   float64
+	flows     []flowQueued
 }
 
 // hist is a cumulative histogram: upper bounds and counts.
@@ -131,6 +144,10 @@ func read(families []*dto.MetricFamily, at time.Time) snapshot {
 				s.itl.add(m.GetHistogram())
 			case "tokenbus_gateway_active_streams":
 				s.streams += m.GetGauge().GetValue()
+			case "tokenbus_dispatcher_flow_queued":
+				if n := int(m.GetGauge().GetValue()); n > 0 {
+					s.flows = append(s.flows, flowQueued{Model: label(m, "model"), Band: label(m, "band"), Tenant: label(m, "tenant"), Queued: n})
+				}
 			}
 		}
 	}
@@ -158,7 +175,17 @@ func event(prev, cur snapshot) trafficEvent {
 	e := trafficEvent{Time: cur.at.UnixMilli(), TokensPerS: rate(prev.tokens, cur.tokens), ChunksPerS: rate(prev.chunks, cur.chunks),
 		RequestsPS: rate(prev.requests, cur.requests), Streams: cur.streams, Errors: map[string]int64{},
 		TTFTP50: cur.ttft.quantile(prev.ttft, .5), TTFTP99: cur.ttft.quantile(prev.ttft, .99),
-		ITLP50: cur.itl.quantile(prev.itl, .5), ITLP99: cur.itl.quantile(prev.itl, .99)}
+		ITLP50: cur.itl.quantile(prev.itl, .5), ITLP99: cur.itl.quantile(prev.itl, .99), Flows: cur.flows}
+	if e.Flows == nil {
+		e.Flows = []flowQueued{}
+	}
+	sort.Slice(e.Flows, func(i, j int) bool {
+		a, b := e.Flows[i], e.Flows[j]
+		if a.Queued != b.Queued {
+			return a.Queued > b.Queued
+		}
+		return a.Model+a.Band+a.Tenant < b.Model+b.Band+b.Tenant
+	})
 	for code, n := range cur.errors {
 		if d := n - prev.errors[code]; d > 0 {
 			e.Errors[code] = int64(d)

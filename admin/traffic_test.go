@@ -121,3 +121,25 @@ func TestQuantileOverflow(t *testing.T) {
 		t.Fatalf("itl p50 %v; want 100 (the last bound, .1 s)", deref(e.ITLP50))
 	}
 }
+
+// The queue by flow comes from the dispatcher's gauge: tenants with requests
+// queued, most first; empty lines left out.
+func TestTrafficFlows(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "tokenbus_dispatcher_flow_queued"}, []string{"model", "band", "tenant"})
+	reg.MustRegister(g)
+	g.WithLabelValues("m", "interactive", "flood").Set(60)
+	g.WithLabelValues("m", "interactive", "quiet").Set(1)
+	g.WithLabelValues("m", "batch", "nightly").Set(12)
+	g.WithLabelValues("m", "critical", "gone").Set(0)
+	f, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Unix(1000, 0)
+	e := event(read(nil, at.Add(-time.Second)), read(f, at))
+	want := []flowQueued{{"m", "interactive", "flood", 60}, {"m", "batch", "nightly", 12}, {"m", "interactive", "quiet", 1}}
+	if !slices.Equal(e.Flows, want) {
+		t.Errorf("flows %+v, want %+v", e.Flows, want)
+	}
+}

@@ -30,6 +30,7 @@ type Stream struct {
 	// dispatcher set instead.
 	cancelToken string
 	queued      bool
+	queueInfo   schemas.Queued // the latest queued frame's
 	stallFor    time.Duration
 	nextSeq     uint64 // next expected worker sequence number
 	finished    bool   // a terminal frame was delivered
@@ -94,6 +95,15 @@ func (s *Stream) Queued() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.queued
+}
+
+// QueueEstimate is what the latest queued frame said: the estimated position
+// (1: next) and wait (ms; 0: not known) when the request was queued. ok is
+// false if it was never queued.
+func (s *Stream) QueueEstimate() (position int, waitMS int64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queueInfo.Position, s.queueInfo.WaitMS, s.queued
 }
 
 func (s *Stream) push(f schemas.Frame, epoch uint32) {
@@ -335,6 +345,7 @@ func (s *Stream) handleLocked(f schemas.Frame) (schemas.Frame, error, bool) {
 		if json.Unmarshal(f.Payload, &q) == nil && q.TimeoutMS > 0 {
 			s.stallFor = time.Duration(q.TimeoutMS)*time.Millisecond + s.c.opts.StallTimeout
 		}
+		s.queueInfo = q
 		if q.CancelToken != "" {
 			s.cancelToken = q.CancelToken
 		}

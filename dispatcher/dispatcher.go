@@ -166,11 +166,13 @@ type Dispatcher struct {
 	ready   chan struct{} // closed once Run has subscribed
 	started time.Time     // when Run subscribed: the fleet fills in the first heartbeat interval
 
-	mu      sync.Mutex
-	queues  map[string]*scheduler.Queue // by model: flow control's order (flow.go)
-	byID    map[string]*queued          // by queueKey: request id and cancel token
-	charges map[string]charge           // by chargeKey: what forwarded requests were charged, until done
-	svc     map[string]float64          // by model: seconds of a slot per cost unit, measured (flow.go)
+	mu           sync.Mutex
+	coord        coord                       // with the other dispatchers sharing the workers (coord.go)
+	queues       map[string]*scheduler.Queue // by model: flow control's order (flow.go)
+	byID         map[string]*queued          // by queueKey: request id and cancel token
+	charges      map[chargeKey]charge        // by chargeKey: what forwarded requests were charged, until done
+	svc          map[string]float64          // by model: seconds of a slot per cost unit, measured (flow.go)
+	chargesSwept time.Time
 	// adapterQueues lists, by base model, the adapters that have a queue, so
 	// that a worker of the base freeing a slot drains them too.
 	adapterQueues map[string]map[string]struct{}
@@ -184,7 +186,7 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 		log = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
-		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[string]charge{}, svc: map[string]float64{},
+		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[chargeKey]charge{}, svc: map[string]float64{}, coord: newCoord(),
 		adapterQueues: map[string]map[string]struct{}{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
 	// Requests per adapter are counted with placement off too: routing
@@ -218,6 +220,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 		{schemas.DonePrefix + "*", "", d.onDone},
 		{schemas.QueueCancel, "", d.onQueueCancel},
 		{schemas.BounceSubject(d.cfg.ID), "", d.onBounce},
+		{schemas.FlowsPrefix + "*", "", d.onFlows},
 	}
 	if !d.cfg.NoPrefixRouting {
 		specs = append(specs, subSpec{schemas.KVEventsPrefix + "*", "", d.onKVEvents})
@@ -568,6 +571,9 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	from := m.Header.Get(schemas.HdrWorker)
 	if from != "" {
 		d.fleet.MarkFull(from)
+		d.mu.Lock()
+		d.dropChargeLocked(chargeKey{from, r.id})
+		d.mu.Unlock()
 	}
 	if r.attempt > d.cfg.MaxBounces {
 		d.mu.Lock()
@@ -591,8 +597,9 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		return
 	}
 	d.mu.Lock()
-	// Requests already waiting for this model go first.
-	if q := d.queues[r.model]; q != nil && q.Len() > 0 {
+	// Requests already waiting for this model go first, here or at another
+	// dispatcher sharing its workers (coord.go).
+	if q := d.queues[r.model]; (q != nil && q.Len() > 0) || d.coordinatedLocked(r.model) {
 		d.enqueueLocked(r)
 		d.mu.Unlock()
 		d.drain([]string{r.model})
@@ -675,9 +682,13 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		return
 	}
 	e := &queued{msg: r.msg, id: qk, reqID: r.id, model: r.model, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span}
-	e.item = scheduler.Item{Flow: r.tenant, Band: r.band, Weight: float64(r.weight), Priority: r.priority,
+	weight, fresh := d.flowWeightLocked(r.model, r.tenant, r.band, float64(r.weight))
+	e.item = scheduler.Item{Flow: r.tenant, Band: r.band, Weight: weight, Priority: r.priority,
 		Cost: r.cost, Expires: expires, Value: e}
 	evicted, err := q.Push(&e.item, now)
+	if fresh && err == nil {
+		defer d.announceLocked(now, true) // other dispatchers learn of a new flow at once
+	}
 	if err != nil {
 		d.m.refused(r.band, r.tenant, "queue_full")
 		d.m.rejected.WithLabelValues("queue_full").Inc()
@@ -732,7 +743,7 @@ func (d *Dispatcher) drain(models []string) {
 	}
 	for _, model := range models {
 		q := d.queues[model]
-		for q != nil && q.Len() > 0 {
+		for q != nil && q.Len() > 0 && d.mayDispatchLocked(model, now) {
 			e := q.Peek().Value.(*queued) // the next to go
 			id, _, cached, ok := d.acquire(model, e.adapter, e.hashes, "")
 			if !ok {
@@ -805,7 +816,8 @@ func (d *Dispatcher) sweep(now time.Time) {
 		// (with 250ms beats, a NATS restart would otherwise expire them all).
 		d.fleet.Blind(now)
 	}
-	for _, id := range d.fleet.Expire(now) {
+	lost := d.fleet.Expire(now)
+	for _, id := range lost {
 		d.m.lost.Inc()
 		d.log.Warn("worker lost: no heartbeat", "worker", id)
 	}
@@ -816,7 +828,9 @@ func (d *Dispatcher) sweep(now time.Time) {
 	}
 	var out []rej
 	d.mu.Lock()
-	d.forgetChargesLocked(now)
+	d.forgetChargesLocked(now, lost)
+	d.recomputeLocked(now)
+	d.announceLocked(now, false)
 	for model, q := range d.queues {
 		q.Expire(now, func(it *scheduler.Item) {
 			e := it.Value.(*queued)

@@ -59,6 +59,7 @@ func (d *Dispatcher) cost(prompt, output int) float64 {
 // charge is what a request that left a queue was charged, kept until its
 // worker's done notice says what it cost.
 type charge struct {
+	worker        string
 	model, tenant string
 	band          schemas.Band
 	cost          float64
@@ -69,17 +70,37 @@ type charge struct {
 // request's estimate stands.
 const maxCharges = 1 << 16
 
-// chargeKey: a done notice names the worker and the request id.
-func chargeKey(worker, id string) string { return worker + " " + id }
+// chargeKey: a done notice names the worker and the request id. A struct,
+// not a joined string: no allocation per request.
+type chargeKey struct{ worker, id string }
 
 // chargedLocked records what a request forwarded to worker was charged
 // (0 for one that did not wait: its flow was not charged, but its service
 // time counts).
 func (d *Dispatcher) chargedLocked(worker, reqID string, c charge) {
-	if len(d.charges) >= maxCharges {
+	k := chargeKey{worker, reqID}
+	if _, ok := d.charges[k]; ok || len(d.charges) >= maxCharges {
 		return
 	}
-	d.charges[chargeKey(worker, reqID)] = c
+	c.worker = worker
+	d.charges[k] = c
+	d.coord.inflight[c.model]++
+}
+
+// dropChargeLocked forgets a forwarded request's charge (it ended, bounced
+// or its worker was lost) and returns it.
+func (d *Dispatcher) dropChargeLocked(k chargeKey) (charge, bool) {
+	c, ok := d.charges[k]
+	if !ok {
+		return c, false
+	}
+	delete(d.charges, k)
+	if n := d.coord.inflight[c.model] - 1; n > 0 {
+		d.coord.inflight[c.model] = n
+	} else {
+		delete(d.coord.inflight, c.model)
+	}
+	return c, true
 }
 
 // settle corrects the tenant's charge for a request that completed on
@@ -90,12 +111,10 @@ func (d *Dispatcher) settle(n schemas.DoneNotice) {
 	if len(d.charges) == 0 {
 		return
 	}
-	k := chargeKey(n.Worker, n.RequestID)
-	c, ok := d.charges[k]
+	c, ok := d.dropChargeLocked(chargeKey{n.Worker, n.RequestID})
 	if !ok {
 		return
 	}
-	delete(d.charges, k)
 	if n.PromptTokens == 0 && n.CompletionTokens == 0 {
 		return // failed or not reported: the estimate stands
 	}
@@ -168,12 +187,16 @@ func (d *Dispatcher) flowStats(top int) []FlowStat {
 	return out
 }
 
-// forgetChargesLocked drops charges older than an hour (their done notice
-// was lost with its worker).
-func (d *Dispatcher) forgetChargesLocked(now time.Time) {
+// forgetChargesLocked drops the charges of requests on workers just lost,
+// and any older than an hour (a done notice lost on the way).
+func (d *Dispatcher) forgetChargesLocked(now time.Time, lost []string) {
+	if len(lost) == 0 && now.Sub(d.chargesSwept) < time.Minute {
+		return
+	}
+	d.chargesSwept = now
 	for k, c := range d.charges {
-		if now.Sub(c.at) > time.Hour {
-			delete(d.charges, k)
+		if now.Sub(c.at) > time.Hour || slices.Contains(lost, c.worker) {
+			d.dropChargeLocked(k)
 		}
 	}
 }

@@ -88,7 +88,7 @@ func TestTenantRequests(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
 	keys := keyTable{
-		"key_a":  {ID: "key_a", KeySpec: registry.KeySpec{Tenant: "tenant-a"}},
+		"key_a":  {ID: "key_a", KeySpec: registry.KeySpec{Tenant: "tenant-a", Band: "batch", Weight: 2}},
 		"key_b":  {ID: "key_b", KeySpec: registry.KeySpec{Tenant: "tenant-b", Models: []string{"m"}}},
 		"key_rl": {ID: "key_rl", KeySpec: registry.KeySpec{Tenant: "tenant-a", RPM: 1}},
 	}
@@ -134,6 +134,8 @@ func TestTenantRequests(t *testing.T) {
 		schemas.HdrWindow: {"1"}, schemas.HdrCancelToken: {"guessable"}, schemas.HdrAdapterPath: {"/etc/evil"},
 		schemas.HdrAdapterBase: {"m"}, schemas.HdrAttempt: {"99"}, schemas.HdrBounce: {"tokenbus.v1.bounce.x"},
 		"tb-key-id": {"key_b"}, "TB-TENANT": {"tenant-b"},
+		// A tenant cannot jump the queue: its key decides its flow.
+		schemas.HdrBand: {"critical"}, schemas.HdrWeight: {"1000"}, schemas.HdrMaxQueue: {"1"}, "tb-band": {"critical"},
 	}
 	send("key_a", "m", "a1", "_INBOX.tenant-a.s.1", forged)
 	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
@@ -142,6 +144,7 @@ func TestTenantRequests(t *testing.T) {
 		schemas.HdrTenant: "tenant-a", schemas.HdrKeyID: "key_a", schemas.HdrReserved: "12", schemas.HdrWindow: "42",
 		schemas.HdrAdapterPath: "", schemas.HdrAdapterBase: "", schemas.HdrAttempt: "", "tb-key-id": "", "TB-TENANT": "",
 		schemas.HdrModel: "m",
+		schemas.HdrBand: "batch", schemas.HdrWeight: "2", schemas.HdrMaxQueue: "", "tb-band": "",
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {

@@ -141,6 +141,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 				return err
 			}
 			finished = true
+			setQueueHeaders(c, st)
 			c.Set(fiber.HeaderContentType, fiber.MIMEApplicationJSON)
 			return c.Status(fiber.StatusOK).Send(out)
 		}
@@ -160,6 +161,7 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 
 		c.Locals(localStreaming, true)
+		setQueueHeaders(c, st)
 		c.Status(fiber.StatusOK)
 		g.m.activeStreams.Inc()
 		// The stream is written straight to the connection (httpstream), each

@@ -59,7 +59,7 @@ func (c CORSConfig) Check() error {
 // corsExposed are the response headers a page's script may read besides
 // the CORS-safelisted ones: what the OpenAI SDKs read (request id, retry
 // and rate-limit headers).
-const corsExposed = "X-Request-Id, Retry-After, x-ratelimit-limit-requests, x-ratelimit-limit-tokens, " +
+const corsExposed = "X-Request-Id, Retry-After, X-Tokenbus-Queue-Position, X-Tokenbus-Queue-Wait-Ms, x-ratelimit-limit-requests, x-ratelimit-limit-tokens, " +
 	"x-ratelimit-remaining-requests, x-ratelimit-remaining-tokens, x-ratelimit-reset-requests, x-ratelimit-reset-tokens"
 
 // cors is CORSConfig compiled for the middleware.

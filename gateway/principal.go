@@ -1,8 +1,11 @@
 package gateway
 
 import (
+	"strconv"
 	"time"
 	"unicode"
+
+	"github.com/gofiber/fiber/v2"
 
 	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -33,6 +36,25 @@ func (g *Gateway) flow(r *client.Request, p Principal, user string) {
 	r.Tenant, r.Band, r.Weight, r.MaxQueue = p.Tenant, p.Band, p.Weight, p.MaxQueue
 	if r.Tenant == "" && g.cfg.FlowFromUser && validFlowUser(user) {
 		r.Tenant = "user:" + user
+	}
+}
+
+// Response headers of a request that waited in a dispatcher's queue: flow
+// control's estimates when it was queued (docs/scheduling.md).
+const (
+	HeaderQueuePosition = "X-Tokenbus-Queue-Position"
+	HeaderQueueWait     = "X-Tokenbus-Queue-Wait-Ms"
+)
+
+// setQueueHeaders says, on a response, where its request was queued.
+func setQueueHeaders(c *fiber.Ctx, st *client.Stream) {
+	pos, wait, ok := st.QueueEstimate()
+	if !ok {
+		return
+	}
+	c.Set(HeaderQueuePosition, strconv.Itoa(pos))
+	if wait > 0 {
+		c.Set(HeaderQueueWait, strconv.FormatInt(wait, 10))
 	}
 }
 

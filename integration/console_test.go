@@ -125,9 +125,13 @@ func TestConsole(t *testing.T) {
 	do("create a key",
 		chromedp.SetValue(`#create-key input[name=name]`, "ci"),
 		chromedp.SetValue(`#create-key input[name=tenant]`, "acme"),
+		chromedp.SetValue(`#create-key select[name=band]`, "batch"),
+		chromedp.SetValue(`#create-key input[name=weight]`, "3"),
 		chromedp.Click(`#create-key button[type=submit]`))
 	waitFor("the new key", `(document.getElementById("new-key") || {textContent: ""}).textContent.startsWith("tb-")`)
 	waitFor("the key listed", `document.querySelectorAll("#keys tbody tr").length === 1`)
+	waitFor("its band and weight", `(() => { const r = document.querySelector("#keys tbody tr");
+		return r.querySelector("select").value === "batch" && r.querySelector("input[type=number]").value === "3"; })()`)
 	waitFor("usage", `(document.getElementById("usage") || {innerText: ""}).innerText.includes("console-lora")`)
 	waitFor("usage per hour", `(document.getElementById("usage-hourly") || {innerText: ""}).innerText.includes("console-lora")`)
 	shot("keys")

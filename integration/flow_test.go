@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/program"
 )
@@ -42,20 +44,32 @@ type streamResult struct {
 	took   time.Duration
 	tokens int64 // completion tokens (usage)
 	err    error
+	// position: X-Tokenbus-Queue-Position, the estimated place in line
+	// when the request was queued ("": not queued).
+	position string
 }
 
 // streamChat sends one streamed chat request of maxTokens tokens (ignore_eos:
 // exactly that many) with key and returns what the client saw.
 func streamChat(ctx context.Context, d *dev, key string, maxTokens int) streamResult {
-	c := openai.NewClient(option.WithBaseURL(d.URL+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
+	return streamChatTo(ctx, d.URL, key, maxTokens)
+}
+
+// streamChatTo is streamChat to the gateway at base.
+func streamChatTo(ctx context.Context, base, key string, maxTokens int) streamResult {
+	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey(key), option.WithMaxRetries(0))
 	start := time.Now()
+	var resp *http.Response
 	st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
 		Model:         "llama-8b",
 		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Say something")},
 		MaxTokens:     openai.Int(int64(maxTokens)),
 		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
-	}, option.WithJSONSet("ignore_eos", true))
+	}, option.WithJSONSet("ignore_eos", true), option.WithResponseInto(&resp))
 	var r streamResult
+	if resp != nil {
+		r.position = resp.Header.Get("X-Tokenbus-Queue-Position")
+	}
 	for st.Next() {
 		ch := st.Current()
 		if r.ttft == 0 && len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
@@ -73,12 +87,17 @@ func streamChat(ctx context.Context, d *dev, key string, maxTokens int) streamRe
 // flood keeps n streams of maxTokens going with key until ctx ends and
 // counts the completion tokens of the streams that ended.
 func flood(ctx context.Context, wg *sync.WaitGroup, d *dev, key string, n, maxTokens int, tokens *atomic.Int64) {
+	floodTo(ctx, wg, d.URL, key, n, maxTokens, tokens)
+}
+
+// floodTo is flood at the gateway at base.
+func floodTo(ctx context.Context, wg *sync.WaitGroup, base, key string, n, maxTokens int, tokens *atomic.Int64) {
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
-				if r := streamChat(ctx, d, key, maxTokens); r.err == nil {
+				if r := streamChatTo(ctx, base, key, maxTokens); r.err == nil {
 					tokens.Add(r.tokens)
 				}
 			}
@@ -117,6 +136,7 @@ func TestNoisyNeighbour(t *testing.T) {
 
 	for _, tc := range []struct{ name, key string }{{"quiet tenant", quietKey}, {"critical band", opsKey}} {
 		var ttfts []time.Duration
+		var positions []string
 		for range 4 { // 8 requests, 2 at a time
 			var pair [2]streamResult
 			var pw sync.WaitGroup
@@ -130,10 +150,18 @@ func TestNoisyNeighbour(t *testing.T) {
 					t.Fatalf("%s: %v", tc.name, r.err)
 				}
 				ttfts = append(ttfts, r.ttft)
+				positions = append(positions, r.position)
 			}
 		}
 		slices.Sort(ttfts)
-		t.Logf("%s under the flood: TTFT %v", tc.name, ttfts)
+		t.Logf("%s under the flood: TTFT %v, estimated queue positions %q", tc.name, ttfts, positions)
+		// They queue (every slot is taken), but near the front: the flood's
+		// backlog is not ahead of them.
+		for _, p := range positions {
+			if n, err := strconv.Atoi(p); p != "" && (err != nil || n < 1 || n > 8) {
+				t.Errorf("%s: queue position header %q", tc.name, p)
+			}
+		}
 		// One service time is ~0.7 s here; 3 s leaves room for a busy
 		// machine and is still a third of what the flood's backlog takes.
 		if worst := ttfts[len(ttfts)-1]; worst > 3*time.Second {
@@ -231,5 +259,106 @@ func TestQueueWaitRefusedEarly(t *testing.T) {
 	// estimate's miss, not the rule.
 	if expired := codes["503 queue_full"]; expired > len(refusals)/4 {
 		t.Errorf("%d expired in the queue against %d refused early", expired, len(refusals))
+	}
+}
+
+// twoGateways starts NATS, Redis, one sim worker of 8 slots and two
+// gateways with their embedded dispatchers and API keys, as separate
+// dispatchers sharing the worker; it returns their base URLs and the admin
+// URL of the first.
+func twoGateways(t *testing.T) (a, b string, admin *dev) {
+	t.Helper()
+	ctx := context.Background()
+	ns := testenv.NATS(t)
+	url := ns.ClientURL()
+	rd := testenv.StartRedis(t)
+	wcfg := program.DefaultWorker()
+	wcfg.NATS, wcfg.RedisURL = natsconn.Options{URL: url}, rd.URL
+	wcfg.Worker.ID, wcfg.Worker.MaxConcurrency = "w1", 8
+	wcfg.Engine.Model, wcfg.Engine.Sim.MaxNumSeqs = "llama-8b", 8
+	wcfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	wk, err := program.StartWorker(ctx, wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = wk.Close() })
+	var urls [2]string
+	for i := range urls {
+		gcfg := program.DefaultGateway()
+		gcfg.NATS, gcfg.RedisURL = natsconn.Options{URL: url}, rd.URL
+		gcfg.HTTP.Listen, gcfg.HTTP.Auth, gcfg.HTTP.AdminToken = "127.0.0.1:0", true, limitsAdminToken
+		gcfg.HTTP.Admin = ""
+		if i == 0 {
+			gcfg.HTTP.Admin = "127.0.0.1:0"
+		}
+		gcfg.HTTP.Limits.Breaker.Timeout = patientBreaker
+		gcfg.HTTP.Batch.Runner = false
+		gcfg.Dispatcher.ID = "d" + strconv.Itoa(i+1)
+		gcfg.Log = wcfg.Log
+		gw, err := program.StartGateway(ctx, gcfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = gw.Close() })
+		urls[i] = "http://" + gw.Addr()
+		if i == 0 {
+			admin = &dev{AdminURL: "http://" + gw.AdminAddr()}
+		}
+		waitPath(t, urls[i], "/ready")
+	}
+	return urls[0], urls[1], admin
+}
+
+// Two gateways in front of one worker, each tenant's traffic through one of
+// them: the dispatchers divide the slots by weighted demand (coord.go), so
+// the weights hold across them (3:1), and a quiet tenant on the second
+// gateway is not starved by a flood on the first.
+func TestTwoGatewaysShareFairly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: ~15 s of saturating load")
+	}
+	a, b, admin := twoGateways(t)
+	_, heavy := newKey(t, admin, `{"tenant":"heavy","weight":3}`)
+	_, light := newKey(t, admin, `{"tenant":"light"}`)
+	ctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var heavyTokens, lightTokens atomic.Int64
+	floodTo(ctx, &wg, a, heavy, 24, 16, &heavyTokens) // heavy only through a
+	floodTo(ctx, &wg, b, light, 24, 16, &lightTokens) // light only through b
+	defer func() { stop(); wg.Wait() }()
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if heavyTokens.Load() == 0 || lightTokens.Load() == 0 {
+			return errors.New("not both served yet")
+		}
+		return nil
+	})
+	h0, l0 := heavyTokens.Load(), lightTokens.Load()
+	until := time.Now().Add(8 * time.Second)
+	testenv.WaitFor(t, 30*time.Second, func() error {
+		if time.Now().Before(until) {
+			return errors.New("measuring")
+		}
+		return nil
+	})
+	h, l := heavyTokens.Load()-h0, lightTokens.Load()-l0
+	share := float64(h) / float64(h+l)
+	t.Logf("two gateways, over 8 s: heavy (via a) %d tokens, light (via b) %d: heavy's share %.3f", h, l, share)
+	if h+l < 1000 || share < 0.65 || share > 0.85 {
+		t.Errorf("heavy's share %.3f of %d tokens, want 0.75", share, h+l)
+	}
+	// A quiet tenant through b, while both flood: it gets its turn at once.
+	_, quiet := newKey(t, admin, `{"tenant":"quiet"}`)
+	var ttfts []time.Duration
+	for range 6 {
+		r := streamChatTo(ctx, b, quiet, 8)
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		ttfts = append(ttfts, r.ttft)
+	}
+	slices.Sort(ttfts)
+	t.Logf("quiet tenant via b: TTFT %v", ttfts)
+	if worst := ttfts[len(ttfts)-1]; worst > 2*time.Second {
+		t.Errorf("quiet tenant: slowest TTFT %v", worst)
 	}
 }

@@ -16,15 +16,18 @@ import (
 
 // EngineConfig chooses and configures the engine a worker drives.
 type EngineConfig struct {
-	Kind         string        // sim (built in, no GPU), vllm or openai (any OpenAI-compatible server)
-	Model        string        // sim: the model name it serves
-	URL          string        // vllm, openai: the server's URL (vllm: default from VLLMCmd's --port, else :8000)
-	VLLMCmd      string        // vllm: start vLLM as a child process with this command line
-	APIKey       string        // vllm, openai: sent to the engine as a Bearer token
-	RequestID    string        // vllm, openai: X-Request-Id to the engine: raw, uuid or off ("": vllm raw, openai uuid)
-	Models       []string      // openai: the models the server serves (nil: read from its /v1/models)
-	MaxLoras     int           // vllm: adapters kept loaded (0: VLLMCmd's --max-loras, else vLLM's own)
-	StartTimeout time.Duration // vllm, openai: how long to wait for the first good health check
+	Kind      string   // sim (built in, no GPU), vllm or openai (any OpenAI-compatible server)
+	Model     string   // sim: the model name it serves
+	URL       string   // vllm, openai: the server's URL (vllm: default from VLLMCmd's --port, else :8000)
+	VLLMCmd   string   // vllm: start vLLM as a child process with this command line
+	APIKey    string   // vllm, openai: sent to the engine as a Bearer token
+	RequestID string   // vllm, openai: X-Request-Id to the engine: raw, uuid or off ("": vllm raw, openai uuid)
+	Models    []string // openai: the models the server serves (nil: read from its /v1/models)
+	MaxLoras  int      // vllm: adapters kept loaded (0: VLLMCmd's --max-loras, else vLLM's own)
+	// PriorityBands: vllm runs with --scheduling-policy priority; requests
+	// get their band's priority (vllm.Config.PriorityBands).
+	PriorityBands bool
+	StartTimeout  time.Duration // vllm, openai: how long to wait for the first good health check
 	// HealthPath is probed when the engine is idle ("": the engine's
 	// default); HealthInterval is how often health is judged, 0: never probe.
 	HealthPath     string
@@ -67,7 +70,8 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		cfg.Model = c.Model
 		return sim.New(cfg)
 	case "vllm":
-		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic})
+		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
+			PriorityBands: c.PriorityBands})
 		if err != nil {
 			return nil, err
 		}

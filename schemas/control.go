@@ -60,6 +60,15 @@ type DoneNotice struct {
 	CompletionTokens int `json:"completion_tokens,omitempty"`
 }
 
+// FlowDemand is what a dispatcher announces on FlowsSubject while it has
+// requests queued (and once more when it has none): by model, by band name,
+// the tenants it holds queued requests of, with their weights. Tenants are
+// "" for requests with none.
+type FlowDemand struct {
+	Dispatcher string                                   `json:"dispatcher"`
+	Models     map[string]map[string]map[string]float64 `json:"models"`
+}
+
 // Control operations on CtlSubject; request and reply bodies are JSON.
 const (
 	CtlPing          = "ping"           // {} -> CtlReply: the worker id is taken

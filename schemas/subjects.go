@@ -33,6 +33,10 @@ const (
 	// BouncePrefix + <dispatcher-id>: a worker that is full hands a forwarded
 	// request back to the dispatcher that sent it (header HdrBounce names the subject).
 	BouncePrefix = Prefix + ".bounce."
+	// FlowsPrefix + <dispatcher-id>: a dispatcher's backlogged flows
+	// (FlowDemand JSON), so that dispatchers sharing workers divide their
+	// slots by weighted demand (docs/scheduling.md).
+	FlowsPrefix = Prefix + ".flows."
 	// QueueCancel: body = CancelBody; every dispatcher drops that request from its queue.
 	QueueCancel = Prefix + ".qcancel"
 	// EventsPrefix + <kind>: registry changes (models, adapters, keys).
@@ -92,6 +96,9 @@ func HeartbeatSubject(workerID string) string { return HeartbeatPrefix + workerI
 
 // DoneSubject is where worker id announces finished requests.
 func DoneSubject(workerID string) string { return DonePrefix + workerID }
+
+// FlowsSubject is where dispatcher id announces its backlogged flows.
+func FlowsSubject(dispatcherID string) string { return FlowsPrefix + dispatcherID }
 
 // KVEventsSubject is where worker id publishes its engine's KV events.
 func KVEventsSubject(workerID string) string { return KVEventsPrefix + workerID }

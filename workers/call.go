@@ -66,6 +66,11 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		TraceParent: h.Get(schemas.HdrTrace),
 		TokenIDs:    h.Get(schemas.HdrTokenIDs) == "1",
 	}
+	if v := h.Get(schemas.HdrBand); v != "" {
+		if b, ok := schemas.ParseBand(v); ok {
+			c.req.Band = b
+		}
+	}
 	if v := h.Get(schemas.HdrResume); v != "" { // usually absent: Atoi("") allocates its error
 		c.req.Resume, _ = strconv.Atoi(v)
 	}

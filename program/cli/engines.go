@@ -17,6 +17,7 @@ func registerEngine(fs *pflag.FlagSet, c *program.EngineConfig) {
 	fs.StringVar(&c.APIKey, "engine-api-key", c.APIKey, "vllm/openai: API key sent to the engine as a Bearer token")
 	fs.StringVar(&c.RequestID, "engine-request-id", c.RequestID, "vllm/openai: how the request id goes to the engine in X-Request-Id: raw, uuid (made from the id; strict servers refuse other ids) or off (default: vllm raw, openai uuid)")
 	fs.StringSliceVar(&c.Models, "engine-models", c.Models, "openai: model names the server serves (default: read from its /v1/models)")
+	fs.BoolVar(&c.PriorityBands, "vllm-priority-bands", c.PriorityBands, "vllm: the engine runs with --scheduling-policy priority: each request's priority is set from its flow-control band (docs/scheduling.md); on by itself when --vllm-cmd has that flag")
 	fs.IntVar(&c.MaxLoras, "max-loras", c.MaxLoras, "vllm: LoRA adapters kept loaded, the one asked for least (decayed request rate) evicted first (default: --vllm-cmd's --max-loras, else vLLM's own)")
 	fs.StringVar(&c.HealthPath, "engine-health-path", c.HealthPath, `vllm/openai: GET path probed for health when the engine is idle (default: vllm "/health", openai "/v1/models"); a 404 there stops the start at once`)
 	fs.DurationVar(&c.HealthInterval, "engine-health-interval", c.HealthInterval, "vllm/openai: how often health is judged, from the requests' outcomes first and a probe only when idle; 0: never probe (healthy while the engine process runs)")

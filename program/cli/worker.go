@@ -3,9 +3,11 @@ package cli
 import (
 	"context"
 	"io"
+	"strconv"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/program"
+	"github.com/tokenbus/tokenbus/workers/engine/httpengine"
 )
 
 func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -14,7 +16,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var popts processOptions
 	cfg.NATS.Register(fs)
 	fs.StringVar(&cfg.Worker.ID, "id", cfg.Worker.ID, "worker id, unique in the cluster (default: host name + random suffix)")
-	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "hard cap on requests in flight; past it the worker hands requests back")
+	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "hard cap on requests in flight; past it the worker hands requests back (with --vllm-cmd and no value given: its --max-num-seqs, so that requests wait in the dispatcher's fair queue, not in vLLM's first-come one)")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on SIGTERM, how long in-flight requests may run before they are cancelled")
 	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis holding the model registry; when set the worker registers its models there")
 	fs.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "listen address for /metrics (empty: off)")
@@ -22,6 +24,13 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
+	}
+	// Hold, don't commit (docs/scheduling.md): the cap is what the engine
+	// runs at once, unless said otherwise.
+	if !fs.Changed("max-concurrency") && cfg.Engine.Kind == "vllm" {
+		if n, err := strconv.Atoi(httpengine.FlagValue(cfg.Engine.VLLMCmd, "--max-num-seqs")); err == nil && n > 0 {
+			cfg.Worker.MaxConcurrency = n
+		}
 	}
 	log, own, stop, err := popts.start(ctx, stderr, "worker")
 	if err != nil {

@@ -32,6 +32,10 @@ type Request struct {
 	// engine that can return them (vllm: return_token_ids) asks for them;
 	// the others ignore it.
 	TokenIDs bool
+	// Band is the request's flow-control band (schemas.HdrBand; 0: none
+	// said). An engine that schedules by priority (vllm with PriorityBands)
+	// passes it on; the others ignore it.
+	Band schemas.Band
 }
 
 // Sink receives a request's output. An engine calls it from one goroutine at

@@ -28,8 +28,10 @@ export async function traffic(ctx) {
     return {c, svg, now, fig};
   });
   const errors = h("div", {id: "errors"});
+  const flows = h("div", {id: "flows"});
   const live = h("p", {id: "live"}, "Connecting…");
   ctx.root.append(h("h1", {id: "title"}, "Traffic"), live, h("div", {class: "charts"}, figs.map((f) => f.fig)),
+    h("h2", null, "Queue by tenant"), flows,
     h("h2", null, "Errors by code (last 5 minutes)"), errors);
 
   const render = () => {
@@ -41,6 +43,13 @@ export async function traffic(ctx) {
       const last = points[points.length - 1] || {};
       now.replaceChildren(...c.series.flatMap(([label, f], k) => [h("span", {class: "s" + k}, `${label} ${fmt(last[f])}`), " "]));
     }
+    const last = points[points.length - 1] || {};
+    const fl = last.flows || [];
+    flows.replaceChildren(fl.length ? h("table", null,
+      h("thead", null, h("tr", null, ["Tenant", "Band", "Model", "Queued"].map((t) => h("th", null, t)))),
+      h("tbody", null, fl.map((f) => h("tr", null, h("td", null, f.tenant), h("td", null, f.band), h("td", null, f.model),
+        h("td", {class: "num"}, String(f.queued))))))
+      : h("p", null, "Nothing queued."));
     const codes = Object.keys(errorsSeen).sort();
     errors.replaceChildren(codes.length ? h("ul", null, codes.map((k) => h("li", null, `${k.startsWith("stream:") ? "stream error " + k.slice(7) : "HTTP " + k}: ${errorsSeen[k]}`)))
       : h("p", null, "None."));

@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"bytes"
+	"encoding/json"
 	"strconv"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -23,6 +24,10 @@ import (
 //     endpoint would stop at 16 tokens, where the chat request it continues
 //     ran to the end of the context. It gets max_model_len less the prompt,
 //     what vLLM gives a chat request without a limit.
+//   - priority, with PriorityBands (vLLM's --scheduling-policy priority),
+//     on a request that has a band: the band's offset plus the client's own
+//     priority (within ±999), in place of the client's "priority" if it
+//     sent one, else added last.
 var returnTokenIDs = []byte(`"return_token_ids"`)
 
 // prepare returns req as it goes to vLLM: req itself, or a copy with the
@@ -53,15 +58,83 @@ func (e *Engine) prepare(req *engine.Request) *engine.Request {
 			}
 		}
 	}
-	if len(add) == 0 {
+	var prio []byte
+	if e.cfg.PriorityBands && req.Band.Valid() {
+		p := bandPriority[req.Band] + min(max(view.Priority, -999), 999)
+		prio = strconv.AppendInt(nil, int64(p), 10)
+	}
+	if len(add) == 0 && prio == nil {
 		return req
 	}
-	body := insertMembers(view.Body, add)
+	body := view.Body
+	if len(add) > 0 {
+		body = insertMembers(body, add)
+	}
+	if prio != nil {
+		if b, ok := replaceMember(body, "priority", prio); ok {
+			body = b
+		} else {
+			body = appendMember(body, append([]byte(`"priority":`), prio...))
+		}
+	}
 	v := *view // its raw parts alias the old body, which stays as it is
 	v.Body = body
 	out := *req
 	out.Body, out.View = body, &v
 	return &out
+}
+
+// bandPriority is each band's offset of vLLM's priority: lower runs first.
+var bandPriority = [schemas.NumBands]int{schemas.BandCritical: -1000, schemas.BandInteractive: 0, schemas.BandBatch: 1000}
+
+// replaceMember is the object body with the value of its top-level member
+// key replaced by value, in a new slice; ok is false when it has no such
+// member.
+func replaceMember(body []byte, key string, value []byte) ([]byte, bool) {
+	if !bytes.Contains(body, []byte(`"`+key+`"`)) {
+		return nil, false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, false
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		afterKey := dec.InputOffset()
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, false
+		}
+		if k, _ := t.(string); k == key {
+			end := int(dec.InputOffset())
+			start := end - len(raw)
+			if start < int(afterKey) {
+				return nil, false
+			}
+			out := make([]byte, 0, len(body)-len(raw)+len(value))
+			out = append(out, body[:start]...)
+			out = append(out, value...)
+			return append(out, body[end:]...), true
+		}
+	}
+	return nil, false
+}
+
+// appendMember is the object body with member (`"k":v`) added last, in a
+// new slice.
+func appendMember(body, member []byte) []byte {
+	i := bytes.LastIndexByte(body, '}') // ReadRequest checked it is an object
+	head := bytes.TrimRight(body[:i], " \t\r\n")
+	out := make([]byte, 0, len(body)+len(member)+1)
+	out = append(out, head...)
+	if head[len(head)-1] != '{' {
+		out = append(out, ',')
+	}
+	out = append(out, member...)
+	return append(out, body[i:]...)
 }
 
 // insertMembers is the object body with members (`"k":v,...`) inserted

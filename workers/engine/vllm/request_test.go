@@ -54,3 +54,32 @@ func TestRequestToVLLM(t *testing.T) {
 		}
 	}
 }
+
+// With PriorityBands (vLLM's --scheduling-policy priority), a request's band
+// becomes its vLLM priority, the client's own added within ±999: in place of
+// the client's "priority", or last.
+func TestBandToVLLMPriority(t *testing.T) {
+	f, srv := startFake(t)
+	cfg := fastConfig(srv.URL)
+	cfg.PriorityBands = true
+	e := newEngine(t, cfg)
+	for i, tc := range []struct {
+		band schemas.Band
+		body string
+		want string
+	}{
+		{schemas.BandBatch, `{"model":"base","prompt":"x"}`, `{"model":"base","prompt":"x","priority":1000}`},
+		{schemas.BandCritical, `{"model":"base","priority": 5 ,"prompt":"x"} `, `{"model":"base","priority": -995 ,"prompt":"x"} `},
+		{schemas.BandInteractive, `{"model":"base","prompt":"x","priority":-5000}`, `{"model":"base","prompt":"x","priority":-999}`},
+		{schemas.BandBatch, `{"model":"base","prompt":"say \"priority\": 3","user":"u"}`, `{"model":"base","prompt":"say \"priority\": 3","user":"u","priority":1000}`},
+		{0, `{"model":"base","prompt":"x"}`, `{"model":"base","prompt":"x"}`}, // no band said: untouched
+	} {
+		req := &engine.Request{ID: fmt.Sprintf("p%d", i), Kind: schemas.KindCompletion, Model: "base", Body: []byte(tc.body), Band: tc.band}
+		if _, err := e.Generate(t.Context(), req, &recSink{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(f.Body(req.ID)); got != tc.want {
+			t.Errorf("%d: vLLM got %s\nwant %s", i, got, tc.want)
+		}
+	}
+}

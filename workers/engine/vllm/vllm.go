@@ -40,6 +40,13 @@ type Config struct {
 	// the command on a free port. "": off.
 	KVEvents      string
 	KVEventsTopic string // the publisher's topic; "": any ("kv-events" with KVEventsAuto)
+
+	// PriorityBands: vLLM runs with --scheduling-policy priority, so each
+	// request's "priority" is set from its flow-control band (critical
+	// -1000, interactive 0, batch 1000, plus the client's own priority
+	// within ±999; request.go), and vLLM's own queue keeps the bands'
+	// order. On by itself when Command has that flag.
+	PriorityBands bool
 }
 
 // EnvRuntimeLoRA is what the child process gets in its environment, so that
@@ -80,6 +87,9 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Env = append([]string{EnvRuntimeLoRA}, cfg.Env...)
 		if cfg.MaxLoras == 0 {
 			cfg.MaxLoras, _ = strconv.Atoi(httpengine.FlagValue(cfg.Command, "--max-loras"))
+		}
+		if httpengine.FlagValue(cfg.Command, "--scheduling-policy") == "priority" {
+			cfg.PriorityBands = true
 		}
 	}
 	if cfg.MetricsInterval <= 0 {
