@@ -160,9 +160,9 @@ def main():
 
     for topo in topos:
         if (topo, "noisy", "alone", "quiet") in runs:
-            noisy(t, need, topo, S[topo], meta)
+            noisy(t, need, topo, S[topo], meta, runs)
         if (topo, "weights", "equal", "w3") in runs:
-            for run in ("equal", "long"):
+            for run in ("equal", "long", "pinned"):
                 if (topo, "weights", run, "w3") in runs:
                     weights(t, need, topo, run, meta)
         if (topo, "priority", "critical", "flood") in runs:
@@ -191,34 +191,44 @@ def main():
     return 0 if args.smoke or not misses else 1
 
 
-def noisy(t, need, topo, S, meta):
+def noisy(t, need, topo, S, meta, runs):
     sc = "noisy"
     idle = need(topo, sc, "alone", "quiet")
     alone = need(topo, sc, "alone", "flood")
-    quiet = need(topo, sc, "both", "quiet")
-    flood = need(topo, sc, "both", "flood")
     i50, i99 = pct(idle.ttfts(), 50), pct(idle.ttfts(), 99)
-    q50, q99 = pct(quiet.ttfts(), 50), pct(quiet.ttfts(), 99)
     t.add(topo, sc, "(a) quiet alone: TTFT p50", i50, "ms")
     t.add(topo, sc, "(a) quiet alone: TTFT p99", i99, "ms")
     # The flood's steady window: its whole run but the first and last second.
     d = meta["flood_s"]
     cut = 1.0 if d >= 4 else 0.5
     tp_alone = alone.output_in(alone.t0 + cut, alone.t0 + d - cut) / (d - 2 * cut)
-    tp_both = flood.output_in(flood.t0 + cut, flood.t0 + d - cut) / (d - 2 * cut)
     t.add(topo, sc, f"(b) flood alone: output tokens/s (seconds {cut:g} to {d - cut:g} of {d})", tp_alone, "tok/s")
-    t.add(topo, sc, f"(c) quiet beside the flood: TTFT p50 (n={len(quiet.ttfts())})", q50, "ms",
+    noisy_both(t, need, topo, S, "both", i50, i99, tp_alone, d, cut)
+    if (topo, sc, "pinned", "quiet") in runs:
+        noisy_both(t, need, topo, S, "pinned", i50, i99, tp_alone, d, cut)
+
+
+def noisy_both(t, need, topo, S, phase, i50, i99, tp_alone, d, cut):
+    """(c): the flood and the quiet tenant together; pinned: each through a gateway of its own."""
+    quiet = need(topo, "noisy", phase, "quiet")
+    flood = need(topo, "noisy", phase, "flood")
+    sc, c = "noisy", "(c)"
+    if phase == "pinned":
+        sc = "noisy (pinned: flood via gateway 1, quiet via gateway 2)"
+    q50, q99 = pct(quiet.ttfts(), 50), pct(quiet.ttfts(), 99)
+    tp_both = flood.output_in(flood.t0 + cut, flood.t0 + d - cut) / (d - 2 * cut)
+    t.add(topo, sc, f"{c} quiet beside the flood: TTFT p50 (n={len(quiet.ttfts())})", q50, "ms",
           f"< 3 x idle p50 = {ms(3 * i50)}", q50 < 3 * i50)
-    t.add(topo, sc, "(c) quiet beside the flood: TTFT p99", q99, "ms",
+    t.add(topo, sc, f"{c} quiet beside the flood: TTFT p99", q99, "ms",
           f"<= 2 x idle p99 + S = {ms(2 * i99 + S)}", q99 <= 2 * i99 + S)
     if quiet.s["failed"] or quiet.s["cancelled"]:
-        t.add(topo, sc, "(c) quiet requests failed or cut", quiet.s["failed"] + quiet.s["cancelled"], "",
+        t.add(topo, sc, f"{c} quiet requests failed or cut", quiet.s["failed"] + quiet.s["cancelled"], "",
               "0", False)
     drop = 100 * (1 - tp_both / tp_alone) if tp_alone else math.nan
-    t.add(topo, sc, "(c) flood beside the quiet tenant: output tokens/s (same seconds)", tp_both, "tok/s")
-    t.add(topo, sc, "(c) flood throughput drop against alone", drop, "%", "<= 5 %", drop <= 5)
+    t.add(topo, sc, f"{c} flood beside the quiet tenant: output tokens/s (same seconds)", tp_both, "tok/s")
+    t.add(topo, sc, f"{c} flood throughput drop against alone", drop, "%", "<= 5 %", drop <= 5)
     both = tp_both + quiet.output_in(flood.t0 + cut, flood.t0 + d - cut) / (d - 2 * cut)
-    t.add(topo, sc, "(c) flood + quiet output tokens/s, same seconds (info: the worker's total)", both, "tok/s",
+    t.add(topo, sc, f"{c} flood + quiet output tokens/s, same seconds (info: the worker's total)", both, "tok/s",
           f"alone: {tp_alone:.0f}")
     # Information: the flood while the quiet tenant's requests were open.
     qs = [(quiet.t0 + q["start_s"], quiet.t0 + q["start_s"] + q["e2e_ms"] / 1000) for q in quiet.reqs]
@@ -226,12 +236,13 @@ def noisy(t, need, topo, S, meta):
         a, b = min(x[0] for x in qs), min(max(x[1] for x in qs), flood.end - cut)
         if b - a > 0.2:
             during = flood.output_in(a, b) / (b - a)
-            t.add(topo, sc, f"(c) flood output tokens/s while the quiet requests ran ({b - a:.1f} s; info)", during,
+            t.add(topo, sc, f"{c} flood output tokens/s while the quiet requests ran ({b - a:.1f} s; info)", during,
                   "tok/s", f"alone: {tp_alone:.0f}")
 
 
 def weights(t, need, topo, run, meta):
-    sc = f"weights ({run} prompts)" if run == "equal" else "weights (w1's prompts 2048, w3's 64)"
+    sc = {"equal": "weights (equal prompts)", "long": "weights (w1's prompts 2048, w3's 64)",
+          "pinned": "weights (pinned: w3 via gateway 1, w1 via gateway 2)"}[run]
     w3 = need(topo, "weights", run, "w3")
     w1 = need(topo, "weights", run, "w1")
     d = meta["weights_s"]
