@@ -237,6 +237,7 @@ var routes = []struct{ method, path, body string }{
 	{"POST", "/keys", `{"tenant":"t"}`},
 	{"GET", "/keys", ""},
 	{"DELETE", "/keys/key_x", ""},
+	{"PATCH", "/keys/key_x", `{"weight":2}`},
 	{"GET", "/usage", ""},
 	{"GET", "/nothing-here", ""},
 }
@@ -474,9 +475,27 @@ func TestKeysAndUsage(t *testing.T) {
 		{"rpm not a number", `{"tenant":"t","rpm":"3"}`, "rpm"},
 		{"models not a list", `{"tenant":"t","models":"llama-8b"}`, "models"},
 		{"unknown field", `{"tenant":"t","secret":"x"}`, "secret"},
+		{"unknown band", `{"tenant":"t","band":"urgent"}`, "band"},
+		{"weight over 1000", `{"tenant":"t","weight":1001}`, "weight"},
+		{"negative max_queue_ms", `{"tenant":"t","max_queue_ms":-1}`, "max_queue_ms"},
 	} {
 		w.do("POST", "/keys", tc.body).expect(t, tc.what, 400, "", tc.param)
 	}
+
+	// Flow control: PATCH changes band, weight, max_queue_ms and nothing else.
+	var patched struct {
+		key
+		Band       string `json:"band"`
+		Weight     int    `json:"weight"`
+		MaxQueueMS int64  `json:"max_queue_ms"`
+	}
+	w.do("PATCH", "/keys/"+k.ID, `{"band":"batch","weight":3,"max_queue_ms":1500}`).expect(t, "patch key", 200, "", "").decode(t, &patched)
+	if patched.Band != "batch" || patched.Weight != 3 || patched.MaxQueueMS != 1500 || patched.RPM != 3 || patched.Key != "" {
+		t.Fatalf("patched %+v", patched)
+	}
+	w.do("PATCH", "/keys/"+k.ID, `{"band":"urgent"}`).expect(t, "patch to an unknown band", 400, "", "band")
+	w.do("PATCH", "/keys/"+k.ID, `{"rpm":5}`).expect(t, "patch of a field not flow control's", 400, "", "rpm")
+	w.do("PATCH", "/keys/key_none", `{"weight":2}`).expect(t, "patch of an unknown key", 404, "", "")
 
 	r := w.do("GET", "/keys", "").expect(t, "list keys", 200, "", "")
 	var list struct{ Data []key }

@@ -105,6 +105,25 @@ func floodTo(ctx context.Context, wg *sync.WaitGroup, base, key string, n, maxTo
 	}
 }
 
+// tokensOver counts the tokens two floods are served over the next d, and
+// the first's share of them.
+func tokensOver(t *testing.T, d time.Duration, a, b *atomic.Int64) (na, nb int64, share float64) {
+	t.Helper()
+	a0, b0 := a.Load(), b.Load()
+	until := time.Now().Add(d)
+	testenv.WaitFor(t, d+30*time.Second, func() error {
+		if time.Now().Before(until) {
+			return errors.New("measuring")
+		}
+		return nil
+	})
+	na, nb = a.Load()-a0, b.Load()-b0
+	if na+nb == 0 {
+		return 0, 0, 0
+	}
+	return na, nb, float64(na) / float64(na+nb)
+}
+
 // waitQueued waits until the dispatcher holds at least n queued requests.
 func waitQueued(t *testing.T, d *dev, n int) {
 	t.Helper()
@@ -185,16 +204,7 @@ func TestWeightedShares(t *testing.T) {
 	flood(ctx, &wg, d, light, 24, 16, &lightTokens)
 	defer func() { stop(); wg.Wait() }()
 	waitQueued(t, d, 24)
-	h0, l0 := heavyTokens.Load(), lightTokens.Load()
-	deadline := time.Now().Add(8 * time.Second)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		if time.Now().Before(deadline) {
-			return errors.New("measuring")
-		}
-		return nil
-	})
-	h, l := heavyTokens.Load()-h0, lightTokens.Load()-l0
-	share := float64(h) / float64(h+l)
+	h, l, share := tokensOver(t, 8*time.Second, &heavyTokens, &lightTokens)
 	t.Logf("over 8 s: heavy %d tokens, light %d: heavy's share %.3f", h, l, share)
 	if h+l < 1000 || share < 0.65 || share > 0.85 {
 		t.Errorf("heavy's share %.3f of %d tokens, want 0.75", share, h+l)
@@ -332,16 +342,7 @@ func TestTwoGatewaysShareFairly(t *testing.T) {
 		}
 		return nil
 	})
-	h0, l0 := heavyTokens.Load(), lightTokens.Load()
-	until := time.Now().Add(8 * time.Second)
-	testenv.WaitFor(t, 30*time.Second, func() error {
-		if time.Now().Before(until) {
-			return errors.New("measuring")
-		}
-		return nil
-	})
-	h, l := heavyTokens.Load()-h0, lightTokens.Load()-l0
-	share := float64(h) / float64(h+l)
+	h, l, share := tokensOver(t, 8*time.Second, &heavyTokens, &lightTokens)
 	t.Logf("two gateways, over 8 s: heavy (via a) %d tokens, light (via b) %d: heavy's share %.3f", h, l, share)
 	if h+l < 1000 || share < 0.65 || share > 0.85 {
 		t.Errorf("heavy's share %.3f of %d tokens, want 0.75", share, h+l)

@@ -234,14 +234,7 @@ type FlowPolicy struct {
 func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, error) {
 	var out Key
 	err := s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
-		b, err := tx.HGet(ctx, keyKeys, id).Bytes()
-		if errors.Is(err, redis.Nil) {
-			return nil, keyNotFound(id)
-		}
-		if err != nil {
-			return nil, err
-		}
-		k, err := decodeKey(b)
+		k, err := keyIn(ctx, tx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -260,8 +253,20 @@ func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, e
 		out = k
 		rec, _ := json.Marshal(keyRecord{Key: k, Hash: k.Hash})
 		return func(p redis.Pipeliner) { p.HSet(ctx, keyKeys, id, rec) }, nil
-	})
+	}, keyKeys)
 	return out, err
+}
+
+// keyIn reads key id in a transaction; ErrNotFound if there is none.
+func keyIn(ctx context.Context, tx *redis.Tx, id string) (Key, error) {
+	b, err := tx.HGet(ctx, keyKeys, id).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return Key{}, keyNotFound(id)
+	}
+	if err != nil {
+		return Key{}, err
+	}
+	return decodeKey(b)
 }
 
 // DeleteKey deletes a key, its hash index entry and its rate-limit window in
@@ -269,14 +274,7 @@ func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, e
 // announce it (AnnounceKeys) so that gateways forget it at once.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
 	return s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
-		b, err := tx.HGet(ctx, keyKeys, id).Bytes()
-		if errors.Is(err, redis.Nil) {
-			return nil, keyNotFound(id)
-		}
-		if err != nil {
-			return nil, err
-		}
-		k, err := decodeKey(b)
+		k, err := keyIn(ctx, tx, id)
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -223,5 +224,34 @@ func TestCreateKeysConcurrently(t *testing.T) {
 	}
 	if len(ids) != 20 {
 		t.Fatalf("%d keys", len(ids))
+	}
+}
+
+// A key's flow control: set at creation, changed with SetKeyFlow (fields
+// left nil stay), checked like at creation; the secret still finds the key.
+func TestKeyFlow(t *testing.T) {
+	s, _ := openStore(t)
+	ctx := context.Background()
+	if _, _, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme", Band: "urgent"}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("band urgent: %v", err)
+	}
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme", Band: "batch", Weight: 3, MaxQueueMS: 2000})
+	if err != nil || k.FlowBand() != schemas.BandBatch {
+		t.Fatalf("create: %+v %v", k, err)
+	}
+	band, weight := "critical", 1001
+	if _, err := s.SetKeyFlow(ctx, k.ID, registry.FlowPolicy{Weight: &weight}); !errors.Is(err, registry.ErrInvalid) {
+		t.Errorf("weight 1001: %v", err)
+	}
+	weight = 5
+	got, err := s.SetKeyFlow(ctx, k.ID, registry.FlowPolicy{Band: &band, Weight: &weight})
+	if err != nil || got.Band != "critical" || got.Weight != 5 || got.MaxQueueMS != 2000 {
+		t.Fatalf("SetKeyFlow: %+v %v", got, err)
+	}
+	if byHash, err := s.KeyByHash(ctx, registry.HashSecret(secret)); err != nil || byHash.FlowBand() != schemas.BandCritical || byHash.Weight != 5 {
+		t.Errorf("the key by its secret after the change: %+v %v", byHash, err)
+	}
+	if _, err := s.SetKeyFlow(ctx, "key_none", registry.FlowPolicy{Band: &band}); !errors.Is(err, registry.ErrNotFound) {
+		t.Errorf("unknown key: %v", err)
 	}
 }
