@@ -349,10 +349,13 @@ type request struct {
 	weight   int
 	maxQueue time.Duration
 	cost     float64
-	adapter  *adapterRef // a registered LoRA adapter: its base and path
-	span     trace.Span  // the dispatch span (startSpan)
-	hashes   []uint64    // the prompt's chained block hashes (prefix.go); nil: route by load
-	text     int         // with hashes: the prompt text's length in bytes (for the prediction)
+	// expires: a bounced request keeps the limit it was first queued with
+	// (zero: not queued before).
+	expires time.Time
+	adapter *adapterRef // a registered LoRA adapter: its base and path
+	span    trace.Span  // the dispatch span (startSpan)
+	hashes  []uint64    // the prompt's chained block hashes (prefix.go); nil: route by load
+	text    int         // with hashes: the prompt text's length in bytes (for the prediction)
 }
 
 // bytesPerToken is how many bytes of prompt text a token stands for, on
@@ -572,7 +575,12 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	if from != "" {
 		d.fleet.MarkFull(from)
 		d.mu.Lock()
-		d.dropChargeLocked(chargeKey{from, r.id})
+		if c, ok := d.dropChargeLocked(chargeKey{from, r.id}); ok {
+			r.expires = c.expires
+			if q := d.queues[c.model]; q != nil && c.cost > 0 {
+				q.Settle(c.tenant, c.band, -c.cost) // not served: its charge is refunded
+			}
+		}
 		d.mu.Unlock()
 	}
 	if r.attempt > d.cfg.MaxBounces {
@@ -669,6 +677,15 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	if !r.deadline.IsZero() && r.deadline.Before(expires) {
 		expires = r.deadline
 	}
+	if !r.expires.IsZero() && r.expires.Before(expires) {
+		expires = r.expires // bounced: its first queueing's limit stands
+	}
+	if !expires.After(now) {
+		d.m.refused(r.band, r.tenant, "queue_timeout")
+		d.m.rejected.WithLabelValues("queue_timeout").Inc()
+		d.fail(r.span, r.msg.Reply, schemas.ErrQueueTimeout.New("model `"+r.model+"`"))
+		return
+	}
 	// Refuse at once what cannot start in time, instead of letting it wait
 	// in vain (flow control: the estimate is the measured service rate over
 	// the cost that goes first).
@@ -751,7 +768,8 @@ func (d *Dispatcher) drain(models []string) {
 			}
 			q.Pop(now)
 			delete(d.byID, e.id)
-			d.chargedLocked(id, e.reqID, charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now})
+			d.chargedLocked(id, e.reqID, charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now,
+				expires: e.item.Expires})
 			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
 			waited := now.Sub(e.enqueued()).Seconds()
 			d.m.queueWait.Observe(waited)

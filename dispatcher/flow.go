@@ -64,6 +64,7 @@ type charge struct {
 	band          schemas.Band
 	cost          float64
 	at            time.Time
+	expires       time.Time // a queued request's queue limit, which a bounce keeps
 }
 
 // maxCharges bounds the charges awaiting a done notice; past it, a

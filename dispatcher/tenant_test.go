@@ -144,7 +144,7 @@ func TestTenantRequests(t *testing.T) {
 		schemas.HdrTenant: "tenant-a", schemas.HdrKeyID: "key_a", schemas.HdrReserved: "12", schemas.HdrWindow: "42",
 		schemas.HdrAdapterPath: "", schemas.HdrAdapterBase: "", schemas.HdrAttempt: "", "tb-key-id": "", "TB-TENANT": "",
 		schemas.HdrModel: "m",
-		schemas.HdrBand: "batch", schemas.HdrWeight: "2", schemas.HdrMaxQueue: "", "tb-band": "",
+		schemas.HdrBand:  "batch", schemas.HdrWeight: "2", schemas.HdrMaxQueue: "", "tb-band": "",
 	}
 	for k, v := range want {
 		if got := h.Get(k); got != v {

@@ -206,10 +206,16 @@ func (f *Fleet) Done(data []byte) (n schemas.DoneNotice, ok bool) {
 }
 
 // Finished records a done notice: the worker's running count after it.
+// One request left, so our count drops by one, or to the worker's if that
+// is higher (requests other dispatchers sent). Not below it: requests we
+// sent that are still on their way to the worker are in our count but not
+// yet in its; taking its count would send them a second time over, and
+// the worker would hand them back (a synchronised batch of done notices
+// did so, often).
 func (f *Fleet) Finished(worker string, running int) {
 	f.mu.Lock()
 	if w := f.workers[worker]; w != nil {
-		w.load = running
+		w.load = max(running, w.load-1)
 	}
 	f.mu.Unlock()
 }

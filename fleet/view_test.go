@@ -100,8 +100,19 @@ func TestHeartbeatAndDoneMessages(t *testing.T) {
 	if n, ok := fl.Done([]byte(`{"worker":"w","request_id":"r","running":1}`)); !ok || n.Worker != "w" {
 		t.Fatalf("done notice: %+v %v", n, ok)
 	}
+	// One request left: the load drops by one, not to the worker's count,
+	// which does not yet hold what we may have sent it since.
+	if w := fl.Workers(); w[0].Load != 2 {
+		t.Fatalf("load after a done notice %d, want 2", w[0].Load)
+	}
+	fl.Done([]byte(`{"worker":"w","request_id":"r2","running":1}`))
 	if w := fl.Workers(); w[0].Load != 1 {
-		t.Fatalf("load after a done notice %d, want 1", w[0].Load)
+		t.Fatalf("load after a second done notice %d, want 1", w[0].Load)
+	}
+	// A higher count than ours (another dispatcher's requests) wins.
+	fl.Done([]byte(`{"worker":"w","request_id":"r3","running":3}`))
+	if w := fl.Workers(); w[0].Load != 3 {
+		t.Fatalf("load after a done notice of 3 running %d, want 3", w[0].Load)
 	}
 	if _, ok := fl.Done([]byte(`nope`)); ok {
 		t.Fatal("a bad done notice was applied")
