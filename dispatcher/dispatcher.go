@@ -691,7 +691,10 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	// the cost that goes first).
 	d.capacityLocked(r.model, q)
 	wait, ahead, known := q.Estimate(r.tenant, r.band, float64(r.weight), r.cost, now)
-	if known && now.Add(wait).After(expires) {
+	// Slots free one request at a time, not as a fluid: the start can come
+	// up to one service time after the estimate (a batch of equal requests
+	// frees its slots together). Refuse what might miss its limit so.
+	if known && now.Add(wait+d.serviceTimeLocked(r.model, r.cost)).After(expires) {
 		d.m.refused(r.band, r.tenant, "wait_too_long")
 		d.m.rejected.WithLabelValues("wait_too_long").Inc()
 		e := schemas.ErrQueueWaitTooLong.New(r.model, wait.Round(time.Millisecond).String(), expires.Sub(now).Round(time.Millisecond).String())

@@ -119,9 +119,12 @@ func (d *Dispatcher) settle(n schemas.DoneNotice) {
 	if n.PromptTokens == 0 && n.CompletionTokens == 0 {
 		return // failed or not reported: the estimate stands
 	}
-	real := float64(n.PromptTokens)*d.cfg.PromptTokenCost + float64(n.CompletionTokens)
+	real, held := realCost(n, d.cfg.PromptTokenCost), time.Since(c.at).Seconds()
+	if n.HeldMS > 0 {
+		held = n.HeldMS / 1000
+	}
 	// Seconds of a slot per cost unit, for the capacity estimate.
-	per := time.Since(c.at).Seconds() / real
+	per := held / real
 	if old, ok := d.svc[c.model]; ok {
 		per = old + 0.1*(per-old)
 	}
@@ -188,6 +191,20 @@ func (d *Dispatcher) flowStats(top int) []FlowStat {
 	return out
 }
 
+// realCost is what a request that ended really cost, in output-token
+// units: the engine time it held its slot, measured in its own decode steps
+// (its completion tokens, plus its prefill time over its time per output
+// token), when the worker timed a stream; else its tokens, a prompt token at
+// promptCost.
+func realCost(n schemas.DoneNotice, promptCost float64) float64 {
+	out := float64(n.CompletionTokens)
+	if out > 0 && n.PrefillMS > 0 && n.HeldMS > n.PrefillMS {
+		perToken := (n.HeldMS - n.PrefillMS) / out
+		return out + n.PrefillMS/perToken
+	}
+	return float64(n.PromptTokens)*promptCost + out
+}
+
 // forgetChargesLocked drops the charges of requests on workers just lost,
 // and any older than an hour (a done notice lost on the way).
 func (d *Dispatcher) forgetChargesLocked(now time.Time, lost []string) {
@@ -216,6 +233,12 @@ func (d *Dispatcher) capacityLocked(model string, q *scheduler.Queue) {
 		}
 	}
 	q.SetCapacity(float64(slots) / per)
+}
+
+// serviceTimeLocked is how long a request of cost holds a slot of model's
+// workers, by the measured slot time per cost unit; 0 while unknown.
+func (d *Dispatcher) serviceTimeLocked(model string, cost float64) time.Duration {
+	return time.Duration(d.svc[model] * cost * float64(time.Second))
 }
 
 // queueFor is model's queue, made on first use.

@@ -58,6 +58,11 @@ type DoneNotice struct {
 	// tenant's fair-share charge with the real cost (docs/scheduling.md).
 	PromptTokens     int `json:"prompt_tokens,omitempty"`
 	CompletionTokens int `json:"completion_tokens,omitempty"`
+	// PrefillMS: admission to the first chunk of a stream (0: none sent);
+	// HeldMS: admission to the end. The engine time the request held its
+	// slot, split in prefill and decode: the real cost in flow control.
+	PrefillMS float64 `json:"prefill_ms,omitempty"`
+	HeldMS    float64 `json:"held_ms,omitempty"`
 }
 
 // FlowDemand is what a dispatcher announces on FlowsSubject while it has

@@ -55,7 +55,7 @@ func TestJSONSchemasMatchGoTypes(t *testing.T) {
 		{"heartbeat", Heartbeat{Worker: "w1", Models: []string{"m", "a"}, Adapters: []string{"a"}, Loading: []string{"b"}, MaxModelLen: map[string]int{"m": 8192},
 			MaxConcurrency: 8, Healthy: true, Engine: "vllm", Version: "1", IntervalMS: 1000, Seq: 1}},
 		{"done_notice", DoneNotice{Worker: "w1", RequestID: "r1", Running: 0}},
-		{"done_notice", DoneNotice{Worker: "w1", RequestID: "r1", Running: 2, Failed: true, PromptTokens: 40, CompletionTokens: 3}},
+		{"done_notice", DoneNotice{Worker: "w1", RequestID: "r1", Running: 2, Failed: true, PromptTokens: 40, CompletionTokens: 3, PrefillMS: 2.5, HeldMS: 40}},
 		{"adapter_request", AdapterRequest{Name: "a", Base: "b", Path: "/p"}},
 		{"ctl_reply", CtlReply{OK: false, Error: ErrInternal.New("x")}},
 		{"ctl_reply", CtlReply{OK: true}},

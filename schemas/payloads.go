@@ -66,6 +66,14 @@ func AppendDoneNotice(b []byte, n DoneNotice) []byte {
 		b = append(b, `,"completion_tokens":`...)
 		b = strconv.AppendInt(b, int64(n.CompletionTokens), 10)
 	}
+	if n.PrefillMS > 0 {
+		b = append(b, `,"prefill_ms":`...)
+		b = strconv.AppendFloat(b, n.PrefillMS, 'g', -1, 64)
+	}
+	if n.HeldMS > 0 {
+		b = append(b, `,"held_ms":`...)
+		b = strconv.AppendFloat(b, n.HeldMS, 'g', -1, 64)
+	}
 	return append(b, '}')
 }
 
@@ -86,6 +94,10 @@ func ParseDoneNotice(p []byte) (DoneNotice, bool) {
 			return once(4) && s.readInt(&n.PromptTokens)
 		case keyIs(key, "completion_tokens"):
 			return once(5) && s.readInt(&n.CompletionTokens)
+		case keyIs(key, "prefill_ms"):
+			return once(6) && s.readFloat(&n.PrefillMS)
+		case keyIs(key, "held_ms"):
+			return once(7) && s.readFloat(&n.HeldMS)
 		}
 		return s.skip(1)
 	})
@@ -295,6 +307,24 @@ func (s *scanner) readInt(dst *int) bool {
 		*dst = n
 	}
 	return ok
+}
+
+// readFloat reads a number as encoding/json reads one into a float64, or
+// null (which leaves dst).
+func (s *scanner) readFloat(dst *float64) bool {
+	if s.null() {
+		return true
+	}
+	text, ok := s.number()
+	if !ok {
+		return false
+	}
+	f, err := strconv.ParseFloat(string(text), 64)
+	if err != nil {
+		return false
+	}
+	*dst = f
+	return true
 }
 
 // readBool reads true or false, or null (which leaves dst).

@@ -40,7 +40,7 @@ func TestAppendPayloads(t *testing.T) {
 			t.Errorf("got %s want %s", got, want)
 		}
 	}
-	for _, n := range []DoneNotice{{Worker: "w1", RequestID: "r1", Running: 3}, {Worker: "\x01", Running: -1}, {Worker: "w", Failed: true}, {Worker: "w", PromptTokens: 130, CompletionTokens: 7}} {
+	for _, n := range []DoneNotice{{Worker: "w1", RequestID: "r1", Running: 3}, {Worker: "\x01", Running: -1}, {Worker: "w", Failed: true}, {Worker: "w", PromptTokens: 130, CompletionTokens: 7}, {Worker: "w", PrefillMS: 15.25, HeldMS: 650.5}} {
 		want, _ := json.Marshal(n)
 		if got := AppendDoneNotice(nil, n); string(got) != string(want) {
 			t.Errorf("got %s want %s", got, want)

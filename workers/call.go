@@ -31,6 +31,7 @@ type call struct {
 
 	start      time.Time     // admission
 	firstChunk bool          // a chunk was sent (for TTFT)
+	prefill    time.Duration // admission to the first chunk: the prompt's prefill, for the done notice
 	completed  bool          // the done frame was sent (else the done notice says failed)
 	used       schemas.Usage // of a completed request, for the done notice (flow control's cost)
 
@@ -133,7 +134,8 @@ func (c *call) Chunks(b []byte) error {
 	first := !c.firstChunk // a stream's first chunk is never held back
 	if first {             // engines call Chunks from one goroutine per request
 		c.firstChunk = true
-		c.w.m.ttft.Observe(time.Since(c.start).Seconds())
+		c.prefill = time.Since(c.start)
+		c.w.m.ttft.Observe(c.prefill.Seconds())
 		c.span.AddEvent(tracing.EventFirstToken)
 	}
 	linger := c.w.cfg.ChunkLinger

@@ -404,6 +404,7 @@ func (w *Worker) finish(c *call) {
 	n := w.running.Add(-1)
 	var buf [256]byte
 	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n),
-		Failed: !c.completed, PromptTokens: c.used.PromptTokens, CompletionTokens: c.used.CompletionTokens})
+		Failed: !c.completed, PromptTokens: c.used.PromptTokens, CompletionTokens: c.used.CompletionTokens,
+		PrefillMS: float64(c.prefill.Microseconds()) / 1000, HeldMS: float64(time.Since(c.start).Microseconds()) / 1000})
 	_ = w.nc.Publish(w.doneSubject, b)
 }
