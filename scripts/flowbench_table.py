@@ -259,12 +259,14 @@ def weights(t, need, topo, run, meta):
     tot = o3 + o1 + p3 + p1
     t.add(topo, sc, "weight 3's share of prompt + output tokens (info)", 100 * (o3 + p3) / tot if tot else math.nan,
           "%")
-    # The scheduler's own unit (docs/scheduling.md): cost = prompt tokens x
-    # --prompt-token-cost (default 1/32, which flowbench leaves) + output tokens.
+    # The scheduler's estimate before a request runs (docs/scheduling.md):
+    # prompt tokens x --prompt-token-cost (1/32) + output tokens. What it
+    # settles with is the engine time each request held, which the bench
+    # cannot see; on the sim a 2048-token prompt adds little of it, so the
+    # output tokens' share is the one to hold to 75 %.
     c3, c1 = o3 + p3 * PROMPT_TOKEN_COST, o1 + p1 * PROMPT_TOKEN_COST
     share_c = 100 * c3 / (c3 + c1) if c3 + c1 else math.nan
-    t.add(topo, sc, "weight 3's share of cost (prompt/32 + output tokens, the scheduler's unit)", share_c, "%",
-          "75 +- 5", abs(share_c - 75) <= 5)
+    t.add(topo, sc, "weight 3's share of prompt/32 + output tokens (the estimate's unit, info)", share_c, "%")
 
 
 def priority(t, need, topo, S):
