@@ -850,7 +850,14 @@ func (d *Dispatcher) sweep(now time.Time) {
 	var out []rej
 	d.mu.Lock()
 	d.forgetChargesLocked(now, lost)
+	var freed []string // models whose sharing with other dispatchers ended: what we held may go
+	limited := maps.Clone(d.coord.caps)
 	d.recomputeLocked(now)
+	for m := range limited {
+		if _, ok := d.coord.caps[m]; !ok {
+			freed = append(freed, m)
+		}
+	}
 	d.announceLocked(now, false)
 	for model, q := range d.queues {
 		q.Expire(now, func(it *scheduler.Item) {
@@ -895,6 +902,9 @@ func (d *Dispatcher) sweep(now time.Time) {
 	for _, r := range out {
 		d.m.rejected.WithLabelValues("queue_timeout").Inc()
 		d.fail(r.span, r.reply, r.err)
+	}
+	if len(freed) > 0 {
+		d.drain(freed)
 	}
 }
 
