@@ -7,8 +7,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
-	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/scheduler"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // The slots two dispatchers divide while both have a model queued: by the
