@@ -263,10 +263,15 @@ func TestQueueWaitRefusedEarly(t *testing.T) {
 	if len(refusals) == 0 || codes["ok"] == 0 {
 		t.Fatalf("want some served and some refused early: %v", codes)
 	}
-	// Refused at once: well under the 300 ms it would have waited (the
-	// official client's round trip included).
-	if p90 := refusals[len(refusals)*9/10]; p90 > 250*time.Millisecond {
-		t.Errorf("refusals' p90 latency %v", p90)
+	// Refused at once, on arrival: the dispatcher counted each refusal as
+	// such (never queued), and the client saw most well under the 300 ms
+	// it would have waited (its round trip included, on a machine the
+	// rest of the suite keeps busy: the gateway's own log says 1-7 ms).
+	if n := metricValue(t, d.URL, `tokenbus_dispatcher_flow_refused_total{band="interactive",reason="wait_too_long",tenant="hurried"}`); int(n) != len(refusals) {
+		t.Errorf("the dispatcher refused %v on arrival, the client saw %d refusals", n, len(refusals))
+	}
+	if p50 := refusals[len(refusals)/2]; p50 > 250*time.Millisecond {
+		t.Errorf("refusals' median latency %v", p50)
 	}
 	// Few wait in vain: expiring in the queue (503 queue_full) is the
 	// estimate's miss, not the rule.
