@@ -1,5 +1,5 @@
 # Convenience targets; each is one script a newcomer can also run directly.
-.PHONY: dev test test-short test-held-ports bench bench-smoke bench-peers chaos build install
+.PHONY: dev test test-short test-held-ports bench bench-smoke bench-peers flowbench chaos build install
 
 # bin/tokenbus, counting the packages it compiles (a first build: minutes; README "Two commands").
 build:
@@ -36,3 +36,7 @@ bench-peers:
 
 chaos:
 	./scripts/chaos
+
+# flow control's figures against issue 34's targets (docs/scheduling.md): ~8 minutes; -short for a ~40 s smoke
+flowbench:
+	./scripts/flowbench
