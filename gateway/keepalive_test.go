@@ -9,6 +9,7 @@ import (
 	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,10 +172,13 @@ func TestShutdownClosesResumedConn(t *testing.T) {
 func TestStuckClientCut(t *testing.T) {
 	big := `{"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("a", 60<<10) + `"}}]}`
 	stop := make(chan struct{})
+	var sending sync.WaitGroup
 	h := newHarness(t, harnessOptions{cfg: Config{StuckTimeout: 300 * time.Millisecond, ProbeInterval: 50 * time.Millisecond},
 		worker: func(h *harness, m *nats.Msg) {
 			h.accept(m)
+			sending.Add(1)
 			go func() { // far more than the socket buffers hold
+				defer sending.Done()
 				for i := uint64(2); i < 1000; i++ {
 					select {
 					case <-stop:
@@ -185,7 +189,9 @@ func TestStuckClientCut(t *testing.T) {
 				}
 			}()
 		}})
-	defer close(stop)
+	// The sender stops before the harness closes its connection (a publish
+	// on a closed one failed the test once, after its end).
+	defer func() { close(stop); sending.Wait() }()
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.base, "http://"))
 	if err != nil {
 		t.Fatal(err)
