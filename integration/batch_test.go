@@ -77,8 +77,11 @@ func TestBatchSurvivesCrashes(t *testing.T) {
 	natsProc := startProc(t, "nats-server", natsServer(t), natsArgs...)
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
 	common := []string{"--nats-url", natsURL, "--redis-url", ""}
+	// 20 ms a decode step: slow enough that the polls below see the batch
+	// between kills (at 5 ms, with no bounced requests slowing it, the last
+	// 100 lines ran between two polls on a busy machine).
 	worker := func(id string) *proc {
-		return startProc(t, id, bin, append([]string{"worker", "--id", id, "--sim-decode-base", "5ms", "--drain-timeout", "1s"}, common...)...)
+		return startProc(t, id, bin, append([]string{"worker", "--id", id, "--sim-decode-base", "20ms", "--drain-timeout", "1s"}, common...)...)
 	}
 	w1 := worker("w1")
 	w2 := worker("w2")
