@@ -203,12 +203,12 @@ func TestWeightedShares(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var heavyTokens, lightTokens atomic.Int64
-	flood(ctx, &wg, d, heavy, 24, 16, &heavyTokens)
-	flood(ctx, &wg, d, light, 24, 16, &lightTokens)
+	flood(ctx, &wg, d, heavy, 16, 16, &heavyTokens) // 32 streams for 8 slots: both always queued
+	flood(ctx, &wg, d, light, 16, 16, &lightTokens)
 	defer func() { stop(); wg.Wait() }()
-	waitQueued(t, d, 24)
-	h, l, share := tokensOver(t, 6*time.Second, &heavyTokens, &lightTokens)
-	t.Logf("over 6 s: heavy %d tokens, light %d: heavy's share %.3f", h, l, share)
+	waitQueued(t, d, 16)
+	h, l, share := tokensOver(t, 5*time.Second, &heavyTokens, &lightTokens)
+	t.Logf("over 5 s: heavy %d tokens, light %d: heavy's share %.3f", h, l, share)
 	if h+l < 1000 || share < 0.65 || share > 0.85 {
 		t.Errorf("heavy's share %.3f of %d tokens, want 0.75", share, h+l)
 	}
@@ -342,8 +342,8 @@ func TestTwoGatewaysShareFairly(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	var heavyTokens, lightTokens atomic.Int64
-	floodTo(ctx, &wg, a, heavy, 24, 16, &heavyTokens) // heavy only through a
-	floodTo(ctx, &wg, b, light, 24, 16, &lightTokens) // light only through b
+	floodTo(ctx, &wg, a, heavy, 16, 16, &heavyTokens) // heavy only through a
+	floodTo(ctx, &wg, b, light, 16, 16, &lightTokens) // light only through b
 	defer func() { stop(); wg.Wait() }()
 	testenv.WaitFor(t, 30*time.Second, func() error {
 		if heavyTokens.Load() == 0 || lightTokens.Load() == 0 {
@@ -351,8 +351,8 @@ func TestTwoGatewaysShareFairly(t *testing.T) {
 		}
 		return nil
 	})
-	h, l, share := tokensOver(t, 6*time.Second, &heavyTokens, &lightTokens)
-	t.Logf("two gateways, over 6 s: heavy (via a) %d tokens, light (via b) %d: heavy's share %.3f", h, l, share)
+	h, l, share := tokensOver(t, 5*time.Second, &heavyTokens, &lightTokens)
+	t.Logf("two gateways, over 5 s: heavy (via a) %d tokens, light (via b) %d: heavy's share %.3f", h, l, share)
 	if h+l < 1000 || share < 0.65 || share > 0.85 {
 		t.Errorf("heavy's share %.3f of %d tokens, want 0.75", share, h+l)
 	}
