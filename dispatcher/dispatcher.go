@@ -431,7 +431,6 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
 		r.hashes, r.text = promptKey(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
 	}
-	d.flowOf(r, h, 0)
 	return r, nil
 }
 
@@ -515,10 +514,13 @@ func (d *Dispatcher) take(m *nats.Msg, readBody bool) {
 			r.priority = view.Priority
 			m.Header.Set(schemas.HdrPriority, strconv.Itoa(view.Priority))
 		}
-		d.flowOf(r, m.Header, view.MaxTokens) // the key's flow (admitTenant), the body's max_tokens
+		d.flowOf(r, m.Header, view.MaxTokens, false) // the key's flow (admitTenant), the body's max_tokens
 		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
-	} else if m.Header.Get(schemas.HdrCancelToken) == "" {
-		m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
+	} else {
+		d.flowOf(r, m.Header, 0, true) // the gateway's headers: it read the body
+		if m.Header.Get(schemas.HdrCancelToken) == "" {
+			m.Header[schemas.HdrCancelToken] = []string{schemas.NewCancelToken()}
+		}
 	}
 	// The worker (and a bounce) cannot read the model from the subject.
 	m.Header.Set(schemas.HdrModel, r.model)
@@ -568,6 +570,7 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 		return
 	}
 	d.m.bounces.Inc()
+	d.flowOf(r, m.Header, 0, true) // the headers this dispatcher forwarded it with
 	r.attempt++
 	m.Header.Set(schemas.HdrAttempt, strconv.Itoa(r.attempt))
 	d.startSpan(r)
@@ -689,7 +692,6 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	// Refuse at once what cannot start in time, instead of letting it wait
 	// in vain (flow control: the estimate is the measured service rate over
 	// the cost that goes first).
-	d.capacityLocked(r.model, q)
 	wait, ahead, known := q.Estimate(r.tenant, r.band, float64(r.weight), r.cost, now)
 	// Slots free one request at a time, not as a fluid: the start can come
 	// up to one service time after the estimate (a batch of equal requests
@@ -851,12 +853,18 @@ func (d *Dispatcher) sweep(now time.Time) {
 	d.mu.Lock()
 	d.forgetChargesLocked(now, lost)
 	var freed []string // models whose sharing with other dispatchers ended: what we held may go
-	limited := maps.Clone(d.coord.caps)
+	var limited map[string]int
+	if len(d.coord.caps) > 0 {
+		limited = maps.Clone(d.coord.caps)
+	}
 	d.recomputeLocked(now)
 	for m := range limited {
 		if _, ok := d.coord.caps[m]; !ok {
 			freed = append(freed, m)
 		}
+	}
+	for model, q := range d.queues {
+		d.capacityLocked(model, q) // the fleet's slots, read once a sweep, not on every enqueue
 	}
 	d.announceLocked(now, false)
 	for model, q := range d.queues {

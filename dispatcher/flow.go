@@ -19,9 +19,14 @@ import (
 // settles the estimate.
 
 // flowOf reads a request's flow from its headers: those a gateway set from
-// the caller's key, or (tenant requests) the dispatcher from the key.
-func (d *Dispatcher) flowOf(r *request, h nats.Header, maxTokens int) {
+// the caller's key, or (tenant requests) the dispatcher from the key. Its
+// max_tokens is maxTokens (from the body), else, with fromHeader, the
+// Tb-Max-Tokens a gateway set; a tenant's own Tb-Max-Tokens is not read.
+func (d *Dispatcher) flowOf(r *request, h nats.Header, maxTokens int, fromHeader bool) {
 	r.tenant = h.Get(schemas.HdrTenant)
+	if len(r.tenant) > maxTenantLen { // a trusted sender's header; keys' tenants are shorter
+		r.tenant = r.tenant[:maxTenantLen]
+	}
 	if b, ok := schemas.ParseBand(h.Get(schemas.HdrBand)); ok {
 		r.band = b
 	} else {
@@ -33,7 +38,7 @@ func (d *Dispatcher) flowOf(r *request, h nats.Header, maxTokens int) {
 			r.maxQueue = time.Duration(min(ms, math.MaxInt64/int64(time.Millisecond))) * time.Millisecond
 		}
 	}
-	if maxTokens <= 0 {
+	if maxTokens <= 0 && fromHeader {
 		if v := h.Get(schemas.HdrMaxTokens); v != "" {
 			maxTokens, _ = strconv.Atoi(v)
 		}
@@ -44,6 +49,10 @@ func (d *Dispatcher) flowOf(r *request, h nats.Header, maxTokens int) {
 	}
 	r.cost = d.cost(prompt, maxTokens)
 }
+
+// maxTenantLen bounds the tenant a flow is named by (an API key's tenant is
+// at most 256 bytes).
+const maxTenantLen = 256
 
 // cost is a request's cost in output-token units: the engine time it
 // holds a slot for, about one decode step per output token, plus its
@@ -139,26 +148,23 @@ func (d *Dispatcher) settle(n schemas.DoneNotice) {
 	d.m.flowTokens.WithLabelValues(c.band.String(), d.m.tenants.label(c.tenant)).Add(float64(n.PromptTokens + n.CompletionTokens))
 }
 
-// FlowStat is one line of the queue by flow (metrics, the admin API's
-// traffic view): requests queued for a model in a band by a tenant.
-type FlowStat struct {
-	Model  string  `json:"model"`
-	Band   string  `json:"band"`
-	Tenant string  `json:"tenant"`
-	Queued int     `json:"queued"`
-	Cost   float64 `json:"cost"` // estimated, in output-token units
+// flowStat is one line of the queue by flow (tokenbus_dispatcher_flow_queued,
+// which the console's traffic page reads): requests queued for a model in a
+// band by a tenant.
+type flowStat struct {
+	Model, Band, Tenant string
+	Queued              int
+	Cost                float64 // estimated, in output-token units
 }
 
-// FlowStats lists the queue by flow: per model and band, the top tenants
+// flowStats lists the queue by flow: per model and band, the top tenants
 // by requests queued, the rest summed as "other".
-func (d *Dispatcher) FlowStats(top int) []FlowStat { return d.flowStats(top) }
-
-func (d *Dispatcher) flowStats(top int) []FlowStat {
+func (d *Dispatcher) flowStats(top int) []flowStat {
 	type key struct {
 		model string
 		band  schemas.Band
 	}
-	by := map[key][]FlowStat{}
+	by := map[key][]flowStat{}
 	d.mu.Lock()
 	for model, q := range d.queues {
 		q.Each(func(b schemas.Band, tenant string, n int, cost float64) {
@@ -166,17 +172,17 @@ func (d *Dispatcher) flowStats(top int) []FlowStat {
 			if tenant == "" {
 				tenant = "none"
 			}
-			by[k] = append(by[k], FlowStat{Model: model, Band: b.String(), Tenant: tenant, Queued: n, Cost: cost})
+			by[k] = append(by[k], flowStat{Model: model, Band: b.String(), Tenant: tenant, Queued: n, Cost: cost})
 		})
 	}
 	d.mu.Unlock()
-	var out []FlowStat
+	var out []flowStat
 	for _, fs := range by {
-		slices.SortFunc(fs, func(a, b FlowStat) int {
+		slices.SortFunc(fs, func(a, b flowStat) int {
 			return cmp.Or(cmp.Compare(b.Queued, a.Queued), cmp.Compare(a.Tenant, b.Tenant))
 		})
 		if len(fs) > top {
-			other := FlowStat{Model: fs[0].Model, Band: fs[0].Band, Tenant: "other"}
+			other := flowStat{Model: fs[0].Model, Band: fs[0].Band, Tenant: "other"}
 			for _, f := range fs[top:] {
 				other.Queued += f.Queued
 				other.Cost += f.Cost
@@ -185,7 +191,7 @@ func (d *Dispatcher) flowStats(top int) []FlowStat {
 		}
 		out = append(out, fs...)
 	}
-	slices.SortFunc(out, func(a, b FlowStat) int {
+	slices.SortFunc(out, func(a, b flowStat) int {
 		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Band, b.Band), cmp.Compare(b.Queued, a.Queued))
 	})
 	return out
@@ -247,6 +253,7 @@ func (d *Dispatcher) queueFor(model string) *scheduler.Queue {
 	if q == nil {
 		q = scheduler.New(scheduler.Config{MaxQueued: d.cfg.QueueSize})
 		d.queues[model] = q
+		d.capacityLocked(model, q) // then every sweep (capacityLocked reads the fleet)
 	}
 	return q
 }

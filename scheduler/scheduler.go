@@ -105,9 +105,6 @@ func New(cfg Config) *Queue {
 // Len is the number of queued items.
 func (q *Queue) Len() int { return q.n }
 
-// BandLen is the number of items queued in band b.
-func (q *Queue) BandLen(b schemas.Band) int { return q.bands[b].n }
-
 func norm(it *Item) {
 	if !(it.Weight > 0) || math.IsInf(it.Weight, 0) {
 		it.Weight = 1
