@@ -41,6 +41,29 @@ type Heartbeat struct {
 	// sim's configured context); a model the engine says nothing of is left
 	// out. Gateways show it in /v1/models.
 	MaxModelLen map[string]int `json:"max_model_len,omitempty"`
+
+	// Capacity on demand (docs/capacity.md).
+	//
+	// Sleeping: the engine is asleep (vLLM sleep mode level 1: weights in
+	// CPU memory, KV cache freed) after --sleep-after of idleness; the next
+	// request wakes it first. Dispatchers prefer awake workers and count a
+	// sleeping one as capacity a wake-up away. WakeMS is the last wake-up's
+	// duration (0: none measured yet).
+	Sleeping bool `json:"sleeping,omitempty"`
+	WakeMS   int  `json:"wake_ms,omitempty"`
+	// CanServe lists every model this worker can switch to, loaded or not
+	// (a worker started with several models, one loaded at a time); empty
+	// for a worker of fixed models. Switching names the model it is
+	// switching to: it takes no new requests for its old models meanwhile
+	// (they wait in the dispatchers' queues) and serves the new one once
+	// its next heartbeat lists it in Models. LoadedAt (Unix ms) is when the
+	// models it serves now were loaded: dispatchers read the worker's
+	// hysteresis from it (HoldMS: how long a model stays loaded at least
+	// before the worker accepts a switch away from it).
+	CanServe  []string `json:"can_serve,omitempty"`
+	Switching string   `json:"switching,omitempty"`
+	LoadedAt  int64    `json:"loaded_at,omitempty"`
+	HoldMS    int      `json:"hold_ms,omitempty"`
 }
 
 // DoneNotice is published on DoneSubject when a worker finishes a request, so
@@ -80,7 +103,33 @@ const (
 	CtlDrain         = "drain"          // {} -> CtlReply
 	CtlLoadAdapter   = "load_adapter"   // AdapterRequest -> CtlReply
 	CtlUnloadAdapter = "unload_adapter" // AdapterRequest -> CtlReply
+	CtlSwitch        = "switch"         // SwitchRequest -> CtlReply (docs/capacity.md)
 )
+
+// SwitchRequest asks a worker that can serve several models (Heartbeat
+// CanServe) to load Model in place of what it serves now: it stops taking
+// requests for the old model, lets those running finish, then switches. A
+// worker refuses (CtlReply with an error) a model it cannot serve, or a
+// switch away from a model loaded less than its hold time ago; it accepts a
+// switch to the model it serves or is switching to already, doing nothing.
+type SwitchRequest struct {
+	Model      string `json:"model"`
+	Dispatcher string `json:"dispatcher,omitempty"` // who asked, for logs
+}
+
+// Demand is what a dispatcher publishes on DemandSubject(model) while it
+// holds requests for a model that no live worker serves (a cold start: an
+// autoscaler or an operator's script starts a worker on it): at once when
+// the first such request arrives, then every second while any waits, and
+// once more with Waiting 0 when none does.
+type Demand struct {
+	Model      string `json:"model"`
+	Dispatcher string `json:"dispatcher"`
+	Waiting    int    `json:"waiting"`              // requests held here for the model
+	OldestMS   int64  `json:"oldest_ms"`            // how long the oldest of them has waited
+	Switchable int    `json:"switchable,omitempty"` // live workers that could switch to the model
+	Sleeping   int    `json:"sleeping,omitempty"`   // live workers of the model asleep
+}
 
 // AdapterRequest asks a worker to load or unload a LoRA adapter.
 type AdapterRequest struct {

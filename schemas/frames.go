@@ -150,6 +150,14 @@ type Queued struct {
 	// QueueCancel to take the request out of the queue.
 	RequestID   string `json:"request_id,omitempty"`
 	CancelToken string `json:"cancel_token,omitempty"`
+	// Cold: the request waits for capacity that is not up (no live worker
+	// serves its model, or it waits for one to wake or switch): TimeoutMS is
+	// then the cold-start limit. BeatMS: the dispatcher sends the queued
+	// frame again at least this often while the request waits, so that a
+	// client notices a dispatcher that died within a few beats (0: it does
+	// not, and the client waits out TimeoutMS).
+	Cold   bool  `json:"cold,omitempty"`
+	BeatMS int64 `json:"beat_ms,omitempty"`
 }
 
 // Accepted is the payload of an accepted frame.

@@ -39,6 +39,9 @@ const (
 	FlowsPrefix = Prefix + ".flows."
 	// QueueCancel: body = CancelBody; every dispatcher drops that request from its queue.
 	QueueCancel = Prefix + ".qcancel"
+	// DemandPrefix + <model-token>: Demand events, published while requests
+	// wait for a model that no live worker serves.
+	DemandPrefix = Prefix + ".demand."
 	// EventsPrefix + <kind>: registry changes (models, adapters, keys).
 	EventsPrefix = Prefix + ".events."
 
@@ -108,6 +111,10 @@ func CancelSubject(workerID string) string { return CancelPrefix + workerID }
 
 // CtlSubject is the control subject for operation op on worker id.
 func CtlSubject(workerID, op string) string { return CtlPrefix + workerID + "." + op }
+
+// DemandSubject is where dispatchers announce demand for model that no
+// live worker serves.
+func DemandSubject(model string) string { return DemandPrefix + ModelToken(model) }
 
 // BounceSubject is where dispatcher id takes requests back from full workers.
 func BounceSubject(dispatcherID string) string { return BouncePrefix + dispatcherID }
