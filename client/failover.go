@@ -46,6 +46,9 @@ const (
 	ReasonWorkerLost = "worker_lost"   // WorkerLost: heartbeats or NATS say the worker is gone
 	ReasonGap        = "stream_gap"    // a frame was lost
 	ReasonSilent     = "worker_silent" // stall: no frame for the stall timeout
+	// ReasonDispatcherGone: the dispatcher holding the request in its
+	// queue stopped beating (schemas.Queued BeatMS): it died.
+	ReasonDispatcherGone = "dispatcher_gone"
 )
 
 // retryable is the reason for an error frame that another worker may not
@@ -70,7 +73,7 @@ var retryableCodes = []string{"shutting_down", "worker_busy", "engine_unhealthy"
 // Reasons are every Failover.Reason there is, for metrics that show each
 // from start-up (at 0).
 func Reasons() []string {
-	return append([]string{ReasonWorkerLost, ReasonGap, ReasonSilent}, retryableCodes...)
+	return append([]string{ReasonWorkerLost, ReasonGap, ReasonSilent, ReasonDispatcherGone}, retryableCodes...)
 }
 
 // Failover is one event of a stream's failover, for metrics.

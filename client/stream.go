@@ -97,6 +97,15 @@ func (s *Stream) Queued() bool {
 	return s.queued
 }
 
+// HeldForCapacity reports whether the request waits for capacity that is
+// not up: its latest queued frame said cold (no live worker served its
+// model) and nothing has taken it since.
+func (s *Stream) HeldForCapacity() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queued && s.worker == "" && s.queueInfo.Cold
+}
+
 // QueueEstimate is what the latest queued frame said: the estimated position
 // (1: next) and wait (ms; 0: not known) when the request was queued. ok is
 // false if it was never queued.
@@ -300,6 +309,9 @@ func (s *Stream) Next(ctx context.Context) (schemas.Frame, error) {
 			}
 			e := s.stallError()
 			reason := ReasonSilent
+			if schemas.ErrDispatcherGone.Is(e) {
+				reason = ReasonDispatcherGone
+			}
 			if schemas.ErrQueueTimeout.Is(e) && s.Queued() {
 				reason = "" // a full fleet: sending again would only queue again
 			}
@@ -330,6 +342,8 @@ func (s *Stream) stallError() *schemas.Error {
 	switch {
 	case s.worker != "":
 		return schemas.ErrWorkerSilent.New(s.worker, s.stallFor)
+	case s.queued && s.queueInfo.BeatMS > 0:
+		return schemas.ErrDispatcherGone.New(s.stallFor)
 	case s.queued:
 		return schemas.ErrQueueTimeout.New("the request")
 	}
@@ -344,6 +358,12 @@ func (s *Stream) handleLocked(f schemas.Frame) (schemas.Frame, error, bool) {
 		var q schemas.Queued
 		if json.Unmarshal(f.Payload, &q) == nil && q.TimeoutMS > 0 {
 			s.stallFor = time.Duration(q.TimeoutMS)*time.Millisecond + s.c.opts.StallTimeout
+			if q.BeatMS > 0 {
+				// The dispatcher sends this frame again every beat while
+				// the request waits: a few beats of silence mean it died
+				// (and the request is sent again), not minutes of them.
+				s.stallFor = min(s.stallFor, beatStall(time.Duration(q.BeatMS)*time.Millisecond))
+			}
 		}
 		s.queueInfo = q
 		if q.CancelToken != "" {
@@ -401,3 +421,8 @@ func (s *Stream) Close() {
 		_ = s.c.nc.Publish(schemas.QueueCancel, schemas.CancelBody(s.id, token))
 	}
 }
+
+// beatStall is how long a queued request's client waits for its
+// dispatcher's next beat before it takes the dispatcher for dead: four
+// beats, and never under 3s (a busy machine delays a beat or two).
+func beatStall(beat time.Duration) time.Duration { return max(4*beat, 3*time.Second) }

@@ -42,7 +42,7 @@ var loraRegistry = fakeRegistry{
 
 func startAdapterDispatcher(t *testing.T, nc *nats.Conn) *Dispatcher {
 	t.Helper()
-	d := New(Config{}, nc, loraRegistry, nil, nil)
+	d := New(Config{ColdStartTimeout: time.Second}, nc, loraRegistry, nil, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { d.Run(ctx); close(done) }()
@@ -182,12 +182,12 @@ func TestAdapterWithoutBaseWorker(t *testing.T) {
 	loraWorker(t, nc, "w1", 10, 4)
 	waitWorkers(t, d, 1)
 	r := sendRequest(t, nc, "orphan", "o1")
-	// A dispatcher that has just started queues a request with no worker for
-	// warmUp (it may not have heard every heartbeat yet), then refuses it.
-	testenv.WaitFor(t, warmUp+2*time.Second, wantError(r, 503, schemas.CodeNoWorker))
+	// A registered adapter whose base no worker serves waits for one
+	// (hold.go), then times out.
+	testenv.WaitFor(t, 3*time.Second, wantError(r, 503, "cold_start_timeout"))
 	f, _ := r.last()
-	if e := schemas.ParseErrorPayload(f.Payload); !strings.Contains(e.Body.Message, "`gone`") {
-		t.Fatalf("the error does not name the missing base model: %s", e.Body.Message)
+	if e := schemas.ParseErrorPayload(f.Payload); !strings.Contains(e.Body.Message, "`orphan`") {
+		t.Fatalf("the error does not name the model: %s", e.Body.Message)
 	}
 	unknown := sendRequest(t, nc, "nope", "o2")
 	testenv.WaitFor(t, 2*time.Second, wantError(unknown, 404, "model_not_found"))

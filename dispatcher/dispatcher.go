@@ -95,6 +95,14 @@ type Config struct {
 	// counts DefaultOutputTokens (default 256) until its real usage settles it.
 	PromptTokenCost     float64
 	DefaultOutputTokens int
+	// Capacity on demand (hold.go, docs/capacity.md): a request for a
+	// registered model that no live worker serves waits up to
+	// ColdStartTimeout (default 5m, never past its deadline) for one to
+	// start, wake or switch. HoldBeat (default 1s) is how often queued
+	// requests get their queued frame again, and held models their demand
+	// event.
+	ColdStartTimeout time.Duration
+	HoldBeat         time.Duration
 }
 
 // LocalWorkers takes requests for the workers that run in this process
@@ -139,6 +147,12 @@ func (c *Config) defaults() {
 	if c.DefaultOutputTokens <= 0 {
 		c.DefaultOutputTokens = 256
 	}
+	if c.ColdStartTimeout <= 0 {
+		c.ColdStartTimeout = 5 * time.Minute
+	}
+	if c.HoldBeat <= 0 {
+		c.HoldBeat = time.Second
+	}
 	if c.PrefixBlockBytes < 8 {
 		c.PrefixBlockBytes = 64
 	}
@@ -176,6 +190,8 @@ type Dispatcher struct {
 	// adapterQueues lists, by base model, the adapters that have a queue, so
 	// that a worker of the base freeing a slot drains them too.
 	adapterQueues map[string]map[string]struct{}
+	held          map[string]*holdState // models with requests held for capacity (hold.go)
+	beatAt        time.Time             // the last round of queued frames sent again (hold.go)
 }
 
 // New makes a dispatcher; Run starts it. models may be nil: every model with
@@ -187,7 +203,7 @@ func New(cfg Config, nc *nats.Conn, models Registry, reg prometheus.Registerer, 
 	}
 	d := &Dispatcher{cfg: cfg, nc: nc, models: models, log: log.With("dispatcher", cfg.ID),
 		fleet: fleet.New(), m: newMetrics(), ready: make(chan struct{}), queues: map[string]*scheduler.Queue{}, byID: map[string]*queued{}, charges: map[chargeKey]charge{}, svc: map[string]float64{}, coord: newCoord(),
-		adapterQueues: map[string]map[string]struct{}{}}
+		adapterQueues: map[string]map[string]struct{}{}, held: map[string]*holdState{}}
 	d.fleet.AdapterSpill = cfg.AdapterSpill
 	// Requests per adapter are counted with placement off too: routing
 	// sends a load that must evict to the worker with the coldest adapter.
@@ -623,7 +639,7 @@ func (d *Dispatcher) route(r *request, exclude string) {
 		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text))
 		return
 	}
-	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) {
+	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) && !d.holdable(r.model, r.adapter) {
 		d.mu.Unlock()
 		d.m.rejected.WithLabelValues("no_worker").Inc()
 		d.fail(r.span, r.msg.Reply, d.noWorker(r.model, r.adapter))
@@ -633,8 +649,9 @@ func (d *Dispatcher) route(r *request, exclude string) {
 	d.mu.Unlock()
 }
 
-// noWorker is the answer for a model no live worker serves: 503 if the model
-// is known (registered), else 404.
+// noWorker is the answer for a model no live worker serves and that cannot
+// be held for capacity: 404, or 503 for an adapter whose base is served by
+// none (or, with no registry, a model lost while requests waited).
 func (d *Dispatcher) noWorker(model string, adapter *adapterRef) *schemas.Error {
 	if adapter != nil {
 		return schemas.ErrNoWorkerForBase.New(adapter.base, model)
@@ -673,6 +690,10 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 		endSpan(old.span, "", nil, "superseded")
 	}
 	limit := d.cfg.QueueTimeout
+	cold := d.serving(r.model, r.adapter) == 0 && d.holdable(r.model, r.adapter)
+	if cold {
+		limit = d.cfg.ColdStartTimeout // nothing to estimate: it waits for capacity to come up
+	}
 	if r.maxQueue > 0 {
 		limit = min(limit, r.maxQueue)
 	}
@@ -682,6 +703,11 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	}
 	if !r.expires.IsZero() && r.expires.Before(expires) {
 		expires = r.expires // bounced: its first queueing's limit stands
+	}
+	if !expires.After(now) && cold {
+		d.m.rejected.WithLabelValues("queue_timeout").Inc()
+		d.fail(r.span, r.msg.Reply, schemas.ErrColdStartTimeout.New(r.model, "its deadline"))
+		return
 	}
 	if !expires.After(now) {
 		d.m.refused(r.band, r.tenant, "queue_timeout")
@@ -696,14 +722,15 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	// Slots free one request at a time, not as a fluid: the start can come
 	// up to one service time after the estimate (a batch of equal requests
 	// frees its slots together). Refuse what might miss its limit so.
-	if known && now.Add(wait+d.serviceTimeLocked(r.model, r.cost)).After(expires) {
+	if known && !cold && now.Add(wait+d.serviceTimeLocked(r.model, r.cost)).After(expires) {
 		d.m.refused(r.band, r.tenant, "wait_too_long")
 		d.m.rejected.WithLabelValues("wait_too_long").Inc()
 		e := schemas.ErrQueueWaitTooLong.New(r.model, wait.Round(time.Millisecond).String(), expires.Sub(now).Round(time.Millisecond).String())
 		d.fail(r.span, r.msg.Reply, e.WithRetryAfter(retryAfter(wait)))
 		return
 	}
-	e := &queued{msg: r.msg, id: qk, reqID: r.id, model: r.model, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span}
+	e := &queued{msg: r.msg, id: qk, reqID: r.id, model: r.model, adapter: r.adapter, hashes: r.hashes, text: r.text, span: r.span,
+		cold: cold, beatAt: now}
 	weight, fresh := d.flowWeightLocked(r.model, r.tenant, r.band, float64(r.weight))
 	e.item = scheduler.Item{Flow: r.tenant, Band: r.band, Weight: weight, Priority: r.priority,
 		Cost: r.cost, Expires: expires, Value: e}
@@ -726,8 +753,13 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	}
 	d.byID[qk] = e
 	spanQueued(r.span, ahead+1)
+	if cold {
+		wait, ahead = 0, q.Len()-1
+		d.heldLocked(r.model, now)
+	}
 	b, _ := json.Marshal(schemas.Queued{Position: ahead + 1, WaitMS: wait.Milliseconds(), Band: r.band.String(),
-		Dispatcher: d.cfg.ID, TimeoutMS: expires.Sub(now).Milliseconds(), RequestID: r.id, CancelToken: token})
+		Dispatcher: d.cfg.ID, TimeoutMS: expires.Sub(now).Milliseconds(), RequestID: r.id, CancelToken: token,
+		Cold: cold, BeatMS: d.cfg.HoldBeat.Milliseconds()})
 	_ = d.nc.Publish(r.msg.Reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0, b))
 }
 
@@ -778,6 +810,9 @@ func (d *Dispatcher) drain(models []string) {
 			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
 			waited := now.Sub(e.enqueued()).Seconds()
 			d.m.queueWait.Observe(waited)
+			if e.cold {
+				d.m.capacityWait.Observe(waited)
+			}
 			d.m.waited(e.item.Band, e.item.Flow, waited)
 		}
 	}
@@ -868,24 +903,24 @@ func (d *Dispatcher) sweep(now time.Time) {
 	}
 	d.announceLocked(now, false)
 	for model, q := range d.queues {
+		cold := d.coldQueueLocked(model, q)
 		q.Expire(now, func(it *scheduler.Item) {
 			e := it.Value.(*queued)
 			delete(d.byID, e.id)
 			d.m.refused(it.Band, it.Flow, "queue_timeout")
-			out = append(out, rej{e.msg.Reply, schemas.ErrQueueTimeout.New("model `" + model + "`"), e.span})
+			err := schemas.ErrQueueTimeout.New("model `" + model + "`")
+			if cold {
+				err = schemas.ErrColdStartTimeout.New(model, now.Sub(e.enqueued()).Round(time.Second).String())
+			}
+			out = append(out, rej{e.msg.Reply, err, e.span})
 		})
 		if q.Len() > 0 && !d.warmingLocked(now) {
 			// A model that lost its last worker: what waits for it is
-			// answered now. (One queue is one model or one adapter: its
-			// items share the answer.)
+			// answered now, unless it may wait for capacity (hold.go).
+			// (One queue is one model or one adapter: its items share the
+			// answer.)
 			head := q.Peek().Value.(*queued)
-			serving := 0
-			if head.adapter != nil {
-				serving = d.fleet.ServingAdapter(model, head.adapter.base)
-			} else {
-				serving = d.fleet.Serving(model)
-			}
-			if serving == 0 {
+			if d.serving(model, head.adapter) == 0 && !d.holdable(model, head.adapter) {
 				var lost []*queued
 				q.Items(func(it *scheduler.Item) { lost = append(lost, it.Value.(*queued)) })
 				for _, e := range lost {
@@ -895,7 +930,7 @@ func (d *Dispatcher) sweep(now time.Time) {
 			}
 		}
 		if q.Len() == 0 {
-			if d.fleet.Serving(model) == 0 {
+			if d.fleet.Serving(model) == 0 && d.held[model] == nil {
 				delete(d.queues, model) // its flows' state goes with its workers; the queue_depth series stays while the model is registered or served (modelStats)
 			}
 			for base, as := range d.adapterQueues {
@@ -906,11 +941,13 @@ func (d *Dispatcher) sweep(now time.Time) {
 			}
 		}
 	}
+	beats := d.holdSweepLocked(now)
 	d.mu.Unlock()
 	for _, r := range out {
 		d.m.rejected.WithLabelValues("queue_timeout").Inc()
 		d.fail(r.span, r.reply, r.err)
 	}
+	d.sendBeats(beats)
 	if len(freed) > 0 {
 		d.drain(freed)
 	}
@@ -927,6 +964,7 @@ func (d *Dispatcher) rejectAll(e *schemas.Error) {
 	d.queues = map[string]*scheduler.Queue{}
 	d.byID = map[string]*queued{}
 	d.adapterQueues = map[string]map[string]struct{}{}
+	d.held = map[string]*holdState{}
 	d.mu.Unlock()
 	for _, r := range replies {
 		d.fail(r.span, r.msg.Reply, e)

@@ -242,18 +242,20 @@ func TestRouteQueueDrain(t *testing.T) {
 func TestUnknownAndIdleModels(t *testing.T) {
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
-	startDispatcher(t, nc, Config{})
+	startDispatcher(t, nc, Config{ColdStartTimeout: time.Second})
 	tests := []struct {
 		model  string
 		status int
 		code   string
 	}{
+		// A fresh dispatcher waits out its warm-up before refusing.
 		{"never-heard-of", 404, "model_not_found"},
-		{"known-idle", 503, schemas.CodeNoWorker},
+		// A registered model with no worker waits for one (hold.go) up to
+		// the cold-start timeout.
+		{"known-idle", 503, "cold_start_timeout"},
 	}
 	for _, tt := range tests {
 		r := sendRequest(t, nc, tt.model, "r-"+tt.model)
-		// A fresh dispatcher waits out its warm-up before refusing.
 		testenv.WaitFor(t, warmUp+2*time.Second, wantError(r, tt.status, tt.code))
 	}
 }

@@ -41,6 +41,11 @@ type metrics struct {
 	flowTokens  *prometheus.CounterVec   // band, tenant: prompt + completion tokens of settled requests
 	settled     prometheus.Histogram     // real cost / estimate
 	tenants     tenantLabels
+
+	// Capacity on demand (hold.go).
+	coldStarts       *prometheus.CounterVec // outcome: started, served, gave_up
+	coldStartSeconds prometheus.Histogram   // first request held to capacity up
+	capacityWait     prometheus.Histogram   // time held requests waited before a worker took them
 }
 
 // waited observes a queued request's wait in its flow.
@@ -103,12 +108,16 @@ var (
 	flowRefusals     = []string{"wait_too_long", "queue_full", "evicted", "queue_timeout"}
 	placements       = []fleet.Placement{fleet.PlacedHolder, fleet.PlacedFreeSlot, fleet.PlacedEvict}
 	placementActions = []string{"load", "unload", "evict"}
+	coldOutcomes     = []string{"started", "served", "gave_up"}
 )
 
 func newMetrics() *metrics {
 	m := newCollectors()
 	for _, r := range rejectReasons {
 		m.rejected.WithLabelValues(r)
+	}
+	for _, o := range coldOutcomes {
+		m.coldStarts.WithLabelValues(o)
 	}
 	for _, p := range placements {
 		m.adapterRouted.WithLabelValues(p.String())
@@ -181,6 +190,16 @@ func newCollectors() *metrics {
 		settled: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tokenbus_dispatcher_cost_estimate_ratio", Help: "Real cost of a queued request over its estimate (flow control settles the difference).",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 0.8, 1, 1.25, 2, 4, 10}}),
+		coldStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_cold_starts_total",
+			Help: "Holds for capacity (docs/capacity.md): a model no live worker served got a request (started), then capacity came (served) or its held requests all left first (gave_up: timed out, cancelled)."},
+			[]string{"outcome"}),
+		coldStartSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_dispatcher_cold_start_seconds", Help: "From the first request held for a model no live worker served to a worker serving it.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}}),
+		capacityWait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tokenbus_dispatcher_capacity_wait_seconds", Help: "Time requests held for capacity (queued while no live worker served their model) waited before a worker took them.",
+			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}}),
 		prefixPredicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_prefix_predicted_cached_tokens_total",
 			Help: "Prompt tokens (estimated) the worker chosen was predicted to hold in its prefix cache."}),
@@ -195,7 +214,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 	m := d.m
 	reg.MustRegister(m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
 		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, m.flowWait, m.flowRefused, m.flowTokens, m.settled,
-		modelCollector{d})
+		m.coldStarts, m.coldStartSeconds, m.capacityWait, modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up
@@ -210,6 +229,8 @@ var (
 		"Live, healthy, non-draining workers serving the model, as this dispatcher sees them.", []string{"model"}, nil)
 	descFlowQueued = prometheus.NewDesc("tokenbus_dispatcher_flow_queued",
 		"Requests waiting in this dispatcher, by model, band and tenant: the 20 tenants with the most queued, the rest summed as other.", []string{"model", "band", "tenant"}, nil)
+	descCapacityWaiting = prometheus.NewDesc("tokenbus_dispatcher_capacity_waiting",
+		"Requests held in this dispatcher for a model that no live worker serves (waiting for one to start, wake or switch), by model: 0 for every known model with none. Scale from zero on it.", []string{"model"}, nil)
 	descRunning = prometheus.NewDesc("tokenbus_dispatcher_running",
 		"Requests in flight on the live workers serving the model, as this dispatcher estimates them (their last report plus what was sent since).", []string{"model"}, nil)
 )
@@ -219,6 +240,7 @@ type modelCollector struct{ d *Dispatcher }
 
 func (c modelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descQueueDepth
+	ch <- descCapacityWaiting
 	ch <- descWorkers
 	ch <- descRunning
 	ch <- descFlowQueued
@@ -227,6 +249,7 @@ func (c modelCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c modelCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range c.d.modelStats() {
 		ch <- prometheus.MustNewConstMetric(descQueueDepth, prometheus.GaugeValue, float64(s.queued), s.model)
+		ch <- prometheus.MustNewConstMetric(descCapacityWaiting, prometheus.GaugeValue, float64(s.cold), s.model)
 		if s.base {
 			ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(s.workers), s.model)
 			ch <- prometheus.MustNewConstMetric(descRunning, prometheus.GaugeValue, float64(s.running), s.model)
@@ -242,6 +265,7 @@ type modelStat struct {
 	model   string
 	base    bool // a base model (not a LoRA adapter): it has workers and running
 	queued  int
+	cold    int // of queued: held for capacity (no live worker serves the model)
 	workers int // live, healthy, non-draining workers serving it
 	running int // requests in flight on the live workers serving it
 }
@@ -277,7 +301,11 @@ func (d *Dispatcher) modelStats() []modelStat {
 	}
 	d.mu.Lock()
 	for name, q := range d.queues {
-		get(name).queued = q.Len()
+		s := get(name)
+		s.queued = q.Len()
+		if d.coldQueueLocked(name, q) {
+			s.cold = s.queued
+		}
 	}
 	d.mu.Unlock()
 	out := make([]modelStat, 0, len(byName))

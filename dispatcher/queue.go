@@ -22,6 +22,8 @@ type queued struct {
 	text    int        // request.text
 	span    trace.Span // the dispatch span, ended when the request leaves the queue
 	item    scheduler.Item
+	cold    bool      // queued while no live worker served its model (hold.go)
+	beatAt  time.Time // its last queued frame (hold.go)
 }
 
 func (e *queued) enqueued() time.Time { return e.item.Enqueued() }

@@ -15,6 +15,9 @@ type View interface {
 	Workers() []Worker
 	// Serving counts the live, healthy, non-draining workers serving model.
 	Serving(model string) int
+	// Switchable counts the live workers that can switch to model
+	// (Heartbeat CanServe) without serving it now.
+	Switchable(model string) int
 	// Models lists every model a live, healthy, non-draining worker serves, sorted.
 	Models() []string
 	// Len counts the live workers.

@@ -13,7 +13,8 @@ import (
 // Catalog tells the gateway which models exist and whether anything serves.
 // NewCatalog makes the real one.
 type Catalog interface {
-	// Known reports whether model is registered or served by a live worker.
+	// Known reports whether model is registered, served by a live worker,
+	// or one a live worker can switch to (docs/capacity.md).
 	Known(model string) bool
 	// Models lists the servable models, for /v1/models.
 	Models() []schemas.Model
@@ -51,7 +52,7 @@ type catalog struct {
 // Known asks the registry first: a map lookup, where the fleet is a scan
 // under the lock every routing decision takes.
 func (c *catalog) Known(model string) bool {
-	return c.reg != nil && c.reg.Known(model) || c.workers.Serving(model) > 0
+	return c.reg != nil && c.reg.Known(model) || c.workers.Serving(model) > 0 || c.workers.Switchable(model) > 0
 }
 
 func (c *catalog) WorkersUp() int { return c.workers.Len() }
@@ -96,6 +97,13 @@ func servedModels(workers []fleet.Worker, now int64) []schemas.Model {
 			if !slices.Contains(w.Adapters, m) {
 				firstBase = m
 				break
+			}
+		}
+		// A model the worker can switch to is servable too (docs/capacity.md).
+		for _, id := range w.CanServe {
+			if _, seen := byID[id]; !seen {
+				byID[id] = len(out)
+				out = append(out, schemas.Model{ID: id, Object: "model", Created: now, OwnedBy: "tokenbus", Root: id})
 			}
 		}
 		for _, id := range w.Models {

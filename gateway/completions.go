@@ -40,6 +40,7 @@ type exchange struct {
 	w      *httpstream.Watcher
 
 	writeFailed bool // the stream writer could not write: the client is gone
+	holding     bool // the stream began before its first token, held for capacity (hold.go)
 }
 
 // completions handles POST .../chat/completions and .../completions, and
@@ -147,8 +148,22 @@ func (g *Gateway) completions(kind schemas.Kind, torchServe bool) fiber.Handler 
 		}
 
 		// Commit to a 200 stream only once the first chunk is there, so that
-		// errors before any token keep their real status.
-		first, err := st.Next(x.ctx)
+		// errors before any token keep their real status; unless the
+		// request waits for capacity that is not up (hold.go): then after
+		// HoldKeepalive the stream begins with SSE comments (x.next).
+		first, err := x.first()
+		if err == errHeld {
+			c.Locals(localStreaming, true)
+			setQueueHeaders(c, st)
+			c.Status(fiber.StatusOK)
+			g.m.activeStreams.Inc()
+			s := g.streams.Begin(c.Context(), x.w)
+			x.holding = true
+			_ = s.Comment(holdComment)
+			_ = s.Flush()
+			s.Run(x.ctx, func(s *httpstream.Stream) { x.writeStream(s, schemas.Frame{}, time.Time{}, 0) })
+			return nil
+		}
 		if err != nil {
 			e := x.fail(err) // before end, which cancels the context
 			x.end(false)
@@ -225,7 +240,7 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 		x.end(finished)
 	}()
 
-	if f.Type == schemas.FrameChunk {
+	if f.Type == schemas.FrameChunk { // else held for capacity: x.next observes it
 		g.m.ttft.WithLabelValues(x.label).Observe(firstAt.Sub(x.start).Seconds())
 	}
 	// The label's children once per stream: nothing is looked up per token.
@@ -233,7 +248,9 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 		last: firstAt}
 	// Chunks that come while this goroutine waits are written by the one
 	// that delivers them, when the socket takes them at once (direct).
-	x.st.Direct(d)
+	if !x.holding { // held: x.next hands chunks to d from the first token on
+		x.st.Direct(d)
+	}
 	defer x.st.Direct(nil) // before the deferred end above: nothing writes after it
 	written := f.Type == schemas.FrameChunk
 	for {
@@ -265,7 +282,8 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 		}
 
 		var err error
-		f, err = x.st.Next(x.ctx)
+		held := x.holding
+		f, err = x.next(s, d)
 		now := time.Now()
 		x.w.Touch(now)
 		if err != nil {
@@ -284,7 +302,7 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			_ = s.Fail(e)
 			return
 		}
-		if f.Type == schemas.FrameChunk && len(f.Payload) > 0 { // empty: the rest of a direct write
+		if f.Type == schemas.FrameChunk && len(f.Payload) > 0 && !held { // empty: the rest of a direct write
 			d.itl.Observe(now.Sub(d.last).Seconds())
 			d.last = now
 		}

@@ -31,6 +31,12 @@ type Config struct {
 	RequestTimeout  time.Duration // whole-request deadline, also sent on the bus. Default 10m
 	ProbeInterval   time.Duration // how often a silent request checks its client is still there. Default 1s
 	StuckTimeout    time.Duration // a client that takes no bytes while frames wait this long is cut. Default 30s
+	// HoldKeepalive: a stream whose request waits for capacity that is not
+	// up (a cold start, docs/capacity.md) commits its 200 after this long
+	// and gets an SSE comment line this often until its first token, so that
+	// proxies and clients do not time it out. Default 5s; negative: never
+	// (the client waits in silence, and errors keep their status).
+	HoldKeepalive time.Duration
 	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
@@ -103,6 +109,9 @@ func (c *Config) defaults() {
 	}
 	if c.StuckTimeout <= 0 {
 		c.StuckTimeout = 30 * time.Second
+	}
+	if c.HoldKeepalive == 0 {
+		c.HoldKeepalive = 5 * time.Second
 	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second

@@ -28,6 +28,7 @@ type HTTPConfig struct {
 	Listen          string        // the OpenAI API's listen address
 	BodyLimit       int           // largest request body in bytes (also capped by the NATS server's max_payload); past it 413
 	RequestTimeout  time.Duration // longest a request may take end to end
+	HoldKeepalive   time.Duration // gateway.Config.HoldKeepalive: SSE comments while a stream waits for capacity
 	ShutdownTimeout time.Duration // on Close, how long open streams may go on
 	Auth            bool          // require API keys and enforce their model lists and rate limits (needs the store)
 	FlowFromUser    bool          // without a key, a request's "user" field names its flow (gateway.Config.FlowFromUser)
@@ -121,6 +122,7 @@ func DefaultHTTP() HTTPConfig {
 		Listen:          ":8080",
 		BodyLimit:       8 << 20,
 		RequestTimeout:  10 * time.Minute,
+		HoldKeepalive:   5 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
 		Auth:            true,
 		KeyCacheTTL:     10 * time.Second,
@@ -148,7 +150,7 @@ func DefaultQuotas() registry.Quotas {
 // DefaultDispatcherConfig is a dispatcher's configuration as the tokenbus command
 // has it.
 func DefaultDispatcherConfig() dispatcher.Config {
-	return dispatcher.Config{QueueSize: 1024, QueueTimeout: 60 * time.Second, ReplyPrefixes: []string{"_INBOX."}}
+	return dispatcher.Config{QueueSize: 1024, QueueTimeout: 60 * time.Second, ColdStartTimeout: 5 * time.Minute, ReplyPrefixes: []string{"_INBOX."}}
 }
 
 // DefaultGateway is `tokenbus gateway` with no flags.
@@ -378,6 +380,7 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 		Redactor:        redactor,
 		BodyLimit:       limit,
 		RequestTimeout:  cfg.HTTP.RequestTimeout,
+		HoldKeepalive:   cfg.HTTP.HoldKeepalive,
 		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
 		Version:         cfg.Version,
 		FlowFromUser:    cfg.HTTP.FlowFromUser,

@@ -10,8 +10,10 @@ import (
 
 // ModelList completes the /v1/models list: every entry of served (what
 // live workers serve now, as their heartbeats tell it) with the registry's
-// metadata where it has some, and every registered adapter whose base model
-// is served, since a worker of the base loads it on demand. Adapters have
+// metadata where it has some, every registered base model (one no live
+// worker serves is held for: docs/capacity.md), and every registered
+// adapter whose base model is served or registered, since a worker of the
+// base loads it on demand. Adapters have
 // parent = their base and root = their weights' path, as in vLLM. A base
 // model's registered max_model_len wins over what workers report: the
 // operator's word, and what rate limits reserve against. Sorted by id (the
@@ -49,8 +51,17 @@ func (c *Cache) ModelList(served []schemas.Model) []schemas.Model {
 		add(m)
 	}
 	for name, r := range byName {
-		if r.IsAdapter() && isServed[r.Base] && !isServed[name] {
+		if !r.IsAdapter() && !isServed[name] {
+			// Registered with no live worker: servable all the same, a
+			// request waits for a worker to start (docs/capacity.md).
 			add(schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name})
+		}
+	}
+	for name, r := range byName {
+		if r.IsAdapter() && !isServed[name] {
+			if _, registered := byName[r.Base]; isServed[r.Base] || registered {
+				add(schemas.Model{ID: name, Object: "model", Created: now, OwnedBy: "tokenbus", Root: name})
+			}
 		}
 	}
 	slices.SortFunc(out, func(a, b schemas.Model) int { return strings.Compare(a.ID, b.ID) })

@@ -43,11 +43,13 @@ func TestModelList(t *testing.T) {
 		served []string
 		want   []string
 	}{
-		{nil, nil},
-		{[]string{"llama-8b"}, []string{"llama-8b", "llama-8b-lora<llama-8b"}},
+		// Registered models (and their adapters) are listed with no
+		// worker up: a request for one waits for a worker to start
+		// (docs/capacity.md).
+		{nil, []string{"llama-8b", "llama-8b-lora<llama-8b", "qwen", "qwen-lora<qwen"}},
+		{[]string{"llama-8b"}, []string{"llama-8b", "llama-8b-lora<llama-8b", "qwen", "qwen-lora<qwen"}},
 		// A loaded adapter is listed once; an unregistered model as it is.
-		{[]string{"llama-8b-lora", "llama-8b", "other"}, []string{"llama-8b", "llama-8b-lora<llama-8b", "other"}},
-		{[]string{"qwen"}, []string{"qwen", "qwen-lora<qwen"}},
+		{[]string{"llama-8b-lora", "llama-8b", "other"}, []string{"llama-8b", "llama-8b-lora<llama-8b", "other", "qwen", "qwen-lora<qwen"}},
 	} {
 		got := c.ModelList(entries(tc.served...))
 		if g := ids(got); !slices.Equal(g, tc.want) {

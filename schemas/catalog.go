@@ -220,6 +220,12 @@ var (
 	ErrNoWorker = def(secBus, ErrorDef{Code: "no_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 2,
 		Message: "No worker is serving model `%s` right now.",
 		When:    "The model is registered but no live worker serves it. Retry after Retry-After."})
+	ErrColdStartTimeout = def(secBus, ErrorDef{Code: "cold_start_timeout", Status: s503, Type: TypeOverloaded, RetryAfter: 5,
+		Message: "No worker for model `%s` came up within %s; retry after Retry-After.",
+		When:    "The model is registered (or a worker can switch to it) but no live worker served it: the request waited for one to start, wake or switch (docs/capacity.md) for the dispatcher's --cold-start-timeout (or its deadline, or its API key's max_queue_ms) and none did."})
+	ErrDispatcherGone = def(secBus, ErrorDef{Code: "no_dispatcher", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The dispatcher holding the request in its queue went silent for %s.",
+		When:    "A queued request's dispatcher stopped sending its queued frame again every beat (it died, or lost NATS): the client sends the request again, at most its migration limit times, and answers this when it cannot."})
 	ErrNoWorkerForBase = def(secBus, ErrorDef{Code: "no_worker", Status: s503, Type: TypeOverloaded, RetryAfter: 2,
 		Message: "No worker is serving model `%s`, the base model of adapter `%s`, right now.",
 		When:    "A registered LoRA adapter whose base model no live worker serves."})

@@ -356,8 +356,9 @@ func (st *Stream) release() {
 	st.buf, st.pooled = nil, nil
 }
 
-// The bytes of an SSE stream on /v1: data lines only, no comments, ids or
-// event names (some OpenAI SDKs break on those).
+// The bytes of an SSE stream on /v1: data lines only, no ids or event names
+// (some OpenAI SDKs break on those), and comments only as keep-alives before
+// the first token of a request held for capacity (Comment).
 var (
 	sseData = []byte("data: ")
 	sseEnd  = []byte("\n\n")
@@ -379,6 +380,17 @@ func (st *Stream) WriteEvents(payload []byte) (int, error) {
 	})
 	return n, err
 }
+
+// Comment adds an SSE comment line, ": text\n\n", which SSE parsers skip:
+// a keep-alive while a stream has nothing to send (a request held for
+// capacity before its first token). Flush sends it.
+func (st *Stream) Comment(text string) error {
+	_ = st.add(sseComment)
+	_ = st.add([]byte(text))
+	return st.add(sseEnd)
+}
+
+var sseComment = []byte(": ")
 
 // Done ends the stream: [DONE] and the end of the body, sent.
 func (st *Stream) Done() error {

@@ -104,6 +104,11 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 		// server (nor to its logs); the page moves it to session storage.
 		fmt.Fprintf(w, "  console      %s\n", ConsoleURL(admin, d.AdminToken()))
 	}
+	if d.Workers() == 0 {
+		// Scale from zero by hand (docs/capacity.md): requests wait for a worker.
+		fmt.Fprintf(w, "  no worker    requests wait up to --cold-start-timeout for one; start one with:\n"+
+			"                 tokenbus worker --nats-url %s --redis-url %s\n", d.NATSURL(), d.StoreURL())
+	}
 	fmt.Fprintf(w, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(w, "  NATS         %s\n", d.NATSURL())
 	fmt.Fprintf(w, "  store        %s\n", d.StoreURL())

@@ -19,6 +19,7 @@ func registerDispatcher(fs *pflag.FlagSet, c *dispatcher.Config) {
 	fs.StringVar(&c.ID, "dispatcher-id", c.ID, "dispatcher id (default: random)")
 	fs.IntVar(&c.QueueSize, "queue-size", c.QueueSize, "requests that may wait per model when every worker is full; past it: 503")
 	fs.DurationVar(&c.QueueTimeout, "queue-timeout", c.QueueTimeout, "longest time a request may wait in the queue")
+	fs.DurationVar(&c.ColdStartTimeout, "cold-start-timeout", cmp.Or(c.ColdStartTimeout, 5*time.Minute), "longest time a request for a registered model that no live worker serves waits for one to start, wake or switch (docs/capacity.md); never past its deadline")
 	fs.StringSliceVar(&c.ReplyPrefixes, "reply-prefix", c.ReplyPrefixes, "subject prefixes a request's reply subject must have (others are dropped)")
 	fs.BoolVar(&c.NoPrefixRouting, "no-prefix-routing", c.NoPrefixRouting, "route by load only, not also to the worker that holds the prompt's prefix in its KV cache (docs/routing.md)")
 	fs.Float64Var(&c.CacheWeight, "prefix-cache-weight", cmp.Or(c.CacheWeight, 1), "prefix-aware routing: how much load ratio (in flight over max concurrency) a fully cached prompt is worth")
