@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/program"
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -267,4 +269,115 @@ func TestScaleFromZero(t *testing.T) {
 func runScript(ctx context.Context, bin, script string, args ...string) (string, error) {
 	out, err := exec.CommandContext(ctx, bin, append([]string{script}, args...)...).CombinedOutput()
 	return string(out), err
+}
+
+// TestHeldRequestsSurviveDispatcherKill: requests held for capacity in two
+// standalone dispatchers (separate processes); kill -9 the one holding
+// some: its requests' clients hear no beat, send them again (to the
+// other), and when the first worker comes up every request is served.
+func TestHeldRequestsSurviveDispatcherKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes and a kill -9")
+	}
+	t.Parallel()
+	bin := tokenbusBinary(t)
+	rd, store := startStore(t)
+	if _, err := store.PutBase(context.Background(), registry.Model{Name: "llama-8b"}); err != nil {
+		t.Fatal(err)
+	}
+	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
+	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort))
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	common := []string{"--nats-url", natsURL, "--redis-url", rd.URL}
+	var nc *nats.Conn
+	testenv.WaitFor(t, 10*time.Second, func() (err error) {
+		nc, err = nats.Connect(natsURL)
+		return err
+	})
+	t.Cleanup(nc.Close)
+	var mu sync.Mutex
+	waiting := map[string]int{} // by dispatcher: its latest demand event's count
+	if _, err := nc.Subscribe(schemas.DemandPrefix+">", func(m *nats.Msg) {
+		var ev schemas.Demand
+		if json.Unmarshal(m.Data, &ev) == nil {
+			mu.Lock()
+			waiting[ev.Dispatcher] = ev.Waiting
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ds := map[string]*proc{}
+	for _, id := range []string{"d1", "d2"} {
+		ds[id] = startProc(t, id, bin, append([]string{"dispatcher", "--dispatcher-id", id}, common...)...)
+	}
+	startProc(t, "gateway", bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--auth=false",
+		"--admin", "", "--embed-dispatcher=false"}, common...)...)
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitPath(t, base, "/health")
+
+	const n = 20
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "llama-8b", MaxTokens: openai.Int(8),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("held %d", i))}})
+			tokens := 0
+			for st.Next() {
+				if ch := st.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+					tokens++
+				}
+			}
+			errs[i] = st.Err()
+			if errs[i] == nil && tokens == 0 {
+				errs[i] = fmt.Errorf("no tokens")
+			}
+		}()
+	}
+	held := func() (d1, d2 int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return waiting["d1"], waiting["d2"]
+	}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if a, b := held(); a+b != n {
+			return fmt.Errorf("held: d1 %d, d2 %d", a, b)
+		}
+		return nil
+	})
+	victim, other := "d1", "d2"
+	if a, _ := held(); a == 0 {
+		victim, other = "d2", "d1"
+	}
+	a, b := held()
+	t.Logf("held before the kill: d1 %d, d2 %d; killing %s", a, b, victim)
+	killed := time.Now()
+	ds[victim].kill9(t)
+	// Its clients hear no beat and send their requests again: the other
+	// dispatcher holds them all.
+	testenv.WaitFor(t, 15*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		if waiting[other] != n {
+			return fmt.Errorf("%s holds %d of %d", other, waiting[other], n)
+		}
+		return nil
+	})
+	t.Logf("%s held all %d requests %v after the kill", other, n, time.Since(killed).Round(100*time.Millisecond))
+	startProc(t, "worker", bin, append([]string{"worker", "--id", "w1", "--sim-decode-base", "5ms"}, common...)...)
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
 }
