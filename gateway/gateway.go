@@ -37,6 +37,12 @@ type Config struct {
 	// proxies and clients do not time it out. Default 5s; negative: never
 	// (the client waits in silence, and errors keep their status).
 	HoldKeepalive time.Duration
+	// ReadyWithoutWorkers: /ready needs NATS only, not a live worker. For a
+	// deployment that scales workers to zero (docs/capacity.md): requests
+	// then wait for a worker to start, and a load balancer that routes only
+	// to ready gateways would otherwise turn away the very requests that
+	// start one.
+	ReadyWithoutWorkers bool
 	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
 	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
 	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m

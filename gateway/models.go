@@ -87,8 +87,8 @@ func (g *Gateway) health(c *fiber.Ctx) error {
 }
 
 // ready answers 200 when requests can be served: NATS connected, a live
-// worker healthy, not draining and serving a model, not shutting down; else
-// 503 in OpenAI's shape. A worker whose engine is unhealthy heartbeats on:
+// worker healthy, not draining and serving a model (unless
+// ReadyWithoutWorkers), not shutting down; else 503 in OpenAI's shape. A worker whose engine is unhealthy heartbeats on:
 // up is not enough.
 func (g *Gateway) ready(c *fiber.Ctx) error {
 	switch {
@@ -98,6 +98,9 @@ func (g *Gateway) ready(c *fiber.Ctx) error {
 		return schemas.ErrNotConnected.New()
 	}
 	n := g.cat.WorkersUp()
+	if g.cfg.ReadyWithoutWorkers {
+		return c.JSON(fiber.Map{"status": "ready", "workers": n, "serving": g.cat.WorkersServing(), "version": g.cfg.Version})
+	}
 	if n <= 0 {
 		return schemas.ErrNoWorkerUp.New()
 	}

@@ -43,3 +43,38 @@ func TestReadyNeedsAServingWorker(t *testing.T) {
 		})
 	}
 }
+
+// With ReadyWithoutWorkers (pools scaled to zero, docs/capacity.md) a
+// gateway with no worker is ready: the request that starts one must reach
+// it. Without NATS it is not.
+func TestReadyWithoutWorkers(t *testing.T) {
+	nc := testenv.Connect(t, testenv.NATS(t))
+	for _, tc := range []struct {
+		name     string
+		without  bool
+		wantCode int
+	}{
+		{"default", false, http.StatusServiceUnavailable},
+		{"ready without workers", true, http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := New(Config{ReadyWithoutWorkers: tc.without}, nil, NewCatalog(fleet.New(), nil), nc, nil, nil)
+			resp, err := g.App().Test(httptest.NewRequest(http.MethodGet, "/ready", nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := io.ReadAll(resp.Body); resp.StatusCode != tc.wantCode {
+				t.Fatalf("/ready with no worker: %d %s, want %d", resp.StatusCode, b, tc.wantCode)
+			}
+		})
+	}
+	nc.Close()
+	g := New(Config{ReadyWithoutWorkers: true}, nil, NewCatalog(fleet.New(), nil), nc, nil, nil)
+	resp, err := g.App().Test(httptest.NewRequest(http.MethodGet, "/ready", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("/ready without NATS: %d, want 503", resp.StatusCode)
+	}
+}

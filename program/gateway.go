@@ -25,16 +25,19 @@ import (
 // HTTPConfig is a gateway's HTTP side: the OpenAI-compatible API and the
 // admin API. Gateway and dev share it.
 type HTTPConfig struct {
-	Listen          string        // the OpenAI API's listen address
-	BodyLimit       int           // largest request body in bytes (also capped by the NATS server's max_payload); past it 413
-	RequestTimeout  time.Duration // longest a request may take end to end
-	HoldKeepalive   time.Duration // gateway.Config.HoldKeepalive: SSE comments while a stream waits for capacity
-	ShutdownTimeout time.Duration // on Close, how long open streams may go on
-	Auth            bool          // require API keys and enforce their model lists and rate limits (needs the store)
-	FlowFromUser    bool          // without a key, a request's "user" field names its flow (gateway.Config.FlowFromUser)
-	KeyCacheTTL     time.Duration // how long an API key lookup is trusted
-	Admin           string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
-	AdminToken      string        // the bearer token the admin API requires
+	Listen         string        // the OpenAI API's listen address
+	BodyLimit      int           // largest request body in bytes (also capped by the NATS server's max_payload); past it 413
+	RequestTimeout time.Duration // longest a request may take end to end
+	HoldKeepalive  time.Duration // gateway.Config.HoldKeepalive: SSE comments while a stream waits for capacity
+	// ReadyWithoutWorkers: /ready needs NATS only (gateway.Config), for
+	// worker pools scaled to zero.
+	ReadyWithoutWorkers bool
+	ShutdownTimeout     time.Duration // on Close, how long open streams may go on
+	Auth                bool          // require API keys and enforce their model lists and rate limits (needs the store)
+	FlowFromUser        bool          // without a key, a request's "user" field names its flow (gateway.Config.FlowFromUser)
+	KeyCacheTTL         time.Duration // how long an API key lookup is trusted
+	Admin               string        // the admin API's listen address; "" turns it off (on: needs the store and AdminToken)
+	AdminToken          string        // the bearer token the admin API requires
 	// AuthFailures: failed API key (or admin token) checks within a minute
 	// from one client address, or with one key prefix, before 429s with
 	// Retry-After, doubling up to 15 minutes (gateway/throttle.go).
@@ -377,15 +380,16 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 	// lines quote of a request (API keys are recognised by their shape).
 	redactor := gateway.NewRedactor(cfg.HTTP.AdminToken, cfg.NATS.Password, cfg.NATS.Token)
 	gcfg := gateway.Config{
-		Redactor:        redactor,
-		BodyLimit:       limit,
-		RequestTimeout:  cfg.HTTP.RequestTimeout,
-		HoldKeepalive:   cfg.HTTP.HoldKeepalive,
-		ShutdownTimeout: cfg.HTTP.ShutdownTimeout,
-		Version:         cfg.Version,
-		FlowFromUser:    cfg.HTTP.FlowFromUser,
-		CORS:            cfg.HTTP.CORS,
-		Metrics:         h.gatherer(reg),
+		Redactor:            redactor,
+		BodyLimit:           limit,
+		RequestTimeout:      cfg.HTTP.RequestTimeout,
+		HoldKeepalive:       cfg.HTTP.HoldKeepalive,
+		ReadyWithoutWorkers: cfg.HTTP.ReadyWithoutWorkers,
+		ShutdownTimeout:     cfg.HTTP.ShutdownTimeout,
+		Version:             cfg.Version,
+		FlowFromUser:        cfg.HTTP.FlowFromUser,
+		CORS:                cfg.HTTP.CORS,
+		Metrics:             h.gatherer(reg),
 	}
 	trusted, _ := gateway.ParseTrustedProxies(cfg.HTTP.TrustedProxies) // checked above
 	throttle := gateway.ThrottleConfig{Failures: cfg.HTTP.AuthFailures}

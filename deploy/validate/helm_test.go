@@ -495,7 +495,7 @@ func checkManifests(t *testing.T, variant string, ms []manifest) {
 				count("StatefulSet"), count("Deployment"))
 		}
 	case "keda":
-		if count("ScaledObject") != 2 || count("ServiceMonitor") != 1 || count("PrometheusRule") != 1 {
+		if count("ScaledObject") != 3 || count("ServiceMonitor") != 1 || count("PrometheusRule") != 1 {
 			t.Errorf("%d ScaledObjects, %d ServiceMonitors and %d PrometheusRules, want one per pool, one and one",
 				count("ScaledObject"), count("ServiceMonitor"), count("PrometheusRule"))
 		}
@@ -696,8 +696,8 @@ func checkScaledObject(t *testing.T, m manifest, target func(kind, name string) 
 	if replicas != nil {
 		t.Errorf("%s: its target also fixes replicas (it would fight KEDA on every upgrade)", m)
 	}
-	if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 1 {
-		t.Errorf("%s: minReplicaCount must be >= 1 (a pool at zero never sees a queue)", m)
+	if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount < 0 {
+		t.Errorf("%s: minReplicaCount must be set, 0 or more", m)
 	}
 	if so.Spec.MaxReplicaCount == nil || (so.Spec.MinReplicaCount != nil && *so.Spec.MaxReplicaCount < *so.Spec.MinReplicaCount) {
 		t.Errorf("%s: maxReplicaCount below minReplicaCount", m)
@@ -727,6 +727,11 @@ func checkScaledObject(t *testing.T, m manifest, target func(kind, name string) 
 		if v, err := strconv.ParseFloat(tr.Metadata["threshold"], 64); err != nil || v <= 0 {
 			t.Errorf("%s: threshold %q", m, tr.Metadata["threshold"])
 		}
+		// A pool at zero is started when a request waits for it (held for
+		// capacity, docs/capacity.md): active as soon as the query is above 0.
+		if *so.Spec.MinReplicaCount == 0 && tr.Metadata["activationThreshold"] != "0" {
+			t.Errorf("%s: scaled to zero with activationThreshold %q: want \"0\", active while any request waits", m, tr.Metadata["activationThreshold"])
+		}
 		// The query is PromQL over known metrics, for this pool's model.
 		sel := checkPromQL(t, m.String(), tr.Metadata["query"])
 		if got := sel["tokenbus_dispatcher_queue_depth"]; got == nil || got["model"] != model {
@@ -742,7 +747,7 @@ func TestHelmRejects(t *testing.T) {
 		vals string
 		want string
 	}{
-		"pool scaled to zero":  {`{"keda":{"enabled":true},"workers":{"pools":[{"name":"a","model":"a","autoscaling":{"minReplicas":0}}]}}`, "minReplicas must be at least 1"},
+		"negative minReplicas": {`{"keda":{"enabled":true},"workers":{"pools":[{"name":"a","model":"a","autoscaling":{"minReplicas":-1}}]}}`, "minReplicas must be 0 or more"},
 		"unknown engine":       {`{"workers":{"pools":[{"name":"a","model":"a","engine":"tgi"}]}}`, "engine must be sim or vllm"},
 		"pool without model":   {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
 		"creds without secret": {`{"nats":{"auth":{"mode":"creds"}}}`, "existingSecret"},

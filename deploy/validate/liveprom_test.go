@@ -2,6 +2,7 @@ package validate
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -358,9 +359,10 @@ func TestLivePrometheus(t *testing.T) {
 	// tokenbus: dev (gateway, dispatcher, one worker), a dispatcher and a
 	// worker. Two slots per worker, so a little load queues.
 	slow := []string{"--max-concurrency", "2", "--sim-decode-base", "20ms", "--log-format", "json"}
-	dev := startProc(t, "tokenbus dev", bin, append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "",
+	const adminToken = "live-prometheus-admin-token"
+	dev := startProc(t, "tokenbus dev", bin, append([]string{"dev", "--http", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--admin-token", adminToken,
 		"--nats-listen", "127.0.0.1:-1", "--data-dir", "temp", "--sim-workers", "1"}, slow...)...)
-	var api, natsURL, storeURL string
+	var api, natsURL, storeURL, adminAddr string
 	dev.waitFor(t, "banner", func() (bool, error) {
 		out := dev.stdout.String()
 		find := func(re string) string {
@@ -370,7 +372,8 @@ func TestLivePrometheus(t *testing.T) {
 			return ""
 		}
 		api, natsURL, storeURL = find(`OpenAI API\s+http://(\S+)/v1`), find(`NATS\s+(nats://\S+)`), find(`store\s+(redis://\S+)`)
-		return strings.Contains(out, "Ctrl-C") && api != "" && natsURL != "" && storeURL != "", nil
+		adminAddr = find(`admin API\s+http://(\S+)`)
+		return strings.Contains(out, "Ctrl-C") && api != "" && natsURL != "" && storeURL != "" && adminAddr != "", nil
 	})
 	disp := startProc(t, "tokenbus dispatcher", bin, "dispatcher", "--nats-url", natsURL, "--redis-url", storeURL,
 		"--metrics", "127.0.0.1:0", "--log-format", "json")
@@ -595,4 +598,96 @@ scrape_configs:
 		}
 	}
 	walk(dash.Panels)
+
+	// Scale from zero (docs/capacity.md): a request for a registered model
+	// that no worker serves is held, and the query of the chart's pool
+	// scaled to zero rises above its activation threshold: KEDA would
+	// start the pool's first worker.
+	var cold []scaledToZero
+	ms, err := renderChart(t, loadChart(t), kubeVersions[1], variantValues(t, "keda"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		if m.kind != "ScaledObject" {
+			continue
+		}
+		var so scaledObject
+		strictJSON(t, &m, &so)
+		if so.Spec.MinReplicaCount == nil || *so.Spec.MinReplicaCount != 0 {
+			continue
+		}
+		for _, tr := range so.Spec.Triggers {
+			act, err := strconv.ParseFloat(tr.Metadata["activationThreshold"], 64)
+			if err != nil {
+				t.Fatalf("%s: activationThreshold %q", m, tr.Metadata["activationThreshold"])
+			}
+			cold = append(cold, scaledToZero{query: tr.Metadata["query"], activation: act})
+		}
+	}
+	if len(cold) == 0 {
+		t.Fatal("the keda values render no pool scaled to zero")
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+adminAddr+"/models", strings.NewReader(`{"name":"`+coldModel+`"}`))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Fatalf("POST /models %s: %d", coldModel, resp.StatusCode)
+	}
+	// Registered, idle: the series exist (the dispatchers report every
+	// registered model) and stay at or below the activation threshold.
+	dev.waitFor(t, "the registered model's series", func() (bool, error) {
+		for _, c := range cold {
+			v, err := prom.number(c.query)
+			if err != nil {
+				return false, err
+			}
+			if v > c.activation {
+				t.Fatalf("scaled to zero, idle: %q = %v: want at most its activation threshold %v", c.query, v, c.activation)
+			}
+		}
+		return true, nil
+	})
+	heldCtx, release := context.WithCancel(context.Background())
+	heldDone := make(chan struct{})
+	go func() {
+		defer close(heldDone)
+		hreq, _ := http.NewRequestWithContext(heldCtx, http.MethodPost, "http://"+api+"/v1/chat/completions",
+			strings.NewReader(`{"model":"`+coldModel+`","max_tokens":4,"messages":[{"role":"user","content":"cold"}]}`))
+		hreq.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(hreq); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if heldCtx.Err() == nil {
+				t.Errorf("the request for %s, which no worker serves, was answered %d instead of held", coldModel, resp.StatusCode)
+			}
+		}
+	}()
+	dev.waitFor(t, "a held request's demand in Prometheus", func() (bool, error) {
+		for _, c := range cold {
+			v, err := prom.number(c.query)
+			if err != nil || !(v > c.activation) {
+				return false, fmt.Errorf("%q = %v (%v)", c.query, v, err)
+			}
+		}
+		v, err := prom.number(`sum(tokenbus_dispatcher_capacity_waiting{model="` + coldModel + `"})`)
+		return err == nil && v > 0, fmt.Errorf("capacity_waiting %v (%v)", v, err)
+	})
+	release()
+	<-heldDone
+}
+
+// coldModel is the model of the chart's pool scaled to zero
+// (ci/keda-values.yaml): registered, with no worker.
+const coldModel = "cold-model"
+
+// scaledToZero is a trigger of a ScaledObject with minReplicaCount 0.
+type scaledToZero struct {
+	query      string
+	activation float64
 }

@@ -17,6 +17,7 @@ func registerHTTP(fs *pflag.FlagSet, c *program.HTTPConfig) {
 	fs.StringVar(&c.Listen, "http", c.Listen, "listen address of the OpenAI-compatible HTTP API")
 	fs.IntVar(&c.BodyLimit, "body-limit", c.BodyLimit, "largest request body in bytes (also capped by the NATS server's max_payload); past it: 413")
 	fs.DurationVar(&c.RequestTimeout, "request-timeout", c.RequestTimeout, "longest a request may take end to end")
+	fs.BoolVar(&c.ReadyWithoutWorkers, "ready-without-workers", c.ReadyWithoutWorkers, "/ready needs NATS only, not a live worker: for worker pools scaled to zero, whose first request must reach a gateway to start one (docs/capacity.md)")
 	fs.DurationVar(&c.HoldKeepalive, "hold-keepalive", c.HoldKeepalive, "a stream waiting for a worker to start, wake or switch (docs/capacity.md) begins its 200 after this long and gets an SSE comment this often until its first token; negative: never")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "on SIGTERM, how long open streams may go on")
 	fs.BoolVar(&c.Auth, "auth", c.Auth, "require API keys (Authorization: Bearer tb-...; create them with POST /keys on the admin API) and enforce their model lists and rate limits")
