@@ -176,6 +176,14 @@ func freeSlots(workers *fleet.Fleet, headroom float64) func(model string) int {
 			capacity += w.MaxConcurrency
 			free += max(0, w.MaxConcurrency-w.Load)
 		}
+		if capacity == 0 {
+			// No worker serves the model: its requests are held until one
+			// starts, wakes or switches (docs/capacity.md), and only a
+			// request that waits makes that happen. A line per poll (4 a
+			// second, up to the runner's in-flight bound) makes the demand
+			// show without pouring the whole batch into the queue.
+			return 1
+		}
 		return free - int(math.Ceil(headroom*float64(capacity)))
 	}
 }

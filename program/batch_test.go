@@ -16,8 +16,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tokenbus/tokenbus/batch"
+	"github.com/tokenbus/tokenbus/fleet"
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
 )
 
 // batchAPI is a client of one gateway's Files and Batches APIs, for tests.
@@ -555,6 +557,28 @@ func TestAdminBatchRoutes(t *testing.T) {
 		}
 		if st := api.do("GET", "/v1/files/"+f.id+"/content", "", nil, &viaAPI); st != 200 || !bytes.Equal(viaAdmin, viaAPI) {
 			t.Fatalf("%s: admin gave %d bytes, /v1/files %d (status %d)", f.route, len(viaAdmin), len(viaAPI), st)
+		}
+	}
+}
+
+// The runner's capacity check: what is idle less headroom where workers
+// serve the model; one line (a held request: demand for a worker to start)
+// where none does.
+func TestFreeSlots(t *testing.T) {
+	fl := fleet.New()
+	now := time.Now()
+	fl.Observe(schemas.Heartbeat{Worker: "w1", Models: []string{"m"}, MaxConcurrency: 10, Running: 4, Healthy: true}, now)
+	fl.Observe(schemas.Heartbeat{Worker: "w2", Models: []string{"m"}, MaxConcurrency: 10, Healthy: true, Draining: true}, now)
+	free := freeSlots(fl, 0.2)
+	for _, tc := range []struct {
+		model string
+		want  int
+	}{
+		{"m", 6 - 2}, // w1's 6 free less 20 % of its 10; w2 drains
+		{"cold", 1},  // no worker: one line, held until one comes
+	} {
+		if got := free(tc.model); got != tc.want {
+			t.Errorf("free(%s) = %d, want %d", tc.model, got, tc.want)
 		}
 	}
 }
