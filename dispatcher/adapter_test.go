@@ -38,6 +38,9 @@ var loraRegistry = fakeRegistry{
 	"y":      {Name: "y", Base: "b", Path: "/loras/y"},
 	"z":      {Name: "z", Base: "b", Path: "/loras/z"},
 	"orphan": {Name: "orphan", Base: "gone", Path: "/loras/orphan"},
+	// A registered base that no worker serves, and its adapter.
+	"idle":      {Name: "idle"},
+	"idle-lora": {Name: "idle-lora", Base: "idle", Path: "/loras/idle"},
 }
 
 func startAdapterDispatcher(t *testing.T, nc *nats.Conn) *Dispatcher {
@@ -182,12 +185,20 @@ func TestAdapterWithoutBaseWorker(t *testing.T) {
 	loraWorker(t, nc, "w1", 10, 4)
 	waitWorkers(t, d, 1)
 	r := sendRequest(t, nc, "orphan", "o1")
-	// A registered adapter whose base no worker serves waits for one
-	// (hold.go), then times out.
-	testenv.WaitFor(t, 3*time.Second, wantError(r, 503, "cold_start_timeout"))
+	// An adapter whose base is not registered cannot be held for (its base
+	// may never come up): a dispatcher that has just started queues it for
+	// warmUp (it may not have heard every heartbeat yet), then refuses it.
+	testenv.WaitFor(t, warmUp+2*time.Second, wantError(r, 503, schemas.CodeNoWorker))
 	f, _ := r.last()
-	if e := schemas.ParseErrorPayload(f.Payload); !strings.Contains(e.Body.Message, "`orphan`") {
-		t.Fatalf("the error does not name the model: %s", e.Body.Message)
+	if e := schemas.ParseErrorPayload(f.Payload); !strings.Contains(e.Body.Message, "`gone`") {
+		t.Fatalf("the error does not name the missing base model: %s", e.Body.Message)
+	}
+	// An adapter of a registered base with no worker is held for one
+	// (hold.go), until the cold-start timeout.
+	held := sendRequest(t, nc, "idle-lora", "o3")
+	testenv.WaitFor(t, 3*time.Second, wantError(held, 503, "cold_start_timeout"))
+	if qs := held.queuedFrames(); len(qs) == 0 || !qs[0].Cold {
+		t.Fatalf("the adapter's request was not held: queued frames %+v", qs)
 	}
 	unknown := sendRequest(t, nc, "nope", "o2")
 	testenv.WaitFor(t, 2*time.Second, wantError(unknown, 404, "model_not_found"))

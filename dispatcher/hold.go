@@ -24,12 +24,13 @@ import (
 // its whole queue limit, minutes for a cold start.
 
 // holdable reports whether a request for model (an adapter: ad) may wait
-// for capacity that is not up.
+// for capacity that is not up: the model is registered or a live worker
+// can switch to it (an adapter: its base model is).
 func (d *Dispatcher) holdable(model string, ad *adapterRef) bool {
-	if d.models != nil && d.models.Known(model) {
-		return true
+	if ad != nil { // a registered adapter: held when its base model may come up
+		model = ad.base
 	}
-	return ad == nil && d.fleet.Switchable(model) > 0
+	return d.models != nil && d.models.Known(model) || d.fleet.Switchable(model) > 0
 }
 
 // serving counts the live workers that can take a request for model now or
