@@ -353,3 +353,67 @@ func TestMigrationRefused(t *testing.T) {
 		})
 	}
 }
+
+// A request queued in a dispatcher that beats (schemas.Queued BeatMS) is
+// sent again when the beats stop (the dispatcher died), after four beats
+// of silence (at least 3 s) instead of the queue's whole timeout; beats
+// that keep coming keep it waiting.
+func TestDispatcherGoneWhileQueued(t *testing.T) {
+	fb, nc := newFakeBus(t)
+	var events []Failover
+	c, err := New(nc, Options{OnFailover: func(ev Failover) { events = append(events, ev) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	queued := func(reply string) {
+		// A cold start's hold: five minutes to wait, a beat every 200 ms.
+		_ = fb.wc.Publish(reply, schemas.AppendFrame(nil, schemas.FrameQueued, 0,
+			[]byte(`{"position":1,"timeout_ms":300000,"cold":true,"beat_ms":200,"dispatcher":"d1"}`)))
+	}
+	st, err := c.Start(&Request{ID: "rq", Kind: schemas.KindChat, Model: "m", Body: []byte(`{"model":"m","messages":[]}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		for {
+			f, err := st.Next(ctx)
+			if err != nil || f.Type == schemas.FrameDone {
+				done <- err
+				return
+			}
+		}
+	}()
+
+	// The first dispatcher beats for 4 s (past the 3 s floor), then dies.
+	m := fb.next(t)
+	start := time.Now()
+	tick := time.NewTicker(200 * time.Millisecond)
+	for time.Since(start) < 4*time.Second {
+		queued(m.Reply)
+		<-tick.C
+	}
+	tick.Stop()
+	if !st.HeldForCapacity() {
+		t.Fatal("a stream queued cold does not say it is held for capacity")
+	}
+	died := time.Now()
+	again := fb.next(t) // sent again: to another dispatcher
+	if waited := time.Since(died); waited < 2500*time.Millisecond || waited > 5*time.Second {
+		t.Fatalf("sent again %v after the last beat; want about 3 s (4 beats, at least 3 s)", waited)
+	}
+	w := &fakeWorker{t: t, wc: fb.wc, reply: again.Reply, id: "w1", chat: "chatcmpl-1"}
+	w.accept("rq")
+	w.token("hi")
+	w.finish(1, 1)
+	if err := <-done; err != nil {
+		t.Fatalf("after the resend: %v", err)
+	}
+	if len(events) != 1 || events[0].Kind != FailoverRetry || events[0].Reason != ReasonDispatcherGone {
+		t.Fatalf("failover events %+v; want one retry for %s", events, ReasonDispatcherGone)
+	}
+}
