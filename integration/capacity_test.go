@@ -381,3 +381,33 @@ func TestHeldRequestsSurviveDispatcherKill(t *testing.T) {
 		}
 	}
 }
+
+// A held stream that reaches the cold-start timeout after it began (its
+// SSE comments) ends with the error in-band, then [DONE]; one that has
+// not begun yet gets the error's status. A model nobody registered is a 404
+// at once.
+func TestHeldStreamTimesOut(t *testing.T) {
+	t.Parallel()
+	rd := testenv.StartRedis(t)
+	d := startDev(t, func(c *program.DevConfig) {
+		c.RedisURL, c.SimWorkers = rd.URL, 0
+		c.Dispatcher.ColdStartTimeout = 1500 * time.Millisecond
+		c.HTTP.HoldKeepalive = 300 * time.Millisecond
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := streamRaw(ctx, d.URL, "llama-8b")
+	if r.err != nil || r.status != 200 || r.comments == 0 || r.chunks != 0 || !r.done || r.before != "" ||
+		!strings.Contains(r.errLine, `"code":"cold_start_timeout"`) {
+		t.Fatalf("held stream past the cold-start timeout: %+v", r)
+	}
+	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","max_tokens":4,"messages":[{"role":"user","content":"x"}]}`)
+	if e := errorBody(t, s.Body); s.Status != 503 || e.Code == nil || *e.Code != "cold_start_timeout" {
+		t.Fatalf("held request past the cold-start timeout: %d %s", s.Status, s.Body)
+	}
+	start := time.Now()
+	s = post(t, d.URL, "/v1/chat/completions", `{"model":"never-registered","max_tokens":4,"messages":[{"role":"user","content":"x"}]}`)
+	if s.Status != 404 || time.Since(start) > time.Second {
+		t.Fatalf("unregistered model: %d after %v: %s", s.Status, time.Since(start), s.Body)
+	}
+}
