@@ -287,6 +287,20 @@ var (
 	ErrUnknownControl = def(secBus, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Unknown control operation %q.",
 		When:    "A request on a worker's control subject for an operation it does not have."})
+	// Models switched on a shared pool (docs/capacity.md).
+	ErrWorkerSwitching = def(secBus, ErrorDef{Code: "shutting_down", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "Worker %s is switching to model `%s`.",
+		When: "A request sent straight to a worker switching models (one from a dispatcher goes back to its queue), or " +
+			"one still running there when the switch's drain timeout passed: retry, another worker takes it (the Go client migrates the stream)."})
+	ErrSwitchUnknownModel = def(secBus, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest, Param: "model",
+		Message: "Worker %s cannot switch to model `%s`: it can serve %s.",
+		When:    "A switch (control operation) to a model the worker's can_serve does not list."})
+	ErrSwitchHold = def(secBus, ErrorDef{Code: "switch_hold", Status: http.StatusConflict, Type: TypeInvalidRequest,
+		Message: "Worker %s loaded `%s` %s ago and holds a model %s before it switches away; Retry-After says when.",
+		When:    "A switch away from a model loaded less than the worker's --switch-hold ago: the hysteresis that keeps two busy models from making the pool thrash."})
+	ErrSwitchBusy = def(secBus, ErrorDef{Code: "switch_in_progress", Status: http.StatusConflict, Type: TypeInvalidRequest,
+		Message: "Worker %s is switching to model `%s` already.",
+		When:    "A switch to another model while the worker switches (a switch to the same model is accepted: nothing to do)."})
 )
 
 // --- Engines and LoRA adapters ---

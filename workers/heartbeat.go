@@ -60,7 +60,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 	if cl, ok := w.eng.(engine.ContextLengths); ok {
 		lens = cl.MaxModelLens()
 	}
-	return schemas.Heartbeat{
+	hb := schemas.Heartbeat{
 		MaxModelLen:    lens,
 		Worker:         w.cfg.ID,
 		Models:         w.eng.Models(),
@@ -80,6 +80,8 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		IntervalMS:     int(w.cfg.HeartbeatInterval / time.Millisecond),
 		Seq:            w.hbSeq.Add(1),
 	}
+	w.sw.beat(&hb)
+	return hb
 }
 
 // healthEvery bounds how often a heartbeat asks the engine for its health:
@@ -170,6 +172,8 @@ func (w *Worker) onControl(m *nats.Msg) {
 	case schemas.CtlDrain:
 		w.Drain()
 		reply(nil)
+	case schemas.CtlSwitch:
+		w.onSwitch(m, reply)
 	case schemas.CtlLoadAdapter, schemas.CtlUnloadAdapter:
 		if !w.adapters.CanLoad() {
 			reply(schemas.ErrAdaptersUnsupported.New(w.eng.Name()))

@@ -64,6 +64,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
 	reg.MustRegister(m.prefix.collectors()...)
+	reg.MustRegister(w.sw.collectors()...)
 	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored, m.publishErrors,
 		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),
 		gauge("tokenbus_worker_max_concurrency", "The worker's admission cap.", func() float64 { return float64(w.cfg.MaxConcurrency) }),

@@ -43,6 +43,11 @@ type Config struct {
 	// anyway; default 5s.
 	AdapterUnloadGrace time.Duration
 
+	// SwitchHold is how long a model stays loaded at least before the
+	// worker switches away from it, for an engine that serves several
+	// models one at a time (switch.go); default 30s.
+	SwitchHold time.Duration
+
 	// Usage takes the usage records of NATS-native tenant requests (see
 	// UsageSink); default: NATSUsageSink on the worker's connection.
 	Usage UsageSink
@@ -74,6 +79,9 @@ func (c *Config) defaults() {
 	if c.AdapterUnloadGrace <= 0 {
 		c.AdapterUnloadGrace = 5 * time.Second
 	}
+	if c.SwitchHold <= 0 {
+		c.SwitchHold = 30 * time.Second
+	}
 }
 
 // Worker runs one engine behind the bus.
@@ -90,6 +98,7 @@ type Worker struct {
 	doneSubject   string // schemas.DoneSubject(cfg.ID)
 
 	adapters *lora.Manager // every adapter load and unload goes through it
+	sw       switcher      // model switches (switch.go)
 	usage    UsageSink
 
 	running  atomic.Int64
@@ -144,6 +153,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	if w.usage == nil {
 		w.usage = NATSUsageSink{NC: nc, Source: cfg.ID, Log: w.log}
 	}
+	w.newSwitcher()
 	w.registerMetrics(cfg.Metrics)
 	return w, nil
 }
@@ -226,6 +236,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.serving = false
 	w.takeMu.Unlock()
 	w.Drain()
+	w.sw.close()
 	// Stop taking requests at once; a request already forwarded to us is
 	// bounced back to its dispatcher by onRequest.
 	_ = subs[0].Unsubscribe()
@@ -283,6 +294,11 @@ func (w *Worker) onRequest(m *nats.Msg) {
 		w.bounce(m)
 		return
 	}
+	if w.sw.active.Load() { // switching models (switch.go): after admit, see switcher.active
+		w.running.Add(-1)
+		w.bounce(m)
+		return
+	}
 	c, err := w.newCall(m)
 	if err != nil {
 		c.sendError(schemas.AsError(err))
@@ -311,10 +327,12 @@ func (w *Worker) admit() bool {
 // or, when it came straight from a client, answers 503.
 func (w *Worker) bounce(m *nats.Msg) {
 	w.m.requests.WithLabelValues("bounced").Inc()
-	draining := w.draining.Load()
+	draining, switching := w.draining.Load(), w.sw.target()
 	reason := "full"
 	if draining {
 		reason = "draining"
+	} else if switching != "" {
+		reason = "switching"
 	}
 	span := w.bounceSpan(m, reason)
 	defer span.End()
@@ -327,6 +345,8 @@ func (w *Worker) bounce(m *nats.Msg) {
 	e := schemas.ErrWorkerBusy.New(w.cfg.ID)
 	if draining {
 		e = errShutdown
+	} else if switching != "" {
+		e = schemas.ErrWorkerSwitching.New(w.cfg.ID, switching)
 	}
 	tracing.Fail(span, e)
 	_ = w.nc.Publish(m.Reply, schemas.AppendFrame(nil, schemas.FrameError, 0, e.Payload()))

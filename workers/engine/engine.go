@@ -169,3 +169,15 @@ type Adapters interface {
 	LoadAdapter(ctx context.Context, name, path string) error
 	UnloadAdapter(ctx context.Context, name string) error
 }
+
+// Switcher is implemented by engines that can serve several base models,
+// one loaded at a time (GPU memory holds one): Models lists the loaded one
+// (and its adapters), CanServe every one Switch can load. Switch replaces
+// the loaded model, blocking until the new one serves (bounded by ctx); the
+// worker calls it once no request runs (docs/capacity.md). A switch to the
+// loaded model does nothing. An engine that cannot load the new model
+// leaves what it can serving and says so in its error.
+type Switcher interface {
+	CanServe() []string
+	Switch(ctx context.Context, model string) error
+}

@@ -37,7 +37,7 @@ func (e *Engine) answer(ctx context.Context, req *engine.Request) (*engine.Resul
 		return nil, err
 	}
 	if model == "" {
-		model = e.cfg.Model
+		model = e.cur.Load().model
 	}
 	switch req.Kind {
 	case schemas.KindEmbedding:

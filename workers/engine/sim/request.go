@@ -107,7 +107,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		return nil, err
 	}
 	if model == "" {
-		model = e.cfg.Model
+		model = e.cur.Load().model
 	}
 
 	// The view's values are valid for any engine; these are this model's limits.
@@ -196,7 +196,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	}
 
 	bs := e.cfg.BlockSize
-	root := uint64(0x5eed)
+	root := uint64(0x5eed) ^ e.cur.Load().salt // a sim that switches models keeps each one's blocks apart
 	if adapterName != "" {
 		root = schemas.StringHash("lora:" + adapterName) // adapters do not share KV blocks with the base model
 	}
@@ -226,7 +226,7 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		default:
 			seed = schemas.TokenBlockHash(0, ids)
 		}
-		seed ^= salt // 0 for the base model
+		seed ^= salt ^ e.cur.Load().salt // 0 for the base model of a sim of one model
 		mt := limit - len(ids)
 		if maxTokens > 0 {
 			mt = maxTokens
@@ -397,7 +397,7 @@ func (e *Engine) view(req *engine.Request) (*schemas.Request, string, error) {
 	if v == nil {
 		dflt := req.Model
 		if dflt == "" {
-			dflt = e.cfg.Model
+			dflt = e.cur.Load().model
 		}
 		var rerr *schemas.Error
 		if v, rerr = schemas.ReadRequest(req.Kind, req.Body, dflt); rerr != nil {

@@ -17,8 +17,13 @@ import (
 // Config sets the simulated model and GPU. New fills zero sizes with the
 // defaults; zero durations mean "takes no time", so start from DefaultConfig.
 type Config struct {
-	Model       string   // base model name (default "sim")
-	ServedNames []string // more names for the base model
+	Model       string   // base model name (default "sim"; with Models, the one loaded at start: default Models[0])
+	ServedNames []string // more names for the base model (not with Models)
+	// Models are the base models the sim can serve, one loaded at a time
+	// (GPU memory holds one): Switch loads another in SwitchTime
+	// (switch.go). Empty: it serves Model only.
+	Models     []string
+	SwitchTime time.Duration // how long Switch takes to load a model (default 500ms)
 
 	MaxModelLen         int // context length, prompt + completion (default 8192)
 	MaxNumSeqs          int // sequences in the running batch (default 256)
@@ -66,6 +71,7 @@ func DefaultConfig() Config {
 		DecodePerSeq:        20 * time.Microsecond,
 		MaxLoras:            4,
 		AdapterLoadTime:     50 * time.Millisecond,
+		SwitchTime:          500 * time.Millisecond,
 		EmbeddingDims:       DefaultEmbeddingDims,
 	}
 }
@@ -81,12 +87,12 @@ type Metrics struct {
 	Steps              uint64            // engine steps run
 }
 
-// Engine is the sim engine. It implements engine.Engine, engine.Adapters and
-// engine.ContextLengths.
+// Engine is the sim engine. It implements engine.Engine, engine.Adapters,
+// engine.ContextLengths and engine.Switcher.
 type Engine struct {
-	cfg   Config
-	names map[string]bool // base model names
-	lens  map[string]int  // MaxModelLen by base model name, made once
+	cfg      Config
+	cur      atomic.Pointer[loaded] // the base model served now (switch.go)
+	switchMu sync.Mutex             // one Switch at a time
 
 	// Tells the worker of adapter loads and unloads, the only changes to
 	// the sim's model list (engine.ModelsNotifier).
@@ -132,11 +138,15 @@ var (
 	_ engine.Engine         = (*Engine)(nil)
 	_ engine.Adapters       = (*Engine)(nil)
 	_ engine.ContextLengths = (*Engine)(nil)
+	_ engine.Switcher       = (*Engine)(nil)
 )
 
 // New checks cfg, fills its zero sizes with defaults and starts the scheduler.
 func New(cfg Config) (*Engine, error) {
 	d := DefaultConfig()
+	if err := checkModels(&cfg); err != nil {
+		return nil, err
+	}
 	if cfg.Model == "" {
 		cfg.Model = d.Model
 	}
@@ -162,7 +172,7 @@ func New(cfg Config) (*Engine, error) {
 	case cfg.KVEventBytes > 0 && cfg.KVEventBytes < 8:
 		return nil, fmt.Errorf("sim: KVEventBytes %d < 8", cfg.KVEventBytes)
 	}
-	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 {
+	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 || cfg.SwitchTime < 0 {
 		return nil, fmt.Errorf("sim: negative duration in config")
 	}
 	if cfg.MaxEOS < cfg.MinEOS {
@@ -174,7 +184,6 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		cfg:      cfg,
-		names:    map[string]bool{cfg.Model: true},
 		adapters: map[string]*adapter{},
 		wake:     make(chan struct{}, 1),
 		quit:     make(chan struct{}),
@@ -187,15 +196,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.BlockEvents {
 		e.kv.evictedHash = &e.blockEv.removing
 	}
-	for _, n := range cfg.ServedNames {
-		if n != "" {
-			e.names[n] = true
-		}
-	}
-	e.lens = make(map[string]int, len(e.names))
-	for n := range e.names {
-		e.lens[n] = cfg.MaxModelLen
-	}
+	e.cur.Store(e.newLoaded(cfg.Model))
 	e.nextID.Store(uint64(time.Now().UnixNano()))
 	codec() // load the vocabulary now rather than in the first request
 	go e.run()
@@ -207,20 +208,15 @@ func (e *Engine) Config() Config { return e.cfg }
 
 func (e *Engine) Name() string { return "sim" }
 
-// Models lists the base model, its other names and the loaded adapters.
+// Models lists the base model loaded, its other names and the loaded
+// adapters.
 func (e *Engine) Models() []string {
-	out := []string{e.cfg.Model}
-	for _, n := range e.cfg.ServedNames {
-		if n != "" && n != e.cfg.Model {
-			out = append(out, n)
-		}
-	}
-	return append(out, e.adapterNames()...)
+	return append(slices.Clone(e.cur.Load().list), e.adapterNames()...)
 }
 
 // MaxModelLens is the configured context length of the base model under
 // each of its names.
-func (e *Engine) MaxModelLens() map[string]int { return e.lens }
+func (e *Engine) MaxModelLens() map[string]int { return e.cur.Load().lens }
 
 // Adapters maps the loaded adapters to the paths they were loaded from.
 func (e *Engine) Adapters() map[string]string {
@@ -309,7 +305,7 @@ func (e *Engine) Close() error {
 // resolve maps the requested model to an adapter name ("" for the base
 // model) and the adapter's salt: what it mixes into the seed of its output.
 func (e *Engine) resolve(model string) (string, uint64, error) {
-	if model == "" || e.names[model] {
+	if model == "" || e.cur.Load().names[model] {
 		return "", 0, nil
 	}
 	e.mu.Lock()
@@ -408,7 +404,7 @@ func (e *Engine) LoadAdapter(ctx context.Context, name, path string) error {
 	if name == "" {
 		return schemas.ErrAdapterName.At("lora_name")
 	}
-	if e.names[name] {
+	if e.cur.Load().names[name] {
 		return schemas.ErrAdapterIsBase.At("lora_name", name)
 	}
 	e.mu.Lock()
