@@ -80,7 +80,7 @@ func DefaultDev() DevConfig {
 	return DevConfig{
 		HTTP:       h,
 		Dispatcher: DefaultDispatcherConfig(),
-		Worker:     workers.Config{MaxConcurrency: 256, DrainTimeout: time.Second},
+		Worker:     workers.Config{MaxConcurrency: 256, DrainTimeout: time.Second, SwitchHold: 30 * time.Second},
 		Engine:     DefaultEngine(),
 		SimWorkers: 2,
 		NATSListen: "127.0.0.1:4222",
@@ -164,7 +164,7 @@ func (d *Dev) start(ctx context.Context) error {
 	}
 	d.served = []string{cfg.Engine.Model}
 	if len(d.engines) > 0 {
-		d.served = d.engines[0].Models()
+		d.served = servable(d.engines[0])
 	}
 	if err := ensureModels(ctx, d.store, d.served, d.nc); err != nil {
 		return err

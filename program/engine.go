@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -68,6 +69,9 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		}
 		cfg := c.Sim
 		cfg.Model = c.Model
+		if len(cfg.Models) > 0 {
+			cfg.Model = "" // the first of them
+		}
 		return sim.New(cfg)
 	case "vllm":
 		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
@@ -93,6 +97,20 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
 	}
 	return nil, fmt.Errorf("unknown --engine %q (sim, vllm or openai)", c.Kind)
+}
+
+// servable is what an engine serves and every model it can switch to
+// (engine.Switcher): the models a worker registers.
+func servable(e engine.Engine) []string {
+	ms := e.Models()
+	if sw, ok := e.(engine.Switcher); ok {
+		for _, m := range sw.CanServe() {
+			if !slices.Contains(ms, m) {
+				ms = append(ms, m)
+			}
+		}
+	}
+	return ms
 }
 
 func waitEngine(ctx context.Context, e engine.Engine, wait func(context.Context) error, timeout time.Duration) error {

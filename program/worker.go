@@ -36,7 +36,7 @@ type WorkerConfig struct {
 func DefaultWorker() WorkerConfig {
 	return WorkerConfig{
 		NATS:   natsconn.Options{URL: nats.DefaultURL},
-		Worker: workers.Config{MaxConcurrency: 256, DrainTimeout: 30 * time.Second},
+		Worker: workers.Config{MaxConcurrency: 256, DrainTimeout: 30 * time.Second, SwitchHold: 30 * time.Second},
 		Engine: DefaultEngine(),
 	}
 }
@@ -153,7 +153,7 @@ func (p *workerRun) start(ctx context.Context, h host, ms *metricsServer, restar
 	}
 	p.watch.watch(p.nc)
 	if cfg.RedisURL != "" {
-		if err := registerModels(ctx, cfg.RedisURL, p.eng.Models(), p.nc); err != nil {
+		if err := registerModels(ctx, cfg.RedisURL, servable(p.eng), p.nc); err != nil {
 			log.Warn("could not register models in Redis; serving anyway", "err", err)
 		}
 	}

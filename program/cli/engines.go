@@ -12,6 +12,8 @@ import (
 func registerEngine(fs *pflag.FlagSet, c *program.EngineConfig) {
 	fs.StringVar(&c.Kind, "engine", c.Kind, "engine: sim (built in, no GPU), vllm (a vLLM server) or openai (any OpenAI-compatible server)")
 	fs.StringVar(&c.Model, "model", c.Model, "sim: the model name it serves")
+	fs.StringSliceVar(&c.Sim.Models, "sim-models", c.Sim.Models, "sim: models it can serve, one loaded at a time (the first at start; --model is then ignored): dispatchers switch it to a model requests wait for (docs/capacity.md)")
+	fs.DurationVar(&c.Sim.SwitchTime, "sim-switch-time", c.Sim.SwitchTime, "sim: time a switch to another of --sim-models takes to load it")
 	fs.StringVar(&c.URL, "engine-url", c.URL, "vllm/openai: the server's URL, e.g. http://127.0.0.1:8000 (vllm: default from --vllm-cmd's --port, else :8000)")
 	fs.StringVar(&c.VLLMCmd, "vllm-cmd", c.VLLMCmd, `vllm: start vLLM as a child process with this command line, e.g. "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000 --enable-lora --max-loras 4"; it is restarted if it dies`)
 	fs.StringVar(&c.APIKey, "engine-api-key", c.APIKey, "vllm/openai: API key sent to the engine as a Bearer token")
