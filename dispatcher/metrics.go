@@ -33,6 +33,9 @@ type metrics struct {
 	prefixHits, prefixMisses      prometheus.Counter
 	prefixPrompt, prefixPredicted prometheus.Counter
 	kvEvents                      prometheus.Counter // workers' KV events messages applied
+	// switchRequests counts the model switches this dispatcher asked of
+	// workers (switch.go), by outcome: accepted, refused, error.
+	switchRequests *prometheus.CounterVec
 
 	// Flow control (flow.go), by band and tenant; tenants beyond the first
 	// maxTenantLabels seen share the label "other" (bounded cardinality).
@@ -128,6 +131,9 @@ func newMetrics() *metrics {
 		}
 		m.flowTokens.WithLabelValues(b.String(), "none")
 	}
+	for _, o := range []string{"accepted", "refused", "error"} {
+		m.switchRequests.WithLabelValues(o)
+	}
 	for _, a := range placementActions {
 		m.adapterPlaced.WithLabelValues(a, "ok")
 		m.adapterPlaced.WithLabelValues(a, "error")
@@ -200,6 +206,10 @@ func newCollectors() *metrics {
 		capacityWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "tokenbus_dispatcher_capacity_wait_seconds", Help: "Time requests held for capacity (queued while no live worker served their model) waited before a worker took them.",
 			Buckets: []float64{0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600}}),
+		switchRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tokenbus_dispatcher_switch_requests_total",
+			Help: "Model switches this dispatcher asked of workers for requests waiting for a model no worker serves, by outcome: accepted, refused (the worker's hold, or another switch under way), error (no answer)."},
+			[]string{"outcome"}),
 		prefixPredicted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_prefix_predicted_cached_tokens_total",
 			Help: "Prompt tokens (estimated) the worker chosen was predicted to hold in its prefix cache."}),
@@ -214,7 +224,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 	m := d.m
 	reg.MustRegister(m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
 		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, m.flowWait, m.flowRefused, m.flowTokens, m.settled,
-		m.coldStarts, m.coldStartSeconds, m.capacityWait, modelCollector{d})
+		m.coldStarts, m.coldStartSeconds, m.capacityWait, m.switchRequests, modelCollector{d})
 }
 
 // The per-model gauges are read at scrape time (modelCollector), not kept up

@@ -35,7 +35,7 @@ func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string
 			continue
 		}
 		serving++
-		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency {
+		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
 			continue
 		}
 		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
@@ -165,7 +165,7 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 			continue
 		}
 		serving++
-		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency {
+		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
 			continue
 		}
 		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
@@ -235,7 +235,7 @@ func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map
 	_, listed := w.adapters[adapter]
 	_, pending := pend[wid]
 	return hasBase && !hasSelf && !listed && !pending && !w.hb.Draining && w.hb.Healthy &&
-		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency
+		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency && !w.switching()
 }
 
 // victimRatesLocked is the AdapterRate of the adapter worker id would

@@ -39,3 +39,22 @@ func (f *Fleet) Asleep(model string) int {
 	}
 	return n
 }
+
+// switching reports whether w is switching models (Heartbeat.Switching):
+// it takes no new request (it would bounce it) until a heartbeat lists the
+// new model; it still counts as serving its old models, whose requests
+// wait in the queue meanwhile.
+func (w *workerState) switching() bool { return w.hb.Switching != "" }
+
+// SwitchingTo counts the live workers switching to model.
+func (f *Fleet) SwitchingTo(model string) int {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n := 0
+	for _, w := range f.workers {
+		if w.hb.Switching == model {
+			n++
+		}
+	}
+	return n
+}
