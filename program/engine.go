@@ -39,6 +39,11 @@ type EngineConfig struct {
 	KVEvents      string
 	KVEventsTopic string
 	Sim           sim.Config // sim: latency and capacity (Model is set from Model)
+
+	// VLLMModels: vllm, instead of VLLMCmd: "name=command" per model, one
+	// vLLM run at a time, the first at start; the worker switches between
+	// them (vllm.Switching, docs/capacity.md).
+	VLLMModels []string
 }
 
 // DefaultEngine is the sim serving llama-8b.
@@ -74,6 +79,9 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		}
 		return sim.New(cfg)
 	case "vllm":
+		if len(c.VLLMModels) > 0 {
+			return newSwitchingVLLM(ctx, c, hc)
+		}
 		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
 			PriorityBands: c.PriorityBands})
 		if err != nil {
@@ -97,6 +105,27 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
 	}
 	return nil, fmt.Errorf("unknown --engine %q (sim, vllm or openai)", c.Kind)
+}
+
+// newSwitchingVLLM is the vllm engine of several models, one vLLM at a time.
+func newSwitchingVLLM(ctx context.Context, c EngineConfig, hc httpengine.Config) (engine.Engine, error) {
+	if c.VLLMCmd != "" {
+		return nil, fmt.Errorf("--vllm-cmd or --vllm-model, not both")
+	}
+	models := make([]vllm.ModelCommand, 0, len(c.VLLMModels))
+	for _, spec := range c.VLLMModels {
+		m, err := vllm.ParseModelCommand(spec)
+		if err != nil {
+			return nil, fmt.Errorf("--vllm-model: %w", err)
+		}
+		models = append(models, m)
+	}
+	e, err := vllm.NewSwitching(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
+		PriorityBands: c.PriorityBands}, models)
+	if err != nil {
+		return nil, err
+	}
+	return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
 }
 
 // servable is what an engine serves and every model it can switch to

@@ -16,6 +16,7 @@ func registerEngine(fs *pflag.FlagSet, c *program.EngineConfig) {
 	fs.DurationVar(&c.Sim.SwitchTime, "sim-switch-time", c.Sim.SwitchTime, "sim: time a switch to another of --sim-models takes to load it")
 	fs.StringVar(&c.URL, "engine-url", c.URL, "vllm/openai: the server's URL, e.g. http://127.0.0.1:8000 (vllm: default from --vllm-cmd's --port, else :8000)")
 	fs.StringVar(&c.VLLMCmd, "vllm-cmd", c.VLLMCmd, `vllm: start vLLM as a child process with this command line, e.g. "vllm serve meta-llama/Llama-3.1-8B-Instruct --port 8000 --enable-lora --max-loras 4"; it is restarted if it dies`)
+	fs.StringArrayVar(&c.VLLMModels, "vllm-model", c.VLLMModels, `vllm, instead of --vllm-cmd: name=COMMAND, once per model the worker can serve, one vLLM at a time (GPU memory holds one), e.g. "llama=vllm serve meta-llama/Llama-3.1-8B-Instruct --served-model-name llama --port 8000"; the first starts with the worker, dispatchers switch it to another that requests wait for (docs/capacity.md)`)
 	fs.StringVar(&c.APIKey, "engine-api-key", c.APIKey, "vllm/openai: API key sent to the engine as a Bearer token")
 	fs.StringVar(&c.RequestID, "engine-request-id", c.RequestID, "vllm/openai: how the request id goes to the engine in X-Request-Id: raw, uuid (made from the id; strict servers refuse other ids) or off (default: vllm raw, openai uuid)")
 	fs.StringSliceVar(&c.Models, "engine-models", c.Models, "openai: model names the server serves (default: read from its /v1/models)")

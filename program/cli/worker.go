@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"strconv"
+	"strings"
 
 	"github.com/tokenbus/tokenbus/internal/flagenv"
 	"github.com/tokenbus/tokenbus/program"
@@ -18,7 +19,7 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&cfg.Worker.ID, "id", cfg.Worker.ID, "worker id, unique in the cluster (default: host name + random suffix)")
 	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "hard cap on requests in flight; past it the worker hands requests back (with --vllm-cmd and no value given: its --max-num-seqs, so that requests wait in the dispatcher's fair queue, not in vLLM's first-come one)")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on SIGTERM, how long in-flight requests may run before they are cancelled (also before a model switch)")
-	fs.DurationVar(&cfg.Worker.SwitchHold, "switch-hold", cfg.Worker.SwitchHold, "an engine of several models (--sim-models): how long a model stays loaded at least before the worker switches away from it, so that two busy models do not make it thrash")
+	fs.DurationVar(&cfg.Worker.SwitchHold, "switch-hold", cfg.Worker.SwitchHold, "an engine of several models (--sim-models, --vllm-model): how long a model stays loaded at least before the worker switches away from it, so that two busy models do not make it thrash")
 	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis holding the model registry; when set the worker registers its models there")
 	fs.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "listen address for /metrics (empty: off)")
 	registerEngine(fs, &cfg.Engine)
@@ -29,7 +30,11 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	// Hold, don't commit (docs/scheduling.md): the cap is what the engine
 	// runs at once, unless said otherwise.
 	if !fs.Changed("max-concurrency") && cfg.Engine.Kind == "vllm" {
-		if n, err := strconv.Atoi(httpengine.FlagValue(cfg.Engine.VLLMCmd, "--max-num-seqs")); err == nil && n > 0 {
+		cmd := cfg.Engine.VLLMCmd
+		if cmd == "" && len(cfg.Engine.VLLMModels) > 0 { // the first model's (each should have the same)
+			_, cmd, _ = strings.Cut(cfg.Engine.VLLMModels[0], "=")
+		}
+		if n, err := strconv.Atoi(httpengine.FlagValue(cmd, "--max-num-seqs")); err == nil && n > 0 {
 			cfg.Worker.MaxConcurrency = n
 		}
 	}

@@ -36,6 +36,9 @@ func TestMain(m *testing.M) {
 func runChild() {
 	port := httpengine.FlagValue(strings.Join(os.Args[1:], " "), "--port")
 	f := fakevllm.New()
+	if len(os.Args) > 2 && os.Args[1] == "serve" && !strings.HasPrefix(os.Args[2], "-") {
+		f.Base = []string{os.Args[2]} // vllm serve <model>
+	}
 	if os.Getenv("FAKEVLLM_IGNORE_TERM") == "1" {
 		signal.Ignore(syscall.SIGTERM)
 	}
