@@ -129,6 +129,8 @@ func (s *Server) routes() {
 	app.Delete("/adapters/*", s.deleteAdapter)
 	app.Get("/workers", s.listWorkers)
 	app.Post("/workers/:id/drain", s.drainWorker)
+	app.Get("/workers/switches", s.listSwitches)
+	app.Post("/workers/:id/switch", s.switchWorker)
 	app.Post("/keys", s.createKey)
 	app.Get("/keys", s.listKeys)
 	app.Delete("/keys/:id", s.deleteKey)

@@ -234,6 +234,8 @@ var routes = []struct{ method, path, body string }{
 	{"DELETE", "/adapters/a", ""},
 	{"GET", "/workers", ""},
 	{"POST", "/workers/w1/drain", ""},
+	{"GET", "/workers/switches", ""},
+	{"POST", "/workers/w1/switch", `{"model":"m"}`},
 	{"POST", "/keys", `{"tenant":"t"}`},
 	{"GET", "/keys", ""},
 	{"DELETE", "/keys/key_x", ""},

@@ -62,6 +62,8 @@ type Fleet struct {
 	// blindAt is the last time the owner could not hear heartbeats (Blind):
 	// for ReconnectGrace after it, no worker expires.
 	blindAt time.Time
+
+	switches switchLog // model switches seen in heartbeats (capacity.go)
 }
 
 // ReconnectGrace is how long after its owner's NATS connection is back a
@@ -144,6 +146,9 @@ func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
 		for _, a := range hb.Loading {
 			w.adapters[a] = struct{}{}
 		}
+	}
+	if ok {
+		f.switches.observeLocked(&w.hb, hb, now)
 	}
 	w.hb = hb
 	if w.prefix != nil {

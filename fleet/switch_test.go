@@ -36,3 +36,44 @@ func TestSwitchingWorkerTakesNothing(t *testing.T) {
 		t.Fatal("after the switch: switching or switchable counts wrong")
 	}
 }
+
+// The fleet remembers the switches its heartbeats show: begun, ended, and
+// one over between two beats.
+func TestSwitchLog(t *testing.T) {
+	now := time.Now()
+	fl := New()
+	beat := func(models []string, switching string, loadedAt int64) {
+		h := hb("s", 0, 10, models...)
+		h.CanServe, h.Switching, h.LoadedAt = []string{"a", "b"}, switching, loadedAt
+		h.Seq = uint64(now.UnixNano())
+		now = now.Add(time.Second)
+		fl.Observe(h, now)
+	}
+	beat([]string{"a"}, "", 1)
+	beat([]string{"a"}, "b", 1)
+	if got := fl.Switches(); len(got) != 1 || got[0].From != "a" || got[0].To != "b" || got[0].Started.IsZero() || !got[0].Ended.IsZero() {
+		t.Fatalf("begun: %+v", got)
+	}
+	beat([]string{"a"}, "b", 1) // still switching: the same switch
+	beat([]string{"b"}, "", 2)
+	got := fl.Switches()
+	if len(got) != 1 || !got[0].OK || got[0].Ended.Sub(got[0].Started) != 2*time.Second {
+		t.Fatalf("ended: %+v", got)
+	}
+	beat([]string{"a"}, "", 3) // back to a between two beats
+	got = fl.Switches()
+	if len(got) != 2 || got[0].From != "b" || got[0].To != "a" || !got[0].OK || !got[0].Started.IsZero() {
+		t.Fatalf("newest first, one never seen switching: %+v", got)
+	}
+	beat([]string{"a"}, "b", 3)
+	beat([]string{"a"}, "", 4) // failed: still a
+	if got := fl.Switches(); got[0].OK || got[0].To != "b" {
+		t.Fatalf("a failed switch: %+v", got[0])
+	}
+	for i := range 40 {
+		beat([]string{[]string{"a", "b"}[i%2]}, "", int64(10+i))
+	}
+	if n := len(fl.Switches()); n != switchLogSize {
+		t.Fatalf("%d switches kept", n)
+	}
+}

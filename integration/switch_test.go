@@ -4,15 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go"
 	"github.com/openai/openai-go/v3"
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/program"
+	"github.com/tokenbus/tokenbus/program/cli"
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
@@ -163,4 +167,76 @@ func TestModelsSwitchOnASharedPool(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The console's fleet page shows what a worker of several models holds and
+// can switch to, that it switches, and the switch once done.
+func TestConsoleShowsSwitches(t *testing.T) {
+	t.Parallel()
+	bin := chromium()
+	if bin == "" {
+		t.Skip("no chromium binary (apt-get install chromium; scripts/test installs it)")
+	}
+	d := startDev(t, func(c *program.DevConfig) {
+		c.SimWorkers = 1
+		c.ExampleAdapter = false
+		c.Engine.Sim.Models = []string{"alpha", "beta"}
+		c.Engine.Sim.SwitchTime = 2500 * time.Millisecond // the page polls every 2 s: it sees the switch
+		c.Worker.SwitchHold = time.Millisecond
+	})
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(bin), chromedp.NoSandbox,
+		chromedp.Flag("disable-gpu", true), chromedp.Flag("disable-dev-shm-usage", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+	ctx, cancel := context.WithTimeout(bctx, 60*time.Second)
+	defer cancel()
+	eval := func(expr string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](expr))
+		if err != nil {
+			t.Fatalf("%s: %v", expr, err)
+		}
+		return v
+	}
+	waitFor := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](expr, chromedp.WithPollingInterval(50*time.Millisecond),
+			chromedp.WithPollingTimeout(20*time.Second))); err != nil {
+			t.Fatalf("%s (waiting for %s): %v; page: %.600s", what, expr, err, eval(`document.body.innerText`))
+		}
+	}
+	text := func(id string) string {
+		return fmt.Sprintf(`(document.getElementById(%q) || {innerText: ""}).innerText`, id)
+	}
+	if err := chromedp.Do(ctx, chromedp.EmulateViewport(1280, 900), chromedp.Navigate(cli.ConsoleURL(d.AdminAddr(), d.AdminToken()))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the worker and what it can switch to", text("workers")+`.includes("can switch to beta")`)
+	waitFor("no switch yet", text("page-fleet")+`.includes("No model switch yet.")`)
+
+	// A request for beta: held, the worker switches, then it is served.
+	c := openaiClient(d.URL + "/v1")
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Chat.Completions.New(context.Background(), openai.ChatCompletionNewParams{Model: "beta", MaxTokens: openai.Int(4),
+			Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("switch")}})
+		done <- err
+	}()
+	waitFor("switching shown", text("workers")+`.includes("switching to beta")`)
+	if err := <-done; err != nil {
+		t.Fatalf("the request for beta: %v", err)
+	}
+	waitFor("the switch done", text("switches")+`.includes("alpha → beta") && `+text("switches")+`.includes("done")`)
+	waitFor("beta held now", text("workers")+`.includes("can switch to alpha")`)
+	if os.Getenv(screenshotsEnv) == "1" {
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join("..", "docs", "img", "console-switches.png"), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
