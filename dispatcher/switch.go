@@ -3,6 +3,7 @@ package dispatcher
 import (
 	"cmp"
 	"encoding/json"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -80,8 +81,15 @@ func (d *Dispatcher) switchModels(now time.Time) {
 		waiting[model] += q.Len()
 	}
 	d.mu.Unlock()
+	if len(waiting) == 0 {
+		return
+	}
+	// The most awaited model first, so that it gets the best worker.
+	models := slices.SortedFunc(maps.Keys(waiting), func(a, b string) int {
+		return cmp.Or(cmp.Compare(waiting[b], waiting[a]), cmp.Compare(a, b))
+	})
 	var workers []fleet.Worker
-	for model := range waiting {
+	for _, model := range models {
 		if d.fleet.Serving(model) > 0 || d.fleet.Switchable(model) == 0 || !d.switches.begin(model, now) {
 			continue
 		}
@@ -92,6 +100,12 @@ func (d *Dispatcher) switchModels(now time.Time) {
 		if !ok {
 			d.switches.end(model, 0)
 			continue
+		}
+		// Taken for this model: not chosen again for another in this sweep.
+		for i := range workers {
+			if workers[i].Worker == id {
+				workers[i].Switching = model
+			}
 		}
 		go d.askSwitch(model, id)
 	}
