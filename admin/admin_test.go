@@ -564,13 +564,13 @@ func TestKeysAndUsage(t *testing.T) {
 }
 
 // Redis down: every route that needs it answers 503 (with Retry-After), the
-// worker table still answers, and all works again once Redis is back.
+// worker routes still answer, and all works again once Redis is back.
 func TestRedisDown(t *testing.T) {
 	w := newWorld(t)
 	w.worker("w1", []string{"llama-8b"}, nil, false, false)
 	w.redis.Stop()
 	for _, r := range routes {
-		if r.path == "/workers" || r.path == "/workers/w1/drain" || r.path == "/nothing-here" {
+		if r.path == "/workers" || r.path == "/workers/w1/drain" || r.path == "/workers/switches" || r.path == "/workers/w1/switch" || r.path == "/nothing-here" {
 			continue
 		}
 		got := w.do(r.method, r.path, r.body).expect(t, r.method+" "+r.path+" with Redis down", 503, schemas.ErrStoreUnavailable.Code, "")
