@@ -22,3 +22,41 @@ func TestEngineKVEventsOnlyVLLM(t *testing.T) {
 		}
 	}
 }
+
+// --vllm-model goes instead of --vllm-cmd, as name=command; a sim of
+// several models registers them all.
+func TestEngineModels(t *testing.T) {
+	for _, tc := range []struct {
+		cmd    string
+		models []string
+		want   string
+	}{
+		{"vllm serve x", []string{"a=vllm serve a"}, "not both"},
+		{"", []string{"vllm serve a"}, "not name=command"},
+		{"", []string{"a=vllm serve a", "a=vllm serve b"}, "each name once"},
+	} {
+		c := DefaultEngine()
+		c.Kind, c.VLLMCmd, c.VLLMModels = "vllm", tc.cmd, tc.models
+		e, err := newEngine(context.Background(), c, slog.New(slog.DiscardHandler))
+		if err == nil {
+			e.Close()
+			t.Fatalf("%q %q accepted", tc.cmd, tc.models)
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q %q: %v, want %q", tc.cmd, tc.models, err, tc.want)
+		}
+	}
+	c := DefaultEngine()
+	c.Sim.Models = []string{"a", "b"}
+	e, err := newEngine(context.Background(), c, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if got := e.Models(); len(got) != 1 || got[0] != "a" {
+		t.Fatalf("serves %q, want the first of --sim-models", got)
+	}
+	if got := servable(e); strings.Join(got, ",") != "a,b" {
+		t.Fatalf("registers %q", got)
+	}
+}
