@@ -112,13 +112,19 @@ func newSwitchingVLLM(ctx context.Context, c EngineConfig, hc httpengine.Config)
 	if c.VLLMCmd != "" {
 		return nil, fmt.Errorf("--vllm-cmd or --vllm-model, not both")
 	}
-	models := make([]vllm.ModelCommand, 0, len(c.VLLMModels))
-	for _, spec := range c.VLLMModels {
-		m, err := vllm.ParseModelCommand(spec)
-		if err != nil {
-			return nil, fmt.Errorf("--vllm-model: %w", err)
+	var models []vllm.ModelCommand
+	for _, specs := range c.VLLMModels {
+		// TOKENBUS_VLLM_MODEL sets the flag once: one model a line.
+		for spec := range strings.Lines(specs) {
+			if strings.TrimSpace(spec) == "" {
+				continue
+			}
+			m, err := vllm.ParseModelCommand(spec)
+			if err != nil {
+				return nil, fmt.Errorf("--vllm-model: %w", err)
+			}
+			models = append(models, m)
 		}
-		models = append(models, m)
 	}
 	e, err := vllm.NewSwitching(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
 		PriorityBands: c.PriorityBands}, models)

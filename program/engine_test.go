@@ -34,6 +34,7 @@ func TestEngineModels(t *testing.T) {
 		{"vllm serve x", []string{"a=vllm serve a"}, "not both"},
 		{"", []string{"vllm serve a"}, "not name=command"},
 		{"", []string{"a=vllm serve a", "a=vllm serve b"}, "each name once"},
+		{"", []string{"a=vllm serve a\na=vllm serve b\n"}, "each name once"}, // TOKENBUS_VLLM_MODEL: one a line
 	} {
 		c := DefaultEngine()
 		c.Kind, c.VLLMCmd, c.VLLMModels = "vllm", tc.cmd, tc.models
