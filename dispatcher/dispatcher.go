@@ -168,14 +168,15 @@ func (c *Config) defaults() {
 
 // Dispatcher is one dispatcher replica.
 type Dispatcher struct {
-	cfg      Config
-	nc       *nats.Conn
-	models   Registry // nil: every model with no worker is unknown, and no adapter routing
-	log      *slog.Logger
-	fleet    *fleet.Fleet
-	failed   failures // requests whose last attempt a worker failed (admit.go)
-	m        *metrics
-	demand   *demand    // requests per adapter: for placement and for the choice of a worker to evict on
+	cfg    Config
+	nc     *nats.Conn
+	models Registry // nil: every model with no worker is unknown, and no adapter routing
+	log    *slog.Logger
+	fleet  *fleet.Fleet
+	failed failures // requests whose last attempt a worker failed (admit.go)
+	m      *metrics
+	demand *demand // requests per adapter: for placement and for the choice of a worker to evict on
+
 	switches switchAsks // model switches asked of workers (switch.go)
 
 	ready   chan struct{} // closed once Run has subscribed
