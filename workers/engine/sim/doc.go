@@ -56,5 +56,9 @@
 // each of its sequences that produced text, made by the scheduler goroutine;
 // a Sink error or a done context aborts the request within one step.
 //
+// With Config.Models it can serve several models, one loaded at a time as
+// on a GPU: Switch loads another in SwitchTime (engine.Switcher, switch.go);
+// each model answers differently and caches apart.
+//
 // Tokenbus imports: schemas, workers/engine.
 package sim
