@@ -906,6 +906,9 @@ func (d *Dispatcher) sweep(now time.Time) {
 	d.announceLocked(now, false)
 	for model, q := range d.queues {
 		cold := d.coldQueueLocked(model, q)
+		if cold {
+			d.goneColdLocked(q)
+		}
 		q.Expire(now, func(it *scheduler.Item) {
 			e := it.Value.(*queued)
 			delete(d.byID, e.id)

@@ -146,6 +146,27 @@ func (d *Dispatcher) coldQueueLocked(model string, q *scheduler.Queue) bool {
 	return d.serving(model, q.Peek().Value.(*queued).adapter) == 0
 }
 
+// goneColdLocked gives the requests of q that queued while a worker served
+// their model (behind busy workers, or while its last worker switched away
+// or died) the hold's limit now that none does: ColdStartTimeout from when
+// they queued, never past their deadline.
+func (d *Dispatcher) goneColdLocked(q *scheduler.Queue) {
+	q.Items(func(it *scheduler.Item) {
+		e := it.Value.(*queued)
+		if e.cold {
+			return
+		}
+		e.cold = true
+		limit := it.Enqueued().Add(d.cfg.ColdStartTimeout)
+		if dl := schemas.ParseDeadline(e.msg.Header.Get(schemas.HdrDeadline)); !dl.IsZero() && dl.Before(limit) {
+			limit = dl
+		}
+		if limit.After(it.Expires) {
+			it.Expires = limit
+		}
+	})
+}
+
 // beat is a queued frame sent again.
 type beat struct {
 	reply string

@@ -176,3 +176,42 @@ func TestHoldTimesOut(t *testing.T) {
 		}
 	}
 }
+
+// A request queued behind a busy worker gets the hold's limit when its
+// model's last worker goes away, instead of the queue timeout.
+func TestQueuedRequestGoesCold(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	d := startDispatcher(t, nc, Config{QueueTimeout: 500 * time.Millisecond, HoldBeat: 100 * time.Millisecond})
+	w := newFakeWorker(t, nc, "busy", 1)
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		if d.Fleet().Serving("m") != 1 {
+			return fmt.Errorf("worker not seen")
+		}
+		return nil
+	})
+	sendRequest(t, nc, "m", "first") // takes the only slot
+	testenv.WaitFor(t, 2*time.Second, wantCount(w, 1))
+	r := sendRequest(t, nc, "m", "second") // queued behind it, for 500 ms
+	testenv.WaitFor(t, time.Second, func() error {
+		if qs := r.queuedFrames(); len(qs) == 0 || qs[0].Cold {
+			return fmt.Errorf("queued frames %+v: want one, not cold", qs)
+		}
+		return nil
+	})
+	// The worker leaves (drained, idle): the request now waits for capacity.
+	b, _ := json.Marshal(schemas.Heartbeat{Worker: "busy", Models: []string{"m"}, MaxConcurrency: 1, Draining: true, Healthy: true, IntervalMS: 1000})
+	if err := nc.Publish(schemas.HeartbeatSubject("busy"), b); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		qs := r.queuedFrames()
+		if last := qs[len(qs)-1]; !last.Cold || last.TimeoutMS < int64(time.Minute/time.Millisecond) {
+			return fmt.Errorf("last queued frame %+v: want cold, with the cold-start limit", last)
+		}
+		return nil
+	})
+	if f, _ := r.last(); f.Type == schemas.FrameError {
+		t.Fatalf("refused after its queue timeout though held for capacity: %s", f.Payload)
+	}
+}
