@@ -313,10 +313,18 @@ var (
 		When:    "A stream ended (with or without `[DONE]`) before any `finish_reason`, or a 200 stream had no chunk at all: never a clean end; another worker may finish it (the client retries or migrates)."})
 	ErrEngineTimeout = def(secEngine, ErrorDef{Code: "timeout", Status: http.StatusGatewayTimeout, Type: TypeTimeout,
 		Message: "The engine did not answer %s in time.",
-		When:    "A control call to the engine (a LoRA load or unload) outlasted its timeout."})
+		When:    "A control call to the engine (a LoRA load or unload, a sleep or wake-up) outlasted its timeout."})
 	ErrEngineUnhealthy = def(secEngine, ErrorDef{Code: "engine_unhealthy", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
 		Message: "The %s engine at %s is unavailable: %s.",
 		When:    "The engine cannot be reached or fails its health check."})
+	ErrWakeFailed = def(secEngine, ErrorDef{Code: "engine_unhealthy", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The %s engine of worker %s could not be woken from sleep: %s.",
+		When: "The worker had put its idle engine to sleep (--sleep-after) and the wake-up this request waited for failed or " +
+			"timed out. The worker reports itself unhealthy until a wake-up succeeds; retry, another worker takes it."})
+	ErrEngineAsleep = def(secEngine, ErrorDef{Code: "engine_unhealthy", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The %s engine is asleep (sleep mode): wake it up first.",
+		When: "A request reached a sim engine (or `tokenbus sim-server`) in sleep mode. A worker never sends one: it wakes " +
+			"its engine first."})
 	ErrAdapterLoadFailed = def(secEngine, ErrorDef{Code: "adapter_load_failed", Status: http.StatusInternalServerError, Type: TypeServer, Param: "model",
 		Message: "Cannot load LoRA adapter `%s`%s on worker %s: %s.",
 		When:    "The engine refused to load the adapter (no weights at its path...): retrying does not help."})

@@ -181,3 +181,25 @@ type Switcher interface {
 	CanServe() []string
 	Switch(ctx context.Context, model string) error
 }
+
+// Sleeper is implemented by engines that can free their accelerator's memory
+// while idle and take it back later, faster than a cold start: vLLM's sleep
+// mode (level 1: weights to CPU memory, KV cache dropped), the sim's
+// imitation of it. A worker started with a sleep delay puts an idle engine
+// to sleep and wakes it when a request arrives (workers/sleep.go,
+// docs/capacity.md#sleeping-engines): a GPU that serves nobody is lent to
+// others without a worker to start again. These are primitives, bounded by
+// ctx: when to sleep, and who waits for a wake-up, is the worker's. An
+// asleep engine must not be sent requests: it may fail them or, worse for
+// vLLM, crash on them; the worker never does.
+type Sleeper interface {
+	// Sleep frees the engine's memory; nothing may run on it (the worker
+	// sleeps only an idle engine). Sleeping an asleep engine is no error.
+	Sleep(ctx context.Context) error
+	// WakeUp brings it back; when it returns nil the engine serves again.
+	// Waking an awake engine is no error.
+	WakeUp(ctx context.Context) error
+	// Sleeping reports whether the engine is asleep (or falling asleep,
+	// or waking up): the engine's own last word, no I/O.
+	Sleeping() bool
+}

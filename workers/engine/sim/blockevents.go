@@ -20,9 +20,11 @@ const maxBlockEvents = 1 << 15 // blocks waiting for DrainBlockEvents
 // BlockEvent is one of vLLM's KV cache events: BlockStored (Removed false):
 // Hashes stored in a chain after Parent (0: a root block), Tokens their
 // token ids (BlockSize each), Lora the adapter's name ("": the base model);
-// BlockRemoved: Hashes evicted.
+// BlockRemoved: Hashes evicted; AllBlocksCleared (Cleared): the cache was
+// emptied (a sleep).
 type BlockEvent struct {
 	Removed bool
+	Cleared bool
 	Hashes  []uint64
 	Parent  uint64
 	Tokens  []uint32
@@ -80,6 +82,14 @@ func (q *blockEvents) flush() {
 	q.mu.Unlock()
 	clear(q.pending)
 	q.pending, q.removing = q.pending[:0], q.removing[:0]
+}
+
+// clearAll records that the cache was emptied; after flush, scheduler
+// goroutine only.
+func (q *blockEvents) clearAll() {
+	q.mu.Lock()
+	q.out = append(q.out, BlockEvent{Cleared: true})
+	q.mu.Unlock()
 }
 
 // DrainBlockEvents returns the vLLM-style KV cache events since the last

@@ -63,6 +63,15 @@ func (q *kvEvents) flush() {
 	q.pending, q.removing = q.pending[:0], q.removing[:0]
 }
 
+// lose drops the events not yet taken and counts a loss: readers forget
+// what they knew of the cache (it was emptied).
+func (q *kvEvents) lose() {
+	q.mu.Lock()
+	q.stored, q.removed, q.n = nil, nil, 0
+	q.dropped++
+	q.mu.Unlock()
+}
+
 // KVEventsOn reports whether the sim reports KV events (engine.KVEventer):
 // unless Config.KVEventBytes < 0.
 func (e *Engine) KVEventsOn() bool { return e.cfg.KVEventBytes >= 0 }

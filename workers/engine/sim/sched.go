@@ -22,6 +22,11 @@ func (e *Engine) run() {
 			e.sweep()
 			e.publishKV()
 		}
+		if done := e.resetKV.Load(); done != nil && len(e.running) == 0 && e.waitingLen() == 0 {
+			e.resetKV.Store(nil)
+			e.dropCache() // a sleep began (sleep.go)
+			close(*done)
+		}
 		if len(e.running) == 0 && e.waitingLen() == 0 {
 			e.lastEnd = time.Time{}
 			select {

@@ -41,6 +41,11 @@ type Config struct {
 	MaxLoras        int           // LoRA adapter slots (default 4)
 	AdapterLoadTime time.Duration // time LoadAdapter takes (default 50ms)
 
+	// Sleep mode (engine.Sleeper, sleep.go): how long Sleep and WakeUp take
+	// (default 50ms and 200ms; vLLM's level 1 moves the weights to CPU
+	// memory and back, seconds for a large model).
+	SleepTime, WakeTime time.Duration
+
 	EmbeddingDims int // size of the embeddings it serves (default DefaultEmbeddingDims)
 
 	// KVEventBytes is the block size, in bytes of prompt text, of the
@@ -72,6 +77,8 @@ func DefaultConfig() Config {
 		MaxLoras:            4,
 		AdapterLoadTime:     50 * time.Millisecond,
 		SwitchTime:          500 * time.Millisecond,
+		SleepTime:           50 * time.Millisecond,
+		WakeTime:            200 * time.Millisecond,
 		EmbeddingDims:       DefaultEmbeddingDims,
 	}
 }
@@ -88,7 +95,7 @@ type Metrics struct {
 }
 
 // Engine is the sim engine. It implements engine.Engine, engine.Adapters,
-// engine.ContextLengths and engine.Switcher.
+// engine.ContextLengths, engine.Switcher and engine.Sleeper.
 type Engine struct {
 	cfg      Config
 	cur      atomic.Pointer[loaded] // the base model served now (switch.go)
@@ -103,6 +110,13 @@ type Engine struct {
 	spare    []*seq // the scheduler's: incoming's next backing array
 	adapters map[string]*adapter
 	closed   bool
+	// Sleep mode (sleep.go): asleep from the start of Sleep to the end of
+	// WakeUp; active counts the requests past that check, which Sleep
+	// waits for none of: it refuses while there are any.
+	asleep  bool
+	active  int
+	sleepMu sync.Mutex                    // one Sleep or WakeUp at a time
+	resetKV atomic.Pointer[chan struct{}] // the scheduler drops its prefix cache, then closes it (a sleep frees the KV cache)
 
 	wake chan struct{} // capacity 1: there is something for the scheduler
 	quit chan struct{}
@@ -139,6 +153,7 @@ var (
 	_ engine.Adapters       = (*Engine)(nil)
 	_ engine.ContextLengths = (*Engine)(nil)
 	_ engine.Switcher       = (*Engine)(nil)
+	_ engine.Sleeper        = (*Engine)(nil)
 )
 
 // New checks cfg, fills its zero sizes with defaults and starts the scheduler.
@@ -172,7 +187,8 @@ func New(cfg Config) (*Engine, error) {
 	case cfg.KVEventBytes > 0 && cfg.KVEventBytes < 8:
 		return nil, fmt.Errorf("sim: KVEventBytes %d < 8", cfg.KVEventBytes)
 	}
-	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 || cfg.SwitchTime < 0 {
+	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 ||
+		cfg.SwitchTime < 0 || cfg.SleepTime < 0 || cfg.WakeTime < 0 {
 		return nil, fmt.Errorf("sim: negative duration in config")
 	}
 	if cfg.MaxEOS < cfg.MinEOS {
@@ -349,6 +365,13 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, req.Deadline)
 		defer cancel()
+	}
+	// Tokenizing needs no weights: a sleeping vLLM serves it.
+	if req.Kind != schemas.KindTokenize && req.Kind != schemas.KindDetokenize {
+		if err := e.enter(); err != nil {
+			return nil, err
+		}
+		defer e.leave()
 	}
 	if !req.Kind.Generates() && req.Kind.Valid() {
 		e.mu.Lock()

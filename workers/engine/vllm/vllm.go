@@ -47,6 +47,15 @@ type Config struct {
 	// within ±999; request.go), and vLLM's own queue keeps the bands'
 	// order. On by itself when Command has that flag.
 	PriorityBands bool
+
+	// SleepMode: the worker puts the engine to sleep when idle
+	// (engine.Sleeper, sleep.go). With Command, the command must have
+	// --enable-sleep-mode and the child gets VLLM_SERVER_DEV_MODE=1.
+	// SleepLevel is vLLM's level (default 1: weights to CPU memory);
+	// SleepTimeout bounds one sleep or wake-up (default 5m).
+	SleepMode    bool
+	SleepLevel   int
+	SleepTimeout time.Duration
 }
 
 // EnvRuntimeLoRA is what the child process gets in its environment, so that
@@ -62,6 +71,8 @@ type Engine struct {
 
 	kv *kvEvents // nil: KV events off (kvevents.go)
 
+	sleeping atomic.Bool // vLLM's sleep, as last seen (sleep.go)
+
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
@@ -72,6 +83,7 @@ var (
 	_ engine.Adapters       = (*Engine)(nil)
 	_ engine.ContextLengths = (*Engine)(nil)
 	_ engine.KVEventer      = (*Engine)(nil)
+	_ engine.Sleeper        = (*Engine)(nil)
 )
 
 // New starts the engine named "vllm" on cfg (and the child process if
@@ -94,6 +106,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.MetricsInterval <= 0 {
 		cfg.MetricsInterval = time.Second
+	}
+	if err := sleepConfig(&cfg); err != nil {
+		return nil, err
 	}
 	kvEndpoint, err := kvEventsConfig(&cfg) // before the child starts: it may add a flag
 	if err != nil {

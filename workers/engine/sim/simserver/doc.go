@@ -13,6 +13,7 @@
 //	GET  /version                                {"version": ...}
 //	POST /tokenize, /detokenize                  the sim's own tokenizer (cl100k_base, ChatML)
 //	POST /v1/embeddings                          the sim's embeddings (sim.EmbedText), OpenAI's shape
+//	POST /sleep?level=N, /wake_up; GET /is_sleeping   sleep mode, only with Config.DevMode (sleep.go)
 //
 // Anything else is FastAPI's 404 {"detail":"Not Found"} (or 405). With API
 // keys set, paths under /v1 need "Authorization: Bearer <key>" (else 401

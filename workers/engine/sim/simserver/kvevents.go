@@ -149,6 +149,11 @@ func appendKVBatch(b []byte, ts time.Time, evs []sim.BlockEvent, blockSize int) 
 	b = binary.BigEndian.AppendUint64(b, math.Float64bits(float64(ts.Unix())+float64(ts.Nanosecond())/1e9))
 	b = mpArray(b, len(evs))
 	for _, ev := range evs {
+		if ev.Cleared {
+			b = append(b, 0x91)
+			b = mpStr(b, "AllBlocksCleared")
+			continue
+		}
 		if ev.Removed {
 			b = append(b, 0x93)
 			b = mpStr(b, "BlockRemoved")

@@ -53,3 +53,14 @@ func TestParseKVEventsConfig(t *testing.T) {
 		}
 	}
 }
+
+// A sleep empties the cache: AllBlocksCleared, as msgspec encodes it
+// (array_like, no fields: testdata of workers/engine/vllm,
+// kv_array_removed_cleared.msgpack, has the same bytes).
+func TestKVBatchCleared(t *testing.T) {
+	got := appendKVBatch(nil, time.Unix(3, 0), []sim.BlockEvent{{Cleared: true}}, 16)
+	want := append([]byte{0x93, 0xcb, 0x40, 0x08, 0, 0, 0, 0, 0, 0, 0x91, 0x91, 0xb0}, "AllBlocksCleared"...)
+	if !bytes.HasPrefix(got, want) || len(got) != len(want)+1 {
+		t.Errorf("encoding %x, want %x and the rank", got, want)
+	}
+}

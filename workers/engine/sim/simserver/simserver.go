@@ -34,6 +34,12 @@ type Config struct {
 	// AllowRuntimeLoRA offers /v1/load_lora_adapter and
 	// /v1/unload_lora_adapter (vLLM: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True).
 	AllowRuntimeLoRA bool
+	// DevMode serves vLLM's development routes that the sim has: /sleep,
+	// /wake_up and /is_sleeping (vLLM: VLLM_SERVER_DEV_MODE=1).
+	DevMode bool
+	// SleepMode lets the engine sleep (vLLM: --enable-sleep-mode); without
+	// it /sleep and /wake_up answer 500, as vLLM's.
+	SleepMode bool
 	// GPUCacheMetric also exports vllm:gpu_cache_usage_perc, the name of
 	// vllm:kv_cache_usage_perc before vLLM 0.10.
 	GPUCacheMetric bool
@@ -194,6 +200,21 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				s.serveLoadLoRA(w, r)
 			} else {
 				s.serveUnloadLoRA(w, r)
+			}
+		}
+	case "/sleep", "/wake_up", "/is_sleeping":
+		switch {
+		case !s.cfg.DevMode:
+			notFound(w)
+		case path == "/is_sleeping":
+			if s.method(w, r, http.MethodGet) {
+				s.serveIsSleeping(w)
+			}
+		case s.method(w, r, http.MethodPost):
+			if path == "/sleep" {
+				s.serveSleep(w, r)
+			} else {
+				s.serveWakeUp(w, r)
 			}
 		}
 	case "/metrics":
