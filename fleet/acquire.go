@@ -11,7 +11,9 @@ import (
 
 // Acquire picks the least-loaded live worker serving model with a free slot,
 // not excluded (exclude: a comma-separated list, schemas.ExcludeHas), and counts one more request on it. ok is false when none has
-// room; serving says how many live workers serve the model at all.
+// room; serving says how many live workers serve the model at all. A
+// sleeping worker (schemas.Heartbeat.Sleeping) is chosen only when no awake
+// one has room: it is capacity a wake-up away (docs/capacity.md).
 func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool) {
 	id, serving, _, ok = f.AcquirePrefix(model, exclude, nil)
 	return id, serving, ok
@@ -23,7 +25,8 @@ func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool)
 // it holds by our record, less its load and KV use) wins instead of the
 // least loaded, and the prompt's blocks are recorded on the worker chosen,
 // in the same step. cached is how many of hashes that worker holds by our
-// record. Without hashes it is Acquire exactly.
+// record. Without hashes it is Acquire exactly. Awake workers come first
+// either way; a sleeping one's cache is empty anyway (a sleep frees it).
 func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string, serving, cached int, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -43,8 +46,14 @@ func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string
 		if len(hashes) > 0 {
 			score, c = f.scoreLocked(w, ratio, hashes)
 		}
-		// Ties go to a rotating choice so equal workers share the load.
-		if score > bestScore || score == bestScore && (f.rr+uint64(len(wid)))%2 == 0 {
+		// An awake worker beats a sleeping one, whatever their scores; then
+		// the score. Ties go to a rotating choice so equal workers share
+		// the load.
+		order := -1
+		if best != nil {
+			order = awakeFirst(w, best)
+		}
+		if order < 0 || order == 0 && (score > bestScore || score == bestScore && (f.rr+uint64(len(wid)))%2 == 0) {
 			best, bestScore, id, cached = w, score, wid, c
 		}
 	}
@@ -54,6 +63,18 @@ func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string
 	best.load++
 	f.recordLocked(best, hashes)
 	return id, serving, cached, true
+}
+
+// awakeFirst orders two candidates by sleep alone: -1 when only a is
+// awake, 1 when only b is, else 0.
+func awakeFirst(a, b *workerState) int {
+	switch {
+	case a.hb.Sleeping == b.hb.Sleeping:
+		return 0
+	case b.hb.Sleeping:
+		return -1
+	}
+	return 1
 }
 
 // scoreLocked is a candidate's prefix score (see Fleet.CacheWeight) and how
@@ -124,7 +145,8 @@ func (p Placement) String() string {
 //
 // A holder with room is never passed over for a worker that must evict. When
 // the choice is not a holder, the load is recorded as pending on it. ok is
-// false when no candidate has room.
+// false when no candidate has room. Sleeping workers are candidates only
+// when no awake one has room (then chosen by the same rules among them).
 func (f *Fleet) AcquireAdapter(adapter, base, exclude string, now time.Time) (id string, serving int, how Placement, ok bool) {
 	id, serving, how, _, ok = f.AcquireAdapterPrefix(adapter, base, exclude, nil, now)
 	return id, serving, how, ok
@@ -158,26 +180,35 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 	}
 	var holder, free, evict pick
 	pend := f.pending[adapter]
-	for wid, w := range f.workers {
-		_, hasBase := w.models[base]
-		_, hasSelf := w.models[adapter]
-		if !hasBase && !hasSelf || w.hb.Draining || !w.hb.Healthy {
-			continue
+	asleep := false // the pass: awake workers first, sleeping ones if none has room
+	for pass := range 2 {
+		asleep = pass == 1
+		for wid, w := range f.workers {
+			_, hasBase := w.models[base]
+			_, hasSelf := w.models[adapter]
+			if !hasBase && !hasSelf || w.hb.Draining || !w.hb.Healthy {
+				continue
+			}
+			if !asleep {
+				serving++
+			}
+			if w.hb.Sleeping != asleep || schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
+				continue
+			}
+			ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
+			_, listed := w.adapters[adapter]
+			_, pending := pend[wid]
+			switch {
+			case hasSelf || listed || pending:
+				better(&holder, w, wid, ratio)
+			case f.freeSlotLocked(wid, w):
+				better(&free, w, wid, ratio)
+			default:
+				better(&evict, w, wid, ratio)
+			}
 		}
-		serving++
-		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
-			continue
-		}
-		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
-		_, listed := w.adapters[adapter]
-		_, pending := pend[wid]
-		switch {
-		case hasSelf || listed || pending:
-			better(&holder, w, wid, ratio)
-		case f.freeSlotLocked(wid, w):
-			better(&free, w, wid, ratio)
-		default:
-			better(&evict, w, wid, ratio)
+		if holder.w != nil || free.w != nil || evict.w != nil {
+			break
 		}
 	}
 	var p pick
@@ -195,7 +226,7 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 			p = pick{}
 			coldest := [2]float64{math.Inf(1), math.Inf(1)}
 			for wid, w := range f.workers {
-				if !evictCandidate(w, wid, adapter, base, exclude, pend) {
+				if w.hb.Sleeping != asleep || !evictCandidate(w, wid, adapter, base, exclude, pend) {
 					continue
 				}
 				v := f.victimRatesLocked(wid, w, now)

@@ -81,6 +81,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Seq:            w.hbSeq.Add(1),
 	}
 	w.sw.beat(&hb)
+	w.sleep.report(&hb)
 	return hb
 }
 
@@ -190,11 +191,15 @@ func (w *Worker) onControl(m *nats.Msg) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.AdapterLoadTimeout+w.cfg.AdapterUnloadGrace)
 			defer cancel()
-			var err error
-			if op == schemas.CtlLoadAdapter {
-				err = w.adapters.Load(ctx, req.Name, req.Base, req.Path)
-			} else {
-				err = w.adapters.Unload(ctx, req.Name)
+			// A sleeping engine is woken for it (sleep.go), and kept awake.
+			awake, err := w.sleep.hold(ctx)
+			if err == nil {
+				if op == schemas.CtlLoadAdapter {
+					err = w.adapters.Load(ctx, req.Name, req.Base, req.Path)
+				} else {
+					err = w.adapters.Unload(ctx, req.Name)
+				}
+				awake()
 			}
 			reply(err)
 			w.beatSoon()

@@ -88,6 +88,9 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 		counter("tokenbus_worker_adapter_load_failures_total", "LoRA adapter loads that failed.", func() float64 { return float64(w.AdapterStats().LoadFailures) }),
 		counter("tokenbus_worker_adapter_evictions_total", "LoRA adapters unloaded to make room.", func() float64 { return float64(w.AdapterStats().Evictions) }),
 	)
+	if w.sleep != nil {
+		reg.MustRegister(w.sleep.collectors()...)
+	}
 	if ks, ok := w.eng.(engine.KVEventStatser); ok {
 		reg.MustRegister(kvEventCollectors(ks)...)
 	}

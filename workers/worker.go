@@ -55,6 +55,12 @@ type Config struct {
 	// Local hands reply frames to a client in this process past the bus
 	// (dev's gateway; see LocalReplies); nil: every frame goes on the bus.
 	Local LocalReplies
+
+	// SleepAfter: an engine unused this long is put to sleep and woken by
+	// the next request (sleep.go); 0: never. The engine must be an
+	// engine.Sleeper. SleepTimeout bounds one sleep or wake-up; default 5m.
+	SleepAfter   time.Duration
+	SleepTimeout time.Duration
 }
 
 func (c *Config) defaults() {
@@ -82,6 +88,9 @@ func (c *Config) defaults() {
 	if c.SwitchHold <= 0 {
 		c.SwitchHold = 30 * time.Second
 	}
+	if c.SleepTimeout <= 0 {
+		c.SleepTimeout = 5 * time.Minute
+	}
 }
 
 // Worker runs one engine behind the bus.
@@ -99,6 +108,7 @@ type Worker struct {
 
 	adapters *lora.Manager // every adapter load and unload goes through it
 	sw       switcher      // model switches (switch.go)
+	sleep    *sleeper      // nil: the engine never sleeps (sleep.go)
 	usage    UsageSink
 
 	running  atomic.Int64
@@ -148,6 +158,10 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		lingerKick: make(chan struct{}, 1), outboxes: map[string]*outbox{}, runs: runners.New(10 * time.Second)}
 	w.adapters = lora.New(eng, lora.Config{Worker: cfg.ID, LoadTimeout: cfg.AdapterLoadTimeout,
 		UnloadGrace: cfg.AdapterUnloadGrace, Logger: w.log, Changed: w.beatSoon})
+	var err error
+	if w.sleep, err = newSleeper(w); err != nil {
+		return nil, err
+	}
 	w.setPartSize(nc.MaxPayload())
 	w.usage = cfg.Usage
 	if w.usage == nil {
@@ -230,6 +244,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	go func() { defer loops.Done(); w.kvEventsLoop(stop) }()
 	go func() { defer loops.Done(); w.keepaliveLoop(stop) }()
 	go func() { defer loops.Done(); w.lingerLoop(stop) }()
+	if w.sleep != nil {
+		loops.Add(1)
+		go func() { defer loops.Done(); w.sleep.loop(stop) }()
+	}
 
 	<-ctx.Done()
 	w.takeMu.Lock()
@@ -371,9 +389,13 @@ func (w *Worker) serve(c *call) {
 	defer w.wg.Done()
 	defer w.finish(c)
 	c.sendAccepted()
-	// A LoRA adapter the engine lacks is loaded first; the stream gets
-	// keepalives meanwhile.
-	release, err := w.adapters.Acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
+	// A sleeping engine is woken first (sleep.go), then a LoRA adapter the
+	// engine lacks is loaded; the stream gets keepalives meanwhile.
+	err := w.sleep.awaken(c.ctx)
+	var release func()
+	if err == nil {
+		release, err = w.adapters.Acquire(c.ctx, c.req.Model, c.adapterBase, c.adapterPath)
+	}
 	var res *engine.Result
 	if err == nil {
 		res, err = w.eng.Generate(c.ctx, &c.req, c)
@@ -422,6 +444,9 @@ func (w *Worker) finish(c *call) {
 	}
 	w.mu.Unlock()
 	n := w.running.Add(-1)
+	if n == 0 {
+		w.sleep.idle()
+	}
 	var buf [256]byte
 	b := schemas.AppendDoneNotice(buf[:0], schemas.DoneNotice{Worker: w.cfg.ID, RequestID: c.req.ID, Running: int(n),
 		Failed: !c.completed, PromptTokens: c.used.PromptTokens, CompletionTokens: c.used.CompletionTokens,
