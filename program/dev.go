@@ -155,6 +155,7 @@ func (d *Dev) start(ctx context.Context) error {
 	if cfg.Engine.Kind != "sim" {
 		d.nWorkers = 1 // one worker fronts the one engine
 	}
+	cfg.Engine.SleepMode = cfg.Worker.SleepAfter > 0
 	for range d.nWorkers {
 		eng, err := newEngine(ctx, cfg.Engine, componentLog(cfg.Log, "engine"))
 		if err != nil {

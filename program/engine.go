@@ -44,6 +44,13 @@ type EngineConfig struct {
 	// vLLM run at a time, the first at start; the worker switches between
 	// them (vllm.Switching, docs/capacity.md).
 	VLLMModels []string
+
+	// SleepMode: the worker puts the engine to sleep when idle
+	// (workers.Config.SleepAfter; the start functions set it from there).
+	// Only sim and vllm (of one model) can sleep: vllm needs vLLM's sleep
+	// routes (a VLLMCmd gets VLLM_SERVER_DEV_MODE=1 and must have
+	// --enable-sleep-mode), checked at start.
+	SleepMode bool
 }
 
 // DefaultEngine is the sim serving llama-8b.
@@ -80,15 +87,30 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 		return sim.New(cfg)
 	case "vllm":
 		if len(c.VLLMModels) > 0 {
+			if c.SleepMode {
+				return nil, fmt.Errorf("--sleep-after goes with one vLLM (--vllm-cmd or --engine-url), not with --vllm-model")
+			}
 			return newSwitchingVLLM(ctx, c, hc)
 		}
 		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
-			PriorityBands: c.PriorityBands})
+			PriorityBands: c.PriorityBands, SleepMode: c.SleepMode})
 		if err != nil {
 			return nil, err
 		}
-		return e, waitEngine(ctx, e, e.WaitReady, c.StartTimeout)
+		if err := waitEngine(ctx, e, e.WaitReady, c.StartTimeout); err != nil || !c.SleepMode {
+			return e, err
+		}
+		// The sleep routes exist only with VLLM_SERVER_DEV_MODE=1: say so
+		// now, not at the first sleep.
+		if _, err := e.RefreshSleeping(ctx); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("--sleep-after: vLLM at %s cannot sleep: %w", e.URL(), err)
+		}
+		return e, nil
 	case "openai":
+		if c.SleepMode {
+			return nil, fmt.Errorf("--sleep-after: the openai engine cannot sleep (sim and vllm can)")
+		}
 		if c.KVEvents != "" {
 			return nil, fmt.Errorf("--engine-kv-events goes with --engine vllm")
 		}

@@ -25,6 +25,8 @@ type SimServerConfig struct {
 	AllowRuntimeLoRA bool     // offer /v1/load_lora_adapter and /v1/unload_lora_adapter
 	LegacyErrors     bool     // errors in vLLM's flat pre-0.10.1 shape
 	GPUCacheMetric   bool     // also export vllm:gpu_cache_usage_perc
+	DevMode          bool     // serve vLLM's dev routes the sim has: /sleep, /wake_up, /is_sleeping (VLLM_SERVER_DEV_MODE=1)
+	SleepMode        bool     // the engine may sleep (vLLM's --enable-sleep-mode)
 	ShutdownTimeout  time.Duration
 	// KVEvents is vLLM's --kv-events-config JSON: with events enabled, the
 	// sim's prefix cache stores and evictions are published in vLLM's
@@ -86,6 +88,8 @@ func (p *SimServer) start(ctx context.Context, cfg SimServerConfig) error {
 		LegacyErrors:     cfg.LegacyErrors,
 		AllowRuntimeLoRA: cfg.AllowRuntimeLoRA,
 		GPUCacheMetric:   cfg.GPUCacheMetric,
+		DevMode:          cfg.DevMode,
+		SleepMode:        cfg.SleepMode,
 		ShutdownTimeout:  cfg.ShutdownTimeout,
 	}, p.eng, componentLog(cfg.Log, "sim-server"))
 	if p.ln, err = net.Listen("tcp", cfg.Listen); err != nil {

@@ -85,6 +85,7 @@ func startWorker(ctx context.Context, cfg WorkerConfig, h host) (*Worker, error)
 func (p *Worker) start(ctx context.Context, h host) error {
 	var err error
 	if p.eng == nil {
+		p.cfg.Engine.SleepMode = p.cfg.Worker.SleepAfter > 0
 		if p.eng, err = newEngine(ctx, p.cfg.Engine, componentLog(p.cfg.Log, "engine")); err != nil {
 			p.eng = nil // newEngine closed it
 			return err

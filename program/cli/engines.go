@@ -43,5 +43,7 @@ func registerSimFlags(fs *pflag.FlagSet, c *sim.Config) {
 	fs.IntVar(&c.MaxModelLen, "sim-max-model-len", c.MaxModelLen, "sim: context length")
 	fs.IntVar(&c.MaxLoras, "sim-max-loras", c.MaxLoras, "sim: LoRA adapter slots")
 	fs.DurationVar(&c.AdapterLoadTime, "sim-lora-load-time", c.AdapterLoadTime, "sim: time to load a LoRA adapter")
+	fs.DurationVar(&c.SleepTime, "sim-sleep-time", c.SleepTime, "sim: time to fall asleep (sleep mode, as vLLM's /sleep: see --sleep-after)")
+	fs.DurationVar(&c.WakeTime, "sim-wake-time", c.WakeTime, "sim: time to wake up from sleep mode (vLLM's /wake_up)")
 	fs.IntVar(&c.EmbeddingDims, "sim-embedding-dims", c.EmbeddingDims, "sim: size of the embeddings it serves on /v1/embeddings (dimensions may ask for fewer)")
 }

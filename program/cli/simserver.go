@@ -65,6 +65,9 @@ func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, 
 	fs.StringSliceVar(&cfg.APIKeys, "api-key", nil, "API keys required as 'Authorization: Bearer' on /v1 paths (default: $VLLM_API_KEY)")
 	fs.BoolVar(&cfg.AllowRuntimeLoRA, "allow-runtime-lora", envTrue(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING")),
 		"offer /v1/load_lora_adapter and /v1/unload_lora_adapter (default: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, as vLLM)")
+	fs.BoolVar(&cfg.SleepMode, "enable-sleep-mode", false, "vLLM's: the engine may sleep (POST /sleep, /wake_up; with --dev-mode)")
+	fs.BoolVar(&cfg.DevMode, "dev-mode", envTrue(os.Getenv("VLLM_SERVER_DEV_MODE")),
+		"serve vLLM's development routes the sim has: /sleep, /wake_up, /is_sleeping (default: VLLM_SERVER_DEV_MODE=1, as vLLM)")
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "answer errors in vLLM's flat pre-0.10.1 shape {\"object\":\"error\",...}")
 	fs.BoolVar(&cfg.GPUCacheMetric, "gpu-cache-metric", false, "also export vllm:gpu_cache_usage_perc (the KV-cache gauge's name before vLLM 0.10)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long open requests may go on")
