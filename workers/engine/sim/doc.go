@@ -52,6 +52,10 @@
 // original prompt (the continuation's prompt less its last N tokens) unless
 // the request has one; usage and max_tokens count only the new tokens.
 //
+// Sleep mode imitates vLLM's level 1 (engine.Sleeper, sleep.go): Sleep
+// takes SleepTime and empties the prefix cache, WakeUp takes WakeTime, and
+// in between whatever needs the model is refused with a 503.
+//
 // A streaming request gets one Sink.Chunks call per step with a chunk for
 // each of its sequences that produced text, made by the scheduler goroutine;
 // a Sink error or a done context aborts the request within one step.

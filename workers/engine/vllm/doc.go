@@ -15,6 +15,8 @@
 //     unload per call, with vLLM's quirks handled. Which adapters to load,
 //     coalescing, eviction and slots are the worker's adapter manager's
 //     (workers/lora), as for every engine;
+//   - sleep mode as engine.Sleeper (sleep.go): POST /sleep, POST /wake_up,
+//     GET /is_sleeping, for a worker that puts an idle vLLM to sleep;
 //   - with Config.KVEvents, what vLLM's prefix cache stored and evicted, as
 //     engine.KVEventer: its KV cache events read from its ZMQ publisher
 //     (kvsub.go, decoded by kvwire.go through tinylib/msgp) and mapped from token blocks to the
