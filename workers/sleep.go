@@ -48,7 +48,7 @@ type sleeper struct {
 	after   time.Duration // Config.SleepAfter
 	timeout time.Duration // Config.SleepTimeout: one Sleep or WakeUp call
 	log     *slog.Logger
-	ctx     context.Context // ends the wake-ups under way when the worker stops
+	ctx     context.Context // ends the sleep or wake-ups under way when the worker stops
 	stop    context.CancelFunc
 	kick    chan struct{} // cap 1: the loop looks again
 
@@ -230,7 +230,9 @@ func (s *sleeper) poke() {
 // loop puts the engine to sleep once idle for SleepAfter, and retries a
 // failed wake-up in the background, until stop closes.
 func (s *sleeper) loop(stop <-chan struct{}) {
-	defer s.stop()
+	// The worker stopping (its requests drained) cuts short a sleep or a
+	// wake-up under way: nobody waits for them any more.
+	go func() { <-stop; s.stop() }()
 	t := time.NewTimer(s.after)
 	defer t.Stop()
 	for {
