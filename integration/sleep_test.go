@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,4 +170,46 @@ func TestSleepingEngine(t *testing.T) {
 		t.Fatalf("the sleeping engine served %v requests, want the one the awake worker had no room for", n-served)
 	}
 	wg.Wait()
+}
+
+// TestSleepingEngineChild: `tokenbus worker --engine vllm --sleep-after`
+// with `--vllm-cmd "tokenbus sim-server ... --enable-sleep-mode"`: the
+// child gets VLLM_SERVER_DEV_MODE=1 (so it serves the sleep routes), is put
+// to sleep when idle and woken by a request; a command without
+// --enable-sleep-mode is refused at start.
+func TestSleepingEngineChild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds the binary and runs it as vLLM")
+	}
+	t.Parallel()
+	ctx := context.Background()
+	bin := tokenbusBinary(t)
+	port := testenv.FreePort(t)
+	d := startDev(t, func(c *program.DevConfig) { c.SimWorkers = 0 })
+	beats := logBeats(t, d.NATSURL)
+	wcfg := program.DefaultWorker()
+	wcfg.NATS, wcfg.Worker.ID, wcfg.Worker.SleepAfter = natsconn.Options{URL: d.NATSURL}, "child", 300*time.Millisecond
+	wcfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	wcfg.Engine.Kind, wcfg.Engine.StartTimeout = "vllm", 30*time.Second
+	wcfg.Engine.VLLMCmd = fmt.Sprintf("%s sim-server --port %d --model llama-8b --sim-wake-time 200ms", bin, port)
+	if _, err := program.StartWorker(ctx, wcfg); err == nil || !strings.Contains(err.Error(), "--enable-sleep-mode") {
+		t.Fatalf("a --vllm-cmd without --enable-sleep-mode: %v", err)
+	}
+	wcfg.Engine.VLLMCmd += " --enable-sleep-mode"
+	wk, err := program.StartWorker(ctx, wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = wk.Close() })
+	waitReady(t, d.URL)
+	child := &simServer{t: t, cfg: program.SimServerConfig{Listen: fmt.Sprintf("127.0.0.1:%d", port)}}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		if hb, ok := beats.last("child"); !ok || !hb.Sleeping || !isSleeping(t, child) {
+			return fmt.Errorf("not asleep: %+v", hb)
+		}
+		return nil
+	})
+	if s := post(t, d.URL, "/v1/completions", `{"model":"llama-8b","max_tokens":3,"prompt":"wake up"}`); s.Status != 200 || s.Elapsed < 200*time.Millisecond {
+		t.Fatalf("the request that wakes the child: %d in %v: %s", s.Status, s.Elapsed, s.Body)
+	}
 }
