@@ -27,10 +27,14 @@ import (
 // will come to try it.
 //
 // "Used" is a request admitted (Worker.Running, from admission to its done
-// notice: an adapter load for it included) or a control operation that
-// needs the engine (an adapter load or unload: hold). The engine is never
-// put to sleep while either lasts, and an engine that is falling asleep is
-// woken again as soon as its Sleep has returned.
+// notice: an adapter load for it included), a control operation that needs
+// the engine (an adapter load or unload: hold) or a model switch
+// (switch.go). The engine is never put to sleep while any lasts, and an
+// engine that is falling asleep is woken again as soon as its Sleep has
+// returned. When nothing is under way here the engine's own word wins
+// (sync): one that says it is awake while the worker counts it asleep was
+// woken otherwise (a model switch loads the new model awake; a vLLM that
+// restarted comes back awake).
 
 type sleepState int
 
@@ -166,7 +170,12 @@ func (s *sleeper) awaken(ctx context.Context) error {
 			case <-ctx.Done():
 				return context.Cause(ctx)
 			}
+			s.mu.Lock()
+			continue
 		case asleep:
+			if s.syncLocked(time.Now()) {
+				continue
+			}
 			op := s.waking
 			if op == nil {
 				op = s.wakeLocked()
@@ -180,9 +189,21 @@ func (s *sleeper) awaken(ctx context.Context) error {
 			if op.err != nil {
 				return schemas.ErrWakeFailed.New(s.name, s.w.cfg.ID, op.err)
 			}
+			s.mu.Lock()
 		}
-		s.mu.Lock()
 	}
+}
+
+// syncLocked takes the engine's word that it is awake when the worker
+// counts it asleep and no wake-up is under way; it reports whether it did.
+func (s *sleeper) syncLocked(now time.Time) bool {
+	if s.state != asleep || s.waking != nil || s.eng.Sleeping() {
+		return false
+	}
+	s.state, s.failed, s.retry, s.idleAt = awake, nil, 0, now
+	s.log.Info("engine awake (woken otherwise: a model switch, a restart)")
+	s.w.beatSoon()
+	return true
 }
 
 // hold is awaken for a control operation, which holds the engine awake
@@ -258,6 +279,7 @@ func (s *sleeper) next(now time.Time) (wait time.Duration, sleepNow bool) {
 	const long = time.Hour // until poked
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.syncLocked(now)
 	switch {
 	case s.state == asleep:
 		if s.failed != nil && s.waking == nil {
@@ -267,10 +289,10 @@ func (s *sleeper) next(now time.Time) (wait time.Duration, sleepNow bool) {
 			}
 			s.wakeLocked()
 		}
-		return long, false
+		return min(s.after, time.Second), false // then sync again
 	case s.state != awake, s.w.draining.Load():
 		return long, false
-	case s.holds > 0 || s.w.Running() > 0 || len(s.w.adapters.Loading()) > 0:
+	case s.holds > 0 || s.w.Running() > 0 || s.w.sw.active.Load() || len(s.w.adapters.Loading()) > 0:
 		// Busy: idle from no earlier than now. Its end pokes the loop
 		// (idle, hold's release); the wait is a safety net.
 		s.idleAt = now

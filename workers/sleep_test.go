@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -252,4 +253,46 @@ func TestControlWakesAndEngineMustSleep(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "gate engine cannot sleep") {
 		t.Fatalf("New with an engine that cannot sleep: %v", err)
 	}
+}
+
+// A sim of two models asleep, switched: the switch loads the new model
+// awake, and the worker takes the engine's word (no wake-up of the old
+// model first, no sleep during the switch); the new model's request runs
+// with no wake-up either.
+func TestSwitchWakesWithTheNewModel(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc := testenv.Connect(t, ns)
+	c := sim.DefaultConfig()
+	c.Models, c.Model = []string{"a", "b"}, ""
+	c.PrefillBase, c.PrefillPerToken, c.DecodeBase, c.DecodePerSeq = 0, 0, time.Millisecond, 0
+	c.SleepTime, c.WakeTime, c.SwitchTime = 0, 50*time.Millisecond, 200*time.Millisecond
+	e, err := sim.New(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	eng := &sleepyEngine{Engine: e}
+	w, _, _ := startWorker(t, nc, eng, Config{ID: "w1", SleepAfter: 50 * time.Millisecond, SwitchHold: time.Millisecond})
+	asleepNow(t, w, eng)
+	sleeps := eng.sleeps.Load()
+	if err := switchTo(t, nc, "b"); err != nil {
+		t.Fatalf("switch: %+v", err)
+	}
+	testenv.WaitFor(t, 5*time.Second, func() error {
+		if hb := w.Heartbeat(); hb.Sleeping || hb.Switching != "" || !slices.Contains(hb.Models, "b") {
+			return fmt.Errorf("heartbeat: sleeping %v, switching %q, models %v", hb.Sleeping, hb.Switching, hb.Models)
+		}
+		return nil
+	})
+	if n := eng.wakes.Load(); n != 0 {
+		t.Fatalf("%d wake-ups: the old model was woken for a switch", n)
+	}
+	if n := eng.sleeps.Load(); n != sleeps {
+		t.Fatalf("slept during the switch")
+	}
+	wantDone(t, ask(t, nc, "r1", "b", "", 2))
+	if n := eng.wakes.Load(); n != 0 {
+		t.Fatalf("%d wake-ups for a request to the model just switched to", n)
+	}
+	asleepNow(t, w, eng) // and it sleeps again when idle
 }

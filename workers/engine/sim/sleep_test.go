@@ -117,3 +117,20 @@ func TestSleepRefusedWhileBusyAndWakeCutShort(t *testing.T) {
 		t.Fatal("a negative WakeTime was accepted")
 	}
 }
+
+// A switch loads the new model awake: an engine asleep serves again.
+func TestSwitchWakes(t *testing.T) {
+	cfg := fastConfig()
+	cfg.Models, cfg.Model, cfg.SleepTime, cfg.SwitchTime = []string{"a", "b"}, "", 0, 0
+	e := newEngine(t, cfg)
+	if err := e.Sleep(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Switch(context.Background(), "b"); err != nil {
+		t.Fatal(err)
+	}
+	if e.Sleeping() {
+		t.Fatal("asleep after a switch")
+	}
+	mustGen(t, e, schemas.KindChat, `{"model":"b","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`, nil)
+}

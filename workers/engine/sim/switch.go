@@ -73,8 +73,9 @@ func (e *Engine) CanServe() []string { return slices.Clone(e.cfg.Models) }
 // Switch loads model in place of the model served now, taking SwitchTime;
 // requests still running finish on the old model (the worker lets them
 // finish before it switches). The adapters, made for the old model, are
-// unloaded. A switch to the model loaded does nothing; one cancelled (ctx)
-// leaves the old model served.
+// unloaded, and an engine asleep wakes with the new model. A switch to the
+// model loaded does nothing; one cancelled (ctx) leaves the old model
+// served.
 func (e *Engine) Switch(ctx context.Context, model string) error {
 	if !slices.Contains(e.cfg.Models, model) {
 		return schemas.ErrModelNotFound.New(model)
@@ -97,6 +98,7 @@ func (e *Engine) Switch(ctx context.Context, model string) error {
 	}
 	e.cur.Store(e.newLoaded(model))
 	clear(e.adapters)
+	e.asleep = false // the new model's weights are loaded: awake (sleep.go)
 	e.mu.Unlock()
 	e.ModelsChanged()
 	return nil

@@ -72,7 +72,7 @@ func hasFlag(cmd, name string) bool {
 func (e *Engine) Sleep(ctx context.Context) error {
 	err := e.sleepCall(ctx, "/sleep?level="+strconv.Itoa(e.cfg.SleepLevel))
 	if err == nil {
-		e.sleeping.Store(true)
+		e.setSleeping(true)
 	}
 	return err
 }
@@ -82,14 +82,27 @@ func (e *Engine) Sleep(ctx context.Context) error {
 func (e *Engine) WakeUp(ctx context.Context) error {
 	err := e.sleepCall(ctx, "/wake_up")
 	if err == nil {
-		e.sleeping.Store(false)
+		e.setSleeping(false)
 	}
 	return err
 }
 
 // Sleeping is the engine's last word on vLLM's sleep: from Sleep, WakeUp
-// and RefreshSleeping (no I/O).
-func (e *Engine) Sleeping() bool { return e.sleeping.Load() }
+// and RefreshSleeping (no I/O); a child process started again since comes
+// back awake.
+func (e *Engine) Sleeping() bool {
+	at := e.sleptAt.Load()
+	return at >= 0 && at == int64(e.core.Restarts())
+}
+
+// setSleeping records vLLM's sleep: asleep as of the child's current start.
+func (e *Engine) setSleeping(asleep bool) {
+	at := int64(-1)
+	if asleep {
+		at = int64(e.core.Restarts())
+	}
+	e.sleptAt.Store(at)
+}
 
 // RefreshSleeping reads GET /is_sleeping, and keeps it for Sleeping. A
 // vLLM without the route (FastAPI's 404) was started without
@@ -111,7 +124,7 @@ func (e *Engine) RefreshSleeping(ctx context.Context) (bool, error) {
 	if json.Unmarshal(body, &v) != nil || v.IsSleeping == nil {
 		return false, schemas.ErrEngine.New(fmt.Sprintf("GET /is_sleeping answered %q, not {\"is_sleeping\": bool}", schemas.Clip(string(body), 200)))
 	}
-	e.sleeping.Store(*v.IsSleeping)
+	e.setSleeping(*v.IsSleeping)
 	return *v.IsSleeping, nil
 }
 

@@ -2,9 +2,13 @@ package vllm
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tokenbus/tokenbus/internal/testenv"
 
 	"github.com/tokenbus/tokenbus/workers/engine/enginetest"
 	"github.com/tokenbus/tokenbus/workers/engine/sim/simserver"
@@ -109,6 +113,20 @@ func TestSleepModeChild(t *testing.T) {
 	if got := get(t, e.URL()+"/env?name=VLLM_SERVER_DEV_MODE"); got != "1" {
 		t.Errorf("child has VLLM_SERVER_DEV_MODE=%q", got)
 	}
+	// A child that dies asleep comes back awake, and Sleeping says so.
+	e.setSleeping(true)
+	if !e.Sleeping() {
+		t.Fatal("not Sleeping")
+	}
+	if err := syscall.Kill(e.PID(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, 20*time.Second, func() error {
+		if e.Restarts() != 1 || e.Sleeping() {
+			return fmt.Errorf("%d restarts, sleeping %v", e.Restarts(), e.Sleeping())
+		}
+		return nil
+	})
 	for cmd, want := range map[string]bool{"vllm serve m --enable-sleep-mode": true, "vllm serve m --enable-sleep-mode=true": true,
 		"vllm serve m '--enable-sleep-mode'": true, "vllm serve m --enable-sleep-mode-x": false, "vllm serve m": false} {
 		if hasFlag(cmd, flagSleepMode) != want {

@@ -71,7 +71,9 @@ type Engine struct {
 
 	kv *kvEvents // nil: KV events off (kvevents.go)
 
-	sleeping atomic.Bool // vLLM's sleep, as last seen (sleep.go)
+	// sleptAt is the child's restart count when vLLM was last seen asleep,
+	// -1 when awake (sleep.go).
+	sleptAt atomic.Int64
 
 	ctx    context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -115,6 +117,7 @@ func New(cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{cfg: cfg, adapters: loaded{names: map[string]struct{}{}}}
+	e.sleptAt.Store(-1)
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	core, err := httpengine.New("vllm", cfg.Config, httpengine.Hooks{RefreshModels: e.refreshModels})
 	if err != nil {
