@@ -411,3 +411,98 @@ func TestHeldStreamTimesOut(t *testing.T) {
 		t.Fatalf("unregistered model: %d after %v: %s", s.Status, time.Since(start), s.Body)
 	}
 }
+
+// TestWorkerKilledWhileWaking: two sim workers (separate processes) asleep
+// (--sleep-after) with a 3 s wake-up; requests arrive and go to one of them
+// (both sleep: a wake-up away); kill -9 that worker while it wakes. The
+// gateway's client hears the worker is gone and sends each request again to
+// the other, which wakes and serves it: every request succeeds.
+func TestWorkerKilledWhileWaking(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes and a kill -9")
+	}
+	t.Parallel()
+	bin := tokenbusBinary(t)
+	rd := testenv.StartRedis(t)
+	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
+	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort))
+	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	common := []string{"--nats-url", natsURL, "--redis-url", rd.URL}
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		nc, err := nats.Connect(natsURL)
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	})
+	hb := watchHeartbeats(t, natsURL)
+	ws := map[string]*proc{}
+	for _, id := range []string{"w1", "w2"} {
+		ws[id] = startProc(t, id, bin, append([]string{"worker", "--id", id, "--sleep-after", "300ms", "--sim-wake-time", "3s",
+			"--sim-decode-base", "5ms"}, common...)...)
+	}
+	startProc(t, "gateway", bin, append([]string{"gateway", "--http", fmt.Sprintf("127.0.0.1:%d", httpPort), "--auth=false",
+		"--admin", ""}, common...)...)
+	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
+	waitPath(t, base, "/health")
+	asleep := func(id string) bool {
+		hb.mu.Lock()
+		defer hb.mu.Unlock()
+		return hb.last[id].Sleeping
+	}
+	testenv.WaitFor(t, 15*time.Second, func() error {
+		if !asleep("w1") || !asleep("w2") {
+			return fmt.Errorf("not both asleep yet")
+		}
+		return nil
+	})
+
+	const n = 8
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := openai.NewClient(option.WithBaseURL(base+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "llama-8b", MaxTokens: openai.Int(8),
+				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("wake %d", i))}})
+			tokens := 0
+			for st.Next() {
+				if ch := st.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+					tokens++
+				}
+			}
+			errs[i] = st.Err()
+			if errs[i] == nil && tokens == 0 {
+				errs[i] = fmt.Errorf("no tokens")
+			}
+		}()
+	}
+	// A worker that took some of them is waking up (its heartbeat says
+	// sleeping until the wake-up ends, with requests running): kill it
+	// mid-wake.
+	var victim string
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		hb.mu.Lock()
+		defer hb.mu.Unlock()
+		for _, id := range []string{"w1", "w2"} {
+			if b := hb.last[id]; b.Sleeping && b.Running > 0 {
+				victim = id
+				return nil
+			}
+		}
+		return fmt.Errorf("no worker waking with requests: %+v", hb.last)
+	})
+	ws[victim].kill9(t)
+	killed := time.Now()
+	wg.Wait()
+	t.Logf("killed %s while it woke up; every request done %v later", victim, time.Since(killed).Round(100*time.Millisecond))
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+}

@@ -26,6 +26,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&cfg.SimWorkers, "sim-workers", cfg.SimWorkers, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
 	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "per-worker cap on requests in flight")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on Ctrl-C, how long in-flight requests may run before they are cancelled (also before a model switch)")
+	fs.DurationVar(&cfg.Worker.SleepAfter, "sleep-after", cfg.Worker.SleepAfter, "put each worker's engine to sleep after this long with no request; the next request wakes it (sim: --sim-wake-time; docs/capacity.md). 0: never")
 	fs.DurationVar(&cfg.Worker.SwitchHold, "switch-hold", cfg.Worker.SwitchHold, "an engine of several models (--sim-models, --vllm-model): how long a model stays loaded at least before a worker switches away from it, so that two busy models do not make it thrash")
 	registerEngine(fs, &cfg.Engine)
 	registerDispatcher(fs, &cfg.Dispatcher)
