@@ -310,14 +310,22 @@ func TestErrors(t *testing.T) {
 	}
 }
 
+// A request for a registered model with no worker is held for one
+// (docs/capacity.md) and, when none comes within the cold-start timeout,
+// answered 503 with Retry-After; a stream too, with its real status while
+// it has not begun (keep-alives off here).
 func TestNoWorker503(t *testing.T) {
 	t.Parallel()
-	d := startDev(t, func(c *program.DevConfig) { c.SimWorkers = 0 })
+	d := startDev(t, func(c *program.DevConfig) {
+		c.SimWorkers, c.Dispatcher.ColdStartTimeout, c.HTTP.HoldKeepalive = 0, 500*time.Millisecond, -1
+	})
 	s := post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","messages":[{"role":"user","content":"x"}]}`)
 	if s.Status != 503 || s.Header.Get("Retry-After") == "" {
 		t.Fatalf("status %d retry-after %q: %s", s.Status, s.Header.Get("Retry-After"), s.Body)
 	}
-	errorBody(t, s.Body)
+	if e := errorBody(t, s.Body); e.Code == nil || *e.Code != "cold_start_timeout" {
+		t.Fatalf("code %v: %s", e.Code, s.Body)
+	}
 	s = post(t, d.URL, "/v1/chat/completions", `{"model":"llama-8b","stream":true,"messages":[{"role":"user","content":"x"}]}`)
 	if s.Status != 503 {
 		t.Fatalf("stream: status %d: %s", s.Status, s.Body)
