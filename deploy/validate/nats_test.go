@@ -572,12 +572,24 @@ func TestNATSPermissions(t *testing.T) {
 		d.violation(t, "subscription", "tokenbus.v1.treq.>")
 		_ = d.Publish("tokenbus.v1.hb.w1", []byte("{}"))
 		d.violation(t, "publish", "tokenbus.v1.hb.w1")
+		// Capacity on demand (docs/capacity.md): a dispatcher announces
+		// demand and asks a worker to switch models, and drives no other
+		// control operation.
+		_ = d.Publish("tokenbus.v1.ctl.w1.drain", []byte("{}"))
+		d.violation(t, "publish", "tokenbus.v1.ctl.w1.drain")
+		for _, subj := range []string{"tokenbus.v1.demand.llama-8b", "tokenbus.v1.ctl.w1.switch"} {
+			_ = d.Publish(subj, []byte("{}"))
+		}
+		d.noErrors(t)
 		// The gateway does not read what is addressed to workers.
 		g := connect(t, ns, "gateway-x", nats.UserInfo("gateway", testPasswords["NATS_GATEWAY_PASSWORD"]))
 		for _, subj := range []string{"tokenbus.v1.work.>", "tokenbus.v1.req.>", "tokenbus.v1.cancel.*"} {
 			_, _ = g.SubscribeSync(subj)
 			g.violation(t, "subscription", subj)
 		}
+		// Its embedded dispatcher announces demand too.
+		_ = g.Publish("tokenbus.v1.demand.llama-8b", []byte("{}"))
+		g.noErrors(t)
 	})
 
 	t.Run("a starting worker pings its id", func(t *testing.T) {
