@@ -41,6 +41,10 @@ import (
 // effort: their tokenizer may split the joined text differently, and
 // sampling goes on from the text, not from the state of the failed worker.
 //
+// A stream that carried tool calls or reasoning (a parser's structured
+// output) is not continued at all: it fails with its worker's error, never
+// with half a tool call's arguments joined to another attempt's.
+//
 // Only streams with one choice are continued (n > 1 fails as before), and
 // only while they are under Options.MigrationMaxSeqLen chunk frames; a text
 // continuation needs one prompt string (prompt arrays, token-id prompts and
@@ -59,6 +63,11 @@ type keptStream struct {
 	text   strings.Builder     // the text generated
 	tokens int                 // chunks with text
 	parsed bool                // a parser's output (tool calls, reasoning): not continued exactly
+	// structured: what was streamed holds tool calls or reasoning, which no
+	// continuation can finish: the new engine would call the tool or reason
+	// again from the start, and the reader would join half an argument to
+	// a whole one. Such a stream is not migrated.
+	structured string
 	tmpl   []byte              // chat: the last content chunk, the shape of a continuation's chunks
 }
 
@@ -99,6 +108,9 @@ func (fo *failover) read(chat bool) (*keptStream, string) {
 				}
 				if c.Other {
 					k.parsed = true
+					if k.structured == "" {
+						k.structured = structuredDelta(line[c.Delta.Start:c.Delta.End])
+					}
 				}
 				t := c.Text
 				if chat {
@@ -120,6 +132,29 @@ func (fo *failover) read(chat bool) (*keptStream, string) {
 	return k, ""
 }
 
+// structuredDelta names what a chat delta carries that a continuation
+// cannot finish: "tool calls" (tool_calls, or the legacy function_call),
+// "reasoning" (vLLM's reasoning_content, or reasoning); "" when it has
+// neither (members that are null or empty, as some servers send, do not
+// count).
+func structuredDelta(delta []byte) string {
+	var m map[string]json.RawMessage
+	if json.Unmarshal(delta, &m) != nil {
+		return ""
+	}
+	present := func(k string) bool {
+		v := bytes.TrimSpace(m[k])
+		return len(v) > 0 && string(v) != "null" && string(v) != "[]" && string(v) != `""`
+	}
+	switch {
+	case present("tool_calls") || present("function_call"):
+		return "tool calls"
+	case present("reasoning_content") || present("reasoning"):
+		return "reasoning"
+	}
+	return ""
+}
+
 // rawString is the value of a JSON string's text (quotes included), "" for
 // anything else.
 func rawString(v []byte) string {
@@ -139,6 +174,9 @@ func (fo *failover) continuation(r *Request) (continuation, string) {
 	k, why := fo.read(chat)
 	if why != "" {
 		return continuation{}, why
+	}
+	if k.structured != "" {
+		return continuation{}, "the stream carried " + k.structured + ", which a continuation cannot finish"
 	}
 	sp := &splice{id: k.firstL.ID.In(k.first), object: k.firstL.Object.In(k.first), created: k.firstL.Created.In(k.first),
 		model: k.firstL.Model.In(k.first), chat: chat, strip: fo.strip}

@@ -309,12 +309,19 @@ func TestRetryBeforeFirstToken(t *testing.T) {
 // What cannot be continued fails as before: a stream longer than
 // MigrationMaxSeqLen, a body with n > 1, a request that is not retryable.
 func TestMigrationRefused(t *testing.T) {
+	const hi = `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		name, body string
 		maxSeq     int
+		deltas     []string // what the worker streams before the gap; nil: three tokens
 	}{
-		{"too long", `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`, 2},
-		{"n > 1", `{"stream":true,"n":2,"messages":[{"role":"user","content":"hi"}]}`, 0},
+		{"too long", hi, 2, nil},
+		{"n > 1", `{"stream":true,"n":2,"messages":[{"role":"user","content":"hi"}]}`, 0, nil},
+		// Half a tool call's arguments: a continuation would call it again.
+		{"tool-call arguments", hi, 0, []string{
+			`{"role":"assistant","content":null,"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"weather","arguments":""}}]}`,
+			`{"tool_calls":[{"index":0,"function":{"arguments":"{"ci"}}]}`}},
+		{"reasoning", hi, 0, []string{`{"role":"assistant","content":""}`, `{"reasoning_content":"Let me think"}`, `{"content":"So"}`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fb, nc := newFakeBus(t)
@@ -330,9 +337,14 @@ func TestMigrationRefused(t *testing.T) {
 			defer st.Close()
 			w := &fakeWorker{t: t, wc: fb.wc, reply: fb.next(t).Reply, id: "w1", chat: "c1"}
 			w.accept("r3")
-			w.token("a")
-			w.token(" b")
-			w.token(" c")
+			if tc.deltas == nil {
+				w.token("a")
+				w.token(" b")
+				w.token(" c")
+			}
+			for _, d := range tc.deltas {
+				w.chunk(d)
+			}
 			w.seq++
 			w.token(" d") // a gap
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -415,5 +427,25 @@ func TestDispatcherGoneWhileQueued(t *testing.T) {
 	}
 	if len(events) != 1 || events[0].Kind != FailoverRetry || events[0].Reason != ReasonDispatcherGone {
 		t.Fatalf("failover events %+v; want one retry for %s", events, ReasonDispatcherGone)
+	}
+}
+
+// What a continuation cannot finish is told from what is merely there: a
+// null or empty tool_calls or reasoning_content (some servers send them in
+// every delta) does not stop a migration.
+func TestStructuredDelta(t *testing.T) {
+	for _, tc := range []struct{ delta, want string }{
+		{`{"content":"a"}`, ""},
+		{`{"content":"a","tool_calls":null,"reasoning_content":null}`, ""},
+		{`{"content":"a","tool_calls":[],"reasoning_content":""}`, ""},
+		{`{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}`, "tool calls"},
+		{`{"function_call":{"name":"f"}}`, "tool calls"},
+		{`{"reasoning_content":"hmm"}`, "reasoning"},
+		{`{"reasoning":"hmm"}`, "reasoning"},
+		{`not json`, ""},
+	} {
+		if got := structuredDelta([]byte(tc.delta)); got != tc.want {
+			t.Errorf("%s: %q, want %q", tc.delta, got, tc.want)
+		}
 	}
 }
