@@ -145,7 +145,10 @@ var (
 	ErrInvalidValue = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': %s.",
 		When: "A value no engine accepts: an empty stop string or role, min_tokens over max_tokens, an empty prompt or embeddings input, " +
-			"a token id outside the vocabulary, an encoding_format other than float and base64, tokenize with both prompt and messages."})
+			"a token id outside the vocabulary, an encoding_format other than float and base64, tokenize or embeddings with both their input and messages. " +
+			"The sim also: an unknown response_format type, tool type, tool_choice or reasoning_effort, a tool_choice naming no tool of the request " +
+			"or without tools, a JSON Schema it cannot use (a $ref that does not resolve, an unknown type; the message says where), " +
+			"top_logprobs without logprobs."})
 	ErrStreamOptions = def(secRequest, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest, Param: "stream_options",
 		Message: "Stream options can only be defined when `stream=True`.",
 		When:    "stream_options without stream: true (vLLM's rule)."})

@@ -77,6 +77,56 @@ type Request struct {
 
 	// Tokens (KindDetokenize): the token ids to turn into text.
 	Tokens []int
+
+	// Structured output (chat and completions): response_format.
+	ResponseFormat ResponseFormat
+	// Tools (chat): tools, tool_choice and parallel_tool_calls (default
+	// true). The reader checks their JSON types only: which tool types,
+	// choices and schemas an engine accepts is the engine's to say.
+	Tools             []Tool
+	ToolChoice        ToolChoice
+	ParallelToolCalls bool
+	// Logprobs: chat's "logprobs": true, or a completions "logprobs" that
+	// is an integer (its value in TopLogprobs); TopLogprobs is chat's
+	// "top_logprobs". Ranges are the engine's to check.
+	Logprobs    bool
+	TopLogprobs int
+	// ReasoningEffort is chat's reasoning_effort ("low", "medium"...), ""
+	// when absent or null.
+	ReasoningEffort string
+}
+
+// ResponseFormat is a request's response_format.
+type ResponseFormat struct {
+	Type string // "text", "json_object", "json_schema"...; "" when absent or null
+	// The json_schema member's name, schema (a raw JSON object aliasing the
+	// body; nil when absent or null) and strict.
+	Name   string
+	Schema []byte
+	Strict bool
+	// HasJSONSchema: the json_schema member is an object.
+	HasJSONSchema bool
+}
+
+// Tool is one element of a chat request's tools.
+type Tool struct {
+	Type string // "function" for a function tool
+	// The function member's name, description, parameters (a raw JSON
+	// object aliasing the body; nil when absent or null) and strict.
+	Name        string
+	Description string
+	Parameters  []byte
+	Strict      bool
+	HasFunction bool // the function member is an object
+}
+
+// ToolChoice is a chat request's tool_choice.
+type ToolChoice struct {
+	// Mode is the string form ("none", "auto", "required"), or the type of
+	// the object form ("function" for {"type":"function","function":
+	// {"name":...}}); "" when absent or null.
+	Mode string
+	Name string // the object form's function.name
 }
 
 // The values of an embeddings request's encoding_format: a list of floats
@@ -137,6 +187,13 @@ const (
 	fAddGenerationPrompt
 	fReturnTokenStrs
 	fTokens
+	fResponseFormat
+	fTools
+	fToolChoice
+	fParallelToolCalls
+	fLogprobs
+	fTopLogprobs
+	fReasoningEffort
 	nFields // the number of fields; seen's bits and nulls' entries
 )
 
@@ -147,17 +204,22 @@ var fieldNames = [...]string{
 	fPriority: "priority", fUser: "user", fMessages: "messages", fPrompt: "prompt",
 	fContinueFinalMessage: "continue_final_message", fInput: "input", fEncodingFormat: "encoding_format",
 	fDimensions: "dimensions", fAddGenerationPrompt: "add_generation_prompt", fReturnTokenStrs: "return_token_strs",
-	fTokens: "tokens",
+	fTokens: "tokens", fResponseFormat: "response_format", fTools: "tools", fToolChoice: "tool_choice",
+	fParallelToolCalls: "parallel_tool_calls", fLogprobs: "logprobs", fTopLogprobs: "top_logprobs",
+	fReasoningEffort: "reasoning_effort",
 }
 
 // Bit sets of the fields each kind reads (bit f for field f).
 const (
 	generateFields = 1<<fModel | 1<<fStream | 1<<fStreamOptions | 1<<fMaxTokens | 1<<fMinTokens | 1<<fN |
-		1<<fSeed | 1<<fStop | 1<<fIgnoreEOS | 1<<fIncludeStopStr | 1<<fPriority | 1<<fUser
-	chatFields       = generateFields | 1<<fMessages | 1<<fMaxCompletionTokens | 1<<fContinueFinalMessage
+		1<<fSeed | 1<<fStop | 1<<fIgnoreEOS | 1<<fIncludeStopStr | 1<<fPriority | 1<<fUser | 1<<fResponseFormat | 1<<fLogprobs
+	chatFields = generateFields | 1<<fMessages | 1<<fMaxCompletionTokens | 1<<fContinueFinalMessage | 1<<fTools |
+		1<<fToolChoice | 1<<fParallelToolCalls | 1<<fTopLogprobs | 1<<fReasoningEffort
 	completionFields = generateFields | 1<<fPrompt
-	embeddingFields  = 1<<fModel | 1<<fInput | 1<<fEncodingFormat | 1<<fDimensions | 1<<fUser | 1<<fPriority
-	tokenizeFields   = 1<<fModel | 1<<fPrompt | 1<<fMessages | 1<<fAddGenerationPrompt | 1<<fContinueFinalMessage |
+	// vLLM's chat form of embeddings: messages instead of input.
+	embeddingFields = 1<<fModel | 1<<fInput | 1<<fEncodingFormat | 1<<fDimensions | 1<<fUser | 1<<fPriority |
+		1<<fMessages | 1<<fAddGenerationPrompt | 1<<fContinueFinalMessage
+	tokenizeFields = 1<<fModel | 1<<fPrompt | 1<<fMessages | 1<<fAddGenerationPrompt | 1<<fContinueFinalMessage |
 		1<<fReturnTokenStrs
 	detokenizeFields = 1<<fModel | 1<<fTokens
 )
@@ -234,6 +296,20 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 		f = fReturnTokenStrs
 	case "tokens":
 		f = fTokens
+	case "response_format":
+		f = fResponseFormat
+	case "tools":
+		f = fTools
+	case "tool_choice":
+		f = fToolChoice
+	case "parallel_tool_calls":
+		f = fParallelToolCalls
+	case "logprobs":
+		f = fLogprobs
+	case "top_logprobs":
+		f = fTopLogprobs
+	case "reasoning_effort":
+		f = fReasoningEffort
 	default:
 		return 0, false
 	}
@@ -302,7 +378,8 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		}
 		return nil, malformed(body)
 	}
-	req := &Request{Kind: kind, Body: body, N: 1, EncodingFormat: EncodingFloat, AddGenerationPrompt: true}
+	req := &Request{Kind: kind, Body: body, N: 1, EncodingFormat: EncodingFloat, AddGenerationPrompt: kind != KindEmbedding,
+		ParallelToolCalls: true}
 	var seen uint32
 	var maxTokens, maxCompletion int
 	var hasMin bool
@@ -365,6 +442,26 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 			return r.boolean(f, name, 1, &req.ReturnTokenStrs)
 		case fTokens:
 			return r.tokens(&req.Tokens)
+		case fResponseFormat:
+			return r.responseFormat(&req.ResponseFormat)
+		case fTools:
+			return r.tools(&req.Tools)
+		case fToolChoice:
+			return r.toolChoice(&req.ToolChoice)
+		case fParallelToolCalls:
+			return r.boolean(f, name, 1, &req.ParallelToolCalls)
+		case fLogprobs:
+			if kind == KindCompletion { // completions: the number of top logprobs
+				var has bool
+				ok := r.integer(f, &req.TopLogprobs, &has)
+				req.Logprobs = has
+				return ok
+			}
+			return r.boolean(f, name, 1, &req.Logprobs)
+		case fTopLogprobs:
+			return r.integer(f, &req.TopLogprobs, nil)
+		case fReasoningEffort:
+			return r.str(f, &req.ReasoningEffort)
 		}
 		return r.s.skip(1)
 	})
@@ -395,10 +492,14 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		return nil, ErrMissingParam.At("prompt", "prompt")
 	case kind == KindCompletion && req.Prompt.n == 0:
 		return nil, emptyArray("prompt")
-	case kind == KindEmbedding && absent(fInput):
+	case kind == KindEmbedding && absent(fInput) && absent(fMessages):
 		return nil, ErrMissingParam.At("input", "input")
-	case kind == KindEmbedding && req.Input.n == 0:
+	case kind == KindEmbedding && !absent(fInput) && !absent(fMessages):
+		return nil, ErrInvalidValue.At("messages", "messages", "give either input or messages, not both")
+	case kind == KindEmbedding && !absent(fInput) && req.Input.n == 0:
 		return nil, emptyArray("input")
+	case kind == KindEmbedding && len(req.Messages) == 0 && !absent(fMessages):
+		return nil, emptyArray("messages")
 	case kind == KindTokenize && absent(fPrompt) && absent(fMessages):
 		return nil, ErrMissingParam.At("prompt", "prompt' or 'messages")
 	case kind == KindTokenize && !absent(fPrompt) && !absent(fMessages):
@@ -423,7 +524,7 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 		// absent or null leaves the default, float
 		return nil, ErrInvalidValue.At("encoding_format", "encoding_format",
 			fmt.Sprintf("expected 'float' or 'base64', but got '%s'", req.EncodingFormat))
-	case kind == KindTokenize && req.ContinueFinalMessage && req.AddGenerationPrompt && !absent(fMessages):
+	case (kind == KindTokenize || kind == KindEmbedding) && req.ContinueFinalMessage && req.AddGenerationPrompt && !absent(fMessages):
 		return nil, ErrInvalidValue.At("continue_final_message", "continue_final_message",
 			"cannot set both continue_final_message and add_generation_prompt to true")
 	}

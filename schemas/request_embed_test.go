@@ -32,16 +32,16 @@ func TestReadRequestNonGenerating(t *testing.T) {
 		param string
 	}{
 		{"embedding string", KindEmbedding, `{"model":"e","input":"hello world"}`,
-			want{model: "e", texts: []string{"hello world"}, format: "float", addGen: true, inputCount: 1}, "", ""},
+			want{model: "e", texts: []string{"hello world"}, format: "float", inputCount: 1}, "", ""},
 		{"embedding strings, base64, dims, user", KindEmbedding,
 			`{"model":"e","input":["a","b"],"encoding_format":"base64","dimensions":8,"user":"u"}`,
-			want{model: "e", texts: []string{"a", "b"}, format: "base64", dims: 8, user: "u", addGen: true, inputCount: 2}, "", ""},
+			want{model: "e", texts: []string{"a", "b"}, format: "base64", dims: 8, user: "u", inputCount: 2}, "", ""},
 		{"embedding token ids", KindEmbedding, `{"model":"e","input":[1,2,3]}`,
-			want{model: "e", ids: [][]int{{1, 2, 3}}, format: "float", addGen: true, inputCount: 1}, "", ""},
+			want{model: "e", ids: [][]int{{1, 2, 3}}, format: "float", inputCount: 1}, "", ""},
 		{"embedding lists of token ids", KindEmbedding, `{"model":"e","input":[[1],[2,3]],"encoding_format":null}`,
-			want{model: "e", ids: [][]int{{1}, {2, 3}}, format: "float", addGen: true, inputCount: 2}, "", ""},
+			want{model: "e", ids: [][]int{{1}, {2, 3}}, format: "float", inputCount: 2}, "", ""},
 		{"embedding ignores generation fields", KindEmbedding, `{"model":"e","input":"x","stream":"yes","n":0,"prompt":7,"max_tokens":-1}`,
-			want{model: "e", texts: []string{"x"}, format: "float", addGen: true, inputCount: 1}, "", ""},
+			want{model: "e", texts: []string{"x"}, format: "float", inputCount: 1}, "", ""},
 		{"embedding without input", KindEmbedding, `{"model":"e"}`, want{}, "missing_required_parameter", "input"},
 		{"embedding null input", KindEmbedding, `{"model":"e","input":null}`, want{}, "missing_required_parameter", "input"},
 		{"embedding without model", KindEmbedding, `{"input":"x"}`, want{}, "missing_required_parameter", "model"},
@@ -59,6 +59,15 @@ func TestReadRequestNonGenerating(t *testing.T) {
 		{"embedding dimensions 0", KindEmbedding, `{"model":"e","input":"a","dimensions":0}`, want{}, "integer_below_min_value", "dimensions"},
 		{"embedding dimensions string", KindEmbedding, `{"model":"e","input":"a","dimensions":"8"}`, want{}, "invalid_type", "dimensions"},
 		{"embedding dimensions decimal", KindEmbedding, `{"model":"e","input":"a","dimensions":8.5}`, want{}, "invalid_type", "dimensions"},
+		{"embedding chat form", KindEmbedding, `{"model":"e","messages":[{"role":"user","content":"hi"}],"dimensions":4}`,
+			want{model: "e", format: "float", dims: 4, messages: 1}, "", ""},
+		{"embedding chat form, generation prompt", KindEmbedding, `{"model":"e","messages":[{"role":"user","content":"hi"}],"add_generation_prompt":true}`,
+			want{model: "e", format: "float", messages: 1, addGen: true}, "", ""},
+		{"embedding input and messages", KindEmbedding, `{"model":"e","input":"a","messages":[{"role":"user"}]}`, want{}, "invalid_value", "messages"},
+		{"embedding empty messages", KindEmbedding, `{"model":"e","messages":[]}`, want{}, "empty_array", "messages"},
+		{"embedding null messages", KindEmbedding, `{"model":"e","messages":null}`, want{}, "missing_required_parameter", "input"},
+		{"embedding continue and generation prompt", KindEmbedding, `{"model":"e","messages":[{"role":"user"}],"continue_final_message":true,"add_generation_prompt":true}`,
+			want{}, "invalid_value", "continue_final_message"},
 		{"embedding repeated input", KindEmbedding, `{"model":"e","input":"a","input":"b"}`, want{}, "duplicate_parameter", "input"},
 
 		{"tokenize prompt", KindTokenize, `{"model":"m","prompt":"hi","return_token_strs":true}`,
@@ -168,7 +177,7 @@ func FuzzReadRequestKinds(f *testing.F) {
 		}
 		switch kind {
 		case KindEmbedding:
-			if r.Input.Len() < 1 || (r.EncodingFormat != EncodingFloat && r.EncodingFormat != EncodingBase64) || r.Dimensions < 0 {
+			if (r.Input.Len() < 1) == (len(r.Messages) < 1) || (r.EncodingFormat != EncodingFloat && r.EncodingFormat != EncodingBase64) || r.Dimensions < 0 {
 				t.Fatalf("%s: accepted %+v", body, r)
 			}
 			for _, s := range r.Input.Texts() {

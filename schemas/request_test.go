@@ -240,6 +240,11 @@ func FuzzReadRequest(f *testing.F) {
 		`{"mod\u0065l":"m","messages":[{"role":"r"}]}`, `{"model":"m","messages":[{"role":"r"}],"n":2,"priority":1,"max_tokens":3,"min_tokens":1}`,
 		`{"model":"m","prompt":[[1,2],[3]],"stop":["x"],"seed":-4,"ignore_eos":true,"user":"u"}`,
 		`{"model":"m","prompt":"p","max_tokens":5,"Max_Tokens":300}`, `{}`, `[]`, `"x"`,
+		`{"model":"m","messages":[{"role":"user"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","schema":{"type":"object"},"strict":true}}}`,
+		`{"model":"m","messages":[{"role":"user"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{},"strict":null}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false}`,
+		`{"model":"m","messages":[{"role":"user"}],"tool_choice":"auto","logprobs":true,"top_logprobs":3,"reasoning_effort":"low"}`,
+		`{"model":"m","prompt":"p","logprobs":2,"response_format":{"type":"json_object","json_schema":null}}`,
+		`{"model":"m","messages":[{"role":"user"}],"tools":[{"function":{"name":"a","name":"b"}}]}`,
 	} {
 		f.Add(s, false)
 	}
@@ -279,6 +284,13 @@ type view struct {
 	Roles, Texts                []string
 	PromptTexts                 []string
 	PromptIDs                   [][]int
+
+	Format             ResponseFormat
+	Tools              []Tool
+	Choice             ToolChoice
+	Parallel, Logprobs bool
+	TopLogprobs        int
+	Effort             string
 }
 
 func viewOf(r *Request) view {
@@ -290,7 +302,67 @@ func viewOf(r *Request) view {
 		v.Texts = append(v.Texts, m.Text())
 	}
 	v.PromptTexts, v.PromptIDs = r.Prompt.Texts(), r.Prompt.TokenIDs()
+	v.Format, v.Tools, v.Choice, v.Parallel, v.Logprobs, v.TopLogprobs, v.Effort =
+		r.ResponseFormat, r.Tools, r.ToolChoice, r.ParallelToolCalls, r.Logprobs, r.TopLogprobs, r.ReasoningEffort
+	// Raw schemas compare by value: the reference has no raw text.
+	v.Format.Schema = canonical(v.Format.Schema)
+	v.Tools = nil
+	for _, t := range r.Tools {
+		t.Parameters = canonical(t.Parameters)
+		v.Tools = append(v.Tools, t)
+	}
 	return v
+}
+
+// canonical is raw JSON re-encoded from its node (nil stays nil).
+func canonical(raw []byte) []byte {
+	if raw == nil {
+		return nil
+	}
+	d := json.NewDecoder(bytes.NewReader(raw))
+	d.UseNumber()
+	n, err := decodeNode(d)
+	if err != nil {
+		return []byte("bad: " + err.Error())
+	}
+	return n.encode(nil)
+}
+
+// encode writes n as JSON, members in order.
+func (n node) encode(dst []byte) []byte {
+	switch n.kind {
+	case '{':
+		dst = append(dst, '{')
+		for i, m := range n.members {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			k, _ := json.Marshal(m.key)
+			dst = append(append(dst, k...), ':')
+			dst = m.val.encode(dst)
+		}
+		return append(dst, '}')
+	case '[':
+		dst = append(dst, '[')
+		for i, e := range n.elems {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = e.encode(dst)
+		}
+		return append(dst, ']')
+	case '"':
+		s, _ := json.Marshal(n.str)
+		return append(dst, s...)
+	case 'n':
+		return append(dst, n.num...)
+	case 'b':
+		if n.b {
+			return append(dst, "true"...)
+		}
+		return append(dst, "false"...)
+	}
+	return append(dst, "null"...)
 }
 
 // node is a JSON value with its object members in order and keys exact: the
@@ -389,9 +461,10 @@ func referenceRead(kind Kind, body []byte) (view, error) {
 		return view{}, errRef
 	}
 	known := []string{"model", "stream", "stream_options", "max_tokens", "min_tokens", "n", "seed", "stop",
-		"ignore_eos", "include_stop_str_in_output", "priority", "user"}
+		"ignore_eos", "include_stop_str_in_output", "priority", "user", "response_format", "logprobs"}
 	if kind == KindChat {
-		known = append(known, "messages", "max_completion_tokens")
+		known = append(known, "messages", "max_completion_tokens", "tools", "tool_choice", "parallel_tool_calls",
+			"top_logprobs", "reasoning_effort")
 	} else {
 		known = append(known, "prompt")
 	}
@@ -405,7 +478,7 @@ func referenceRead(kind Kind, body []byte) (view, error) {
 			field[k] = &vs[0]
 		}
 	}
-	v := view{N: 1}
+	v := view{N: 1, Parallel: true}
 	str := func(k string, dst *string) bool {
 		n := field[k]
 		if n == nil {
@@ -439,6 +512,9 @@ func referenceRead(kind Kind, body []byte) (view, error) {
 		return view{}, errRef
 	}
 	v.HasSeed = field["seed"] != nil
+	if !refFormatAndTools(kind, field, &v) {
+		return view{}, errRef
+	}
 	if so := field["stream_options"]; so != nil {
 		if so.kind != '{' {
 			return view{}, errRef
@@ -588,6 +664,152 @@ func referenceRead(kind Kind, body []byte) (view, error) {
 		return view{}, errRef
 	}
 	return v, nil
+}
+
+// refFormatAndTools reads response_format, tools, tool_choice,
+// parallel_tool_calls, logprobs, top_logprobs and reasoning_effort for the
+// reference reader: types checked, repeated members refused.
+func refFormatAndTools(kind Kind, field map[string]*node, v *view) bool {
+	// one returns the member named key of n: absent or null is nil; ok is
+	// false when it is repeated.
+	one := func(n node, key string) (*node, bool) {
+		vs := n.get(key)
+		if len(vs) > 1 {
+			return nil, false
+		}
+		if len(vs) == 0 || vs[0].kind == '0' {
+			return nil, true
+		}
+		return &vs[0], true
+	}
+	str := func(n node, key string, dst *string) bool {
+		m, ok := one(n, key)
+		if !ok || m == nil {
+			return ok
+		}
+		*dst = m.str
+		return m.kind == '"'
+	}
+	boolean := func(n node, key string, dst *bool) bool {
+		m, ok := one(n, key)
+		if !ok || m == nil {
+			return ok
+		}
+		*dst = m.b
+		return m.kind == 'b'
+	}
+	object := func(n node, key string, dst *[]byte) bool {
+		m, ok := one(n, key)
+		if !ok || m == nil {
+			return ok
+		}
+		*dst = m.encode(nil)
+		return m.kind == '{'
+	}
+	if rf := field["response_format"]; rf != nil {
+		if rf.kind != '{' || !str(*rf, "type", &v.Format.Type) {
+			return false
+		}
+		js, ok := one(*rf, "json_schema")
+		if !ok {
+			return false
+		}
+		if js != nil {
+			if js.kind != '{' {
+				return false
+			}
+			v.Format.HasJSONSchema = true
+			if !str(*js, "name", &v.Format.Name) || !object(*js, "schema", &v.Format.Schema) || !boolean(*js, "strict", &v.Format.Strict) {
+				return false
+			}
+		}
+	}
+	if lp := field["logprobs"]; lp != nil {
+		if kind == KindCompletion {
+			i, ok := lp.integer()
+			if !ok {
+				return false
+			}
+			v.Logprobs, v.TopLogprobs = true, i
+		} else {
+			if lp.kind != 'b' {
+				return false
+			}
+			v.Logprobs = lp.b
+		}
+	}
+	if kind != KindChat {
+		return true
+	}
+	if tl := field["top_logprobs"]; tl != nil {
+		i, ok := tl.integer()
+		if !ok {
+			return false
+		}
+		v.TopLogprobs = i
+	}
+	if p := field["parallel_tool_calls"]; p != nil {
+		if p.kind != 'b' {
+			return false
+		}
+		v.Parallel = p.b
+	}
+	if re := field["reasoning_effort"]; re != nil {
+		if re.kind != '"' {
+			return false
+		}
+		v.Effort = re.str
+	}
+	if ts := field["tools"]; ts != nil {
+		if ts.kind != '[' {
+			return false
+		}
+		v.Tools = nil
+		for _, e := range ts.elems {
+			if e.kind != '{' {
+				return false
+			}
+			var t Tool
+			if !str(e, "type", &t.Type) {
+				return false
+			}
+			fn, ok := one(e, "function")
+			if !ok {
+				return false
+			}
+			if fn != nil {
+				if fn.kind != '{' {
+					return false
+				}
+				t.HasFunction = true
+				if !str(*fn, "name", &t.Name) || !str(*fn, "description", &t.Description) ||
+					!object(*fn, "parameters", &t.Parameters) || !boolean(*fn, "strict", &t.Strict) {
+					return false
+				}
+			}
+			v.Tools = append(v.Tools, t)
+		}
+	}
+	if tc := field["tool_choice"]; tc != nil {
+		switch tc.kind {
+		case '"':
+			v.Choice.Mode = tc.str
+		case '{':
+			if !str(*tc, "type", &v.Choice.Mode) {
+				return false
+			}
+			fn, ok := one(*tc, "function")
+			if !ok {
+				return false
+			}
+			if fn != nil && (fn.kind != '{' || !str(*fn, "name", &v.Choice.Name)) {
+				return false
+			}
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // BenchmarkReadRequest: the gateway's cost of reading a chat body of about

@@ -46,4 +46,5 @@ func registerSimFlags(fs *pflag.FlagSet, c *sim.Config) {
 	fs.DurationVar(&c.SleepTime, "sim-sleep-time", c.SleepTime, "sim: time to fall asleep (sleep mode, as vLLM's /sleep: see --sleep-after)")
 	fs.DurationVar(&c.WakeTime, "sim-wake-time", c.WakeTime, "sim: time to wake up from sleep mode (vLLM's /wake_up)")
 	fs.IntVar(&c.EmbeddingDims, "sim-embedding-dims", c.EmbeddingDims, "sim: size of the embeddings it serves on /v1/embeddings (dimensions may ask for fewer)")
+	fs.IntVar(&c.ReasoningTokens, "sim-reasoning", c.ReasoningTokens, "sim: a reasoning model: chat answers begin with this many tokens of reasoning_content (reasoning_effort scales it); 0: off")
 }

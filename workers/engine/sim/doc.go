@@ -42,15 +42,19 @@
 // include_stop_str_in_output, stream, stream_options (as in vLLM, present
 // means include_usage unless it is false), seed, ignore_eos, min_tokens,
 // continue_final_message (chat: the last message is left open, with no
-// generation prompt after it). Others (temperature, logprobs, tools,
-// echo...) are accepted and ignored: logprobs are always null and there are
-// no tool calls.
+// generation prompt after it), response_format (format.go, jsonschema.go),
+// tools, tool_choice and parallel_tool_calls (tools.go), logprobs and
+// top_logprobs (logprobs.go), reasoning_effort (reasoning.go). An answer
+// that is structured (JSON, tool calls) is made whole when the request
+// arrives and delivered a token a step like text (answer.go). Others
+// (temperature, echo...) are accepted and ignored.
 //
 // A continuation (engine.Request.Resume = N, from the Tb-Resume header of a
 // migrated stream) goes on exactly where the failed worker stopped: the
 // first N tokens of the sequence are drawn and dropped, with the seed of the
 // original prompt (the continuation's prompt less its last N tokens) unless
-// the request has one; usage and max_tokens count only the new tokens.
+// the request has one; usage and max_tokens count only the new tokens. With
+// reasoning on, N counts the answer's tokens: the reasoning is dropped too.
 //
 // Sleep mode imitates vLLM's level 1 (engine.Sleeper, sleep.go): Sleep
 // takes SleepTime and empties the prefix cache, WakeUp takes WakeTime, and

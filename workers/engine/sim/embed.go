@@ -70,12 +70,18 @@ func (e *Engine) embed(ctx context.Context, id, model string, v *schemas.Request
 	}
 	var texts []string
 	var counts []int
-	if v.Input.IsText() {
+	switch {
+	case len(v.Messages) > 0:
+		// vLLM's chat form: one input, the messages through the chat
+		// template (counted as such); the sim embeds their text.
+		texts = []string{messagesText(v.Messages)}
+		counts = []int{len(e.chatIDs(v))}
+	case v.Input.IsText():
 		texts = v.Input.Texts()
 		for _, t := range texts {
 			counts = append(counts, len(encode(nil, t)))
 		}
-	} else {
+	default:
 		for _, ids := range v.Input.TokenIDs() {
 			ids64 := make([]int64, len(ids))
 			for i, t := range ids {
@@ -236,15 +242,33 @@ func Base64(v []float32) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
+// chatIDs are the tokens of a request's messages as /tokenize and the
+// chat form of embeddings count them: the chat template, with
+// add_generation_prompt and continue_final_message.
+func (e *Engine) chatIDs(v *schemas.Request) []uint32 {
+	if v.ContinueFinalMessage {
+		return chatTemplate(v.Messages, true)
+	}
+	return e.TokenizeChat(v.Messages, v.AddGenerationPrompt)
+}
+
+// messagesText is what the chat form of embeddings embeds: the messages'
+// texts, a line each.
+func messagesText(msgs []schemas.Message) string {
+	parts := make([]string, len(msgs))
+	for i, m := range msgs {
+		parts[i] = m.Text()
+	}
+	return strings.Join(parts, "\n")
+}
+
 // tokenize answers vLLM's /tokenize: {count, max_model_len, tokens,
 // token_strs} (token_strs null unless return_token_strs).
 func (e *Engine) tokenize(v *schemas.Request) (*engine.Result, error) {
 	var ids []uint32
 	switch {
-	case len(v.Messages) > 0 && v.ContinueFinalMessage:
-		ids = chatTemplate(v.Messages, true)
 	case len(v.Messages) > 0:
-		ids = e.TokenizeChat(v.Messages, v.AddGenerationPrompt)
+		ids = e.chatIDs(v)
 	default:
 		texts := v.Prompt.Texts()
 		if len(texts) > 0 {

@@ -256,3 +256,36 @@ func BenchmarkEmbedText(b *testing.B) {
 		EmbedText(text, DefaultEmbeddingDims)
 	}
 }
+
+// vLLM's chat form: messages instead of input embed the messages' text (a
+// line each) as one input, its tokens counted through the chat template.
+func TestChatEmbeddings(t *testing.T) {
+	e := newEngine(t, fastConfig())
+	msgs := `[{"role":"system","content":"You sort fruit."},{"role":"user","content":[{"type":"text","text":"apple banana"}]}]`
+	r, res := embedOf(t, e, `{"model":"sim","messages":`+msgs+`,"dimensions":64}`)
+	if len(r.Data) != 1 || r.Object != "list" {
+		t.Fatalf("%+v", r)
+	}
+	want := normalize(EmbedText("You sort fruit.\napple banana", e.cfg.EmbeddingDims)[:64])
+	got := vectors(t, r)[0]
+	if len(got) != 64 || math.Abs(cosine(got, want)-1) > 1e-6 {
+		t.Errorf("not the embedding of the messages' text: cosine %v", cosine(got, want))
+	}
+	parsed, rerr := schemas.ReadMessages([]byte(msgs))
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	// vLLM's default for embeddings: no generation prompt.
+	tokens := len(e.TokenizeChat(parsed, false))
+	if r.Usage["prompt_tokens"] != tokens || res.Usage.PromptTokens != tokens {
+		t.Errorf("usage %v, want %d prompt tokens", r.Usage, tokens)
+	}
+	r, _ = embedOf(t, e, `{"model":"sim","messages":`+msgs+`,"add_generation_prompt":true}`)
+	if r.Usage["prompt_tokens"] != len(e.TokenizeChat(parsed, true)) {
+		t.Errorf("with the generation prompt: usage %v", r.Usage)
+	}
+	_, err := gen(t, e, schemas.KindEmbedding, `{"model":"sim","messages":`+msgs+`,"input":"x"}`, &recSink{})
+	if err == nil || *asError(t, err).Body.Param != "messages" {
+		t.Errorf("input and messages: %v", err)
+	}
+}

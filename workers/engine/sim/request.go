@@ -44,6 +44,8 @@ type request struct {
 	stops        []string
 	maxStop      int // longest stop string
 	n            int
+	logprobs     bool // each token's logprobs (logprobs.go)
+	topLogprobs  int
 	id           string
 	model        string
 	created      int64
@@ -84,9 +86,26 @@ type seq struct {
 	sent      int     // bytes of text already streamed
 	prev      uint8   // kind of the previous token
 	finish    string
-	cached    int // prompt tokens found in the prefix cache at first admission
-	admitted  bool
-	roleSent  bool
+
+	// The answer (answer.go): reasonLen tokens of reasoning, then the
+	// script's tokens when the answer is made in advance (calls: the tool
+	// calls they are the arguments of), else drawn words.
+	reasonLen int
+	script    []string
+	calls     []callState
+	reasoning []byte // the reasoning's text, when the text is kept
+
+	// Logprobs (logprobs.go): the tokens not yet reported, the position
+	// and (completions) text offset of the first, and the seed of their
+	// values.
+	lpToks   []string
+	lpPos    int
+	lpOffset int
+	lpSeed   uint64
+
+	cached   int // prompt tokens found in the prefix cache at first admission
+	admitted bool
+	roleSent bool
 }
 
 func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engine.Sink) (*request, error) {
@@ -126,6 +145,10 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 	minTokens := b.MinTokens
 	stopList := b.Stop
 	stream := b.Stream
+	plan, perr := e.plan(b, chat)
+	if perr != nil {
+		return nil, perr
+	}
 
 	var promptIDs [][]uint32
 	promptParam := "prompt"
@@ -161,6 +184,8 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 		includeStop:  b.IncludeStopStr,
 		stops:        stopList,
 		n:            n,
+		logprobs:     b.Logprobs,
+		topLogprobs:  b.TopLogprobs,
 		model:        model,
 		created:      time.Now().Unix(),
 		done:         make(chan struct{}),
@@ -237,13 +262,22 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			s.req, s.prompt, s.index = r, pr, idx
 			s.maxTokens, s.minTokens, s.ignoreEOS = mt, minTokens, ignoreEOS
 			s.rng = schemas.Mix64(seed^uint64(idx+1)*0x9e3779b97f4a7c15) | 1
+			s.lpSeed, s.reasonLen = s.rng, plan.reasoning
+			if plan.scripted() {
+				plan.fill(s, s.rng)
+			}
 			s.eosLen = max(e.cfg.MinEOS+int(s.rand()%span), minTokens, 1)
 			if req.Resume > 0 {
-				s.resume(chat, req.Resume)
+				// Resume counts the answer's tokens (a client counts the
+				// content it streamed); the reasoning came before them.
+				s.resume(chat, s.reasonLen+req.Resume)
 			}
 			expect := mt
-			if !ignoreEOS {
-				expect = min(mt, s.eosLen)
+			switch {
+			case s.script != nil:
+				expect = min(mt, s.reasonLen+len(s.script))
+			case !ignoreEOS:
+				expect = min(mt, s.reasonLen+s.eosLen)
 			}
 			s.blocks = make([]int32, 0, (len(ids)+min(expect, 1024))/bs+1)
 			if r.keepText {
@@ -305,7 +339,10 @@ func (r *request) computeUsage() schemas.Usage {
 func (r *request) buildResponse() []byte {
 	size := 256
 	for i := range r.seqs {
-		size += len(r.seqs[i].text) + 128
+		size += len(r.seqs[i].text) + len(r.seqs[i].reasoning) + 128
+		if r.logprobs {
+			size += r.seqs[i].generated * (64 + 48*r.topLogprobs)
+		}
 	}
 	b := make([]byte, 0, size)
 	b = append(b, `{"id":`...)
@@ -327,19 +364,69 @@ func (r *request) buildResponse() []byte {
 		b = append(b, `{"index":`...)
 		b = strconv.AppendInt(b, int64(s.index), 10)
 		if r.chat {
-			b = append(b, `,"message":{"role":"assistant","content":`...)
-			b = appendString(b, s.text)
-			b = append(b, '}')
+			b = r.appendMessage(b, s)
 		} else {
 			b = append(b, `,"text":`...)
 			b = appendString(b, s.text)
 		}
-		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		b = append(b, `,"logprobs":`...)
+		b = r.appendLogprobs(b, s)
+		b = append(b, `,"finish_reason":`...)
 		b = appendString(b, s.finish)
 		b = append(b, '}')
 	}
 	b = append(b, `],"usage":`...)
 	b = schemas.AppendUsage(b, &r.usage)
+	return append(b, '}')
+}
+
+// appendMessage writes a chat choice's message: its reasoning (with
+// reasoning on), its content (null for tool calls, or when the reasoning
+// took every token), its tool calls.
+func (r *request) appendMessage(b []byte, s *seq) []byte {
+	b = append(b, `,"message":{"role":"assistant",`...)
+	if s.reasonLen > 0 {
+		b = append(b, `"reasoning_content":`...)
+		b = appendString(b, s.reasoning)
+		b = append(b, ',')
+	}
+	b = append(b, `"content":`...)
+	if s.calls != nil || s.reasonLen > 0 && s.base+s.generated <= s.reasonLen {
+		b = append(b, "null"...)
+	} else {
+		b = appendString(b, s.text)
+	}
+	if s.calls != nil {
+		b = append(b, `,"tool_calls":[`...)
+		made := max(s.base+s.generated-s.reasonLen, 0) // script tokens produced
+		// s.text starts where this worker did: after the tokens a
+		// continuation (Resume) dropped.
+		dropped := 0
+		for _, p := range s.script[:min(max(s.base-s.reasonLen, 0), len(s.script))] {
+			dropped += len(p)
+		}
+		for i, c := range s.calls {
+			if c.first >= made {
+				break // cut off (max_tokens) before it began
+			}
+			end := len(s.text)
+			if i+1 < len(s.calls) {
+				end = min(end, max(s.calls[i+1].start-dropped, 0))
+			}
+			start := min(max(c.start-dropped, 0), end)
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"id":`...)
+			b = appendString(b, c.id)
+			b = append(b, `,"type":"function","function":{"name":`...)
+			b = appendString(b, c.name)
+			b = append(b, `,"arguments":`...)
+			b = appendString(b, s.text[start:end])
+			b = append(b, "}}"...)
+		}
+		b = append(b, ']')
+	}
 	return append(b, '}')
 }
 
@@ -356,28 +443,66 @@ func (r *request) appendRole(dst []byte, index int) []byte {
 	return append(dst, `,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`+"\n"...)
 }
 
-func appendDelta[T string | []byte](dst []byte, r *request, index int, text T) []byte {
-	dst = r.chunkHead(dst, index)
-	dst = append(dst, `,"delta":{"content":`...)
+// appendDelta writes a chat delta of content (field "content") or of
+// reasoning ("reasoning_content"), with s's pending logprobs.
+func appendDelta[T string | []byte](dst []byte, r *request, s *seq, field string, text T) []byte {
+	dst = r.chunkHead(dst, s.index)
+	dst = append(dst, `,"delta":{"`...)
+	dst = append(dst, field...)
+	dst = append(dst, `":`...)
 	dst = appendString(dst, text)
-	return append(dst, `},"logprobs":null,"finish_reason":null}]}`+"\n"...)
+	if !r.logprobs {
+		return append(dst, `},"logprobs":null,"finish_reason":null}]}`+"\n"...)
+	}
+	dst = append(dst, `},"logprobs":`...)
+	dst = r.appendLogprobs(dst, s)
+	return append(dst, `,"finish_reason":null}]}`+"\n"...)
 }
 
-func (r *request) appendFinish(dst []byte, index int, reason string) []byte {
-	dst = r.chunkHead(dst, index)
-	dst = append(dst, `,"delta":{},"logprobs":null,"finish_reason":"`...)
+// appendCallStart opens tool call i as vLLM streams one: its id, type and
+// name, with empty arguments.
+func (r *request) appendCallStart(dst []byte, s *seq, i int) []byte {
+	dst = r.chunkHead(dst, s.index)
+	dst = append(dst, `,"delta":{"tool_calls":[{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"id":`...)
+	dst = appendString(dst, s.calls[i].id)
+	dst = append(dst, `,"type":"function","function":{"name":`...)
+	dst = appendString(dst, s.calls[i].name)
+	return append(dst, `,"arguments":""}}]},"logprobs":null,"finish_reason":null}]}`+"\n"...)
+}
+
+// appendArgs writes a piece of tool call i's arguments.
+func (r *request) appendArgs(dst []byte, s *seq, i int, piece string) []byte {
+	dst = r.chunkHead(dst, s.index)
+	dst = append(dst, `,"delta":{"tool_calls":[{"index":`...)
+	dst = strconv.AppendInt(dst, int64(i), 10)
+	dst = append(dst, `,"function":{"arguments":`...)
+	dst = appendString(dst, piece)
+	dst = append(dst, `}}]},"logprobs":`...)
+	dst = r.appendLogprobs(dst, s)
+	return append(dst, `,"finish_reason":null}]}`+"\n"...)
+}
+
+func (r *request) appendFinish(dst []byte, s *seq, reason string) []byte {
+	dst = r.chunkHead(dst, s.index)
+	dst = append(dst, `,"delta":{},"logprobs":`...)
+	dst = r.appendLogprobs(dst, s)
+	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, reason...)
 	return append(dst, `"}]}`+"\n"...)
 }
 
-func appendText[T string | []byte](dst []byte, r *request, index int, text T, reason string) []byte {
-	dst = r.chunkHead(dst, index)
+func appendText[T string | []byte](dst []byte, r *request, s *seq, text T, reason string) []byte {
+	dst = r.chunkHead(dst, s.index)
 	dst = append(dst, `,"text":`...)
 	dst = appendString(dst, text)
+	dst = append(dst, `,"logprobs":`...)
+	dst = r.appendLogprobs(dst, s)
 	if reason == "" {
-		return append(dst, `,"logprobs":null,"finish_reason":null}]}`+"\n"...)
+		return append(dst, `,"finish_reason":null}]}`+"\n"...)
 	}
-	dst = append(dst, `,"logprobs":null,"finish_reason":"`...)
+	dst = append(dst, `,"finish_reason":"`...)
 	dst = append(dst, reason...)
 	return append(dst, `"}]}`+"\n"...)
 }

@@ -408,33 +408,82 @@ func (s *seq) rand() uint64 {
 	return s.rng * 2685821657736338717
 }
 
-// nextToken draws the next token's text. Every token is a single cl100k_base
+// nextToken draws the next token's text: a word of the reasoning, a token
+// of the script, or a word of the text. Every word is a single cl100k_base
 // token and no two are merged by its pre-tokenizer (punctuation never
 // follows punctuation), so the text has exactly one token per step. A
 // natural end is a full stop.
 func (s *seq) nextToken(chat bool) string {
 	g := s.base + s.generated
+	if g < s.reasonLen {
+		return s.word(g, s.reasonLen, true)
+	}
+	a := g - s.reasonLen
+	if s.script != nil {
+		if a < len(s.script) {
+			return s.script[a]
+		}
+		return "" // never: a sequence ends with its script
+	}
+	end := s.eosLen
+	if s.ignoreEOS {
+		end = 0
+	}
+	return s.word(a, end, chat)
+}
+
+// word draws the word at position pos of a text of end tokens (0: no
+// natural end), which opens with a sentence starter if opening.
+func (s *seq) word(pos, end int, opening bool) string {
 	x := s.rand()
 	pick := x >> 8
 	switch {
-	case g == 0 && chat:
+	case pos == 0 && opening:
 		s.prev = tkWord
 		return starters[pick%uint64(len(starters))]
-	case !s.ignoreEOS && g+1 == s.eosLen && s.prev != tkComma && s.prev != tkPeriod:
+	case end > 0 && pos+1 == end && s.prev != tkComma && s.prev != tkPeriod:
 		s.prev = tkPeriod
 		return "."
 	case s.prev == tkPeriod:
 		s.prev = tkWord
 		return spaceStarters[pick%uint64(len(spaceStarters))]
-	case s.prev == tkWord && (s.ignoreEOS || g+2 < s.eosLen) && x&15 == 0:
+	case s.prev == tkWord && (end == 0 || pos+2 < end) && x&15 == 0:
 		s.prev = tkComma
 		return ","
-	case s.prev == tkWord && (s.ignoreEOS || g+2 < s.eosLen) && x&15 == 1:
+	case s.prev == tkWord && (end == 0 || pos+2 < end) && x&15 == 1:
 		s.prev = tkPeriod
 		return "."
 	}
 	s.prev = tkWord
 	return words[pick%uint64(len(words))]
+}
+
+// endReason is why s ends after its latest token, "" if it goes on: its
+// script is done ("tool_calls" for calls), its text reached its natural
+// length, or max_tokens.
+func (s *seq) endReason() string {
+	a := s.base + s.generated - s.reasonLen // answer tokens made
+	switch {
+	case a > 0 && s.script != nil && a >= len(s.script):
+		if s.calls != nil {
+			return "tool_calls"
+		}
+		return "stop"
+	case a > 0 && s.script == nil && !s.ignoreEOS && a >= s.eosLen:
+		return "stop"
+	case s.generated >= s.maxTokens:
+		return "length"
+	}
+	return ""
+}
+
+// callAt is the tool call whose arguments script token a is part of.
+func (s *seq) callAt(a int) int {
+	i := len(s.calls) - 1
+	for i > 0 && s.calls[i].first > a {
+		i--
+	}
+	return i
 }
 
 // resume draws and drops the first n tokens, so that the sequence goes on
@@ -474,10 +523,25 @@ func (e *Engine) emit(s *seq) {
 		r.mark = e.step
 		e.touched = append(e.touched, r)
 	}
+	g := s.base + s.generated
 	tok := s.nextToken(r.chat)
 	s.generated++
+	if r.logprobs {
+		s.lpToks = append(s.lpToks, tok)
+	}
+	reasoning := g < s.reasonLen
+	args := !reasoning && s.calls != nil
 	reason := ""
-	if r.keepText {
+	switch {
+	case reasoning:
+		if !r.stream {
+			s.reasoning = append(s.reasoning, tok...)
+		}
+	case args:
+		if !r.stream {
+			s.text = append(s.text, tok...)
+		}
+	case r.keepText:
 		old := len(s.text)
 		s.text = append(s.text, tok...)
 		if len(r.stops) > 0 && s.generated >= s.minTokens {
@@ -488,11 +552,7 @@ func (e *Engine) emit(s *seq) {
 		}
 	}
 	if reason == "" {
-		if !s.ignoreEOS && s.base+s.generated >= s.eosLen {
-			reason = "stop"
-		} else if s.generated >= s.maxTokens {
-			reason = "length"
-		}
+		reason = s.endReason()
 	}
 
 	if r.stream {
@@ -501,16 +561,32 @@ func (e *Engine) emit(s *seq) {
 			s.roleSent = true
 			b = r.appendRole(b, s.index)
 		}
-		if !r.keepText {
+		switch {
+		case reasoning:
+			b = appendDelta(b, r, s, "reasoning_content", tok)
+			if reason != "" {
+				b = r.appendFinish(b, s, reason)
+			}
+		case args:
+			a := g - s.reasonLen
+			i := s.callAt(a)
+			if s.calls[i].first == a {
+				b = r.appendCallStart(b, s, i)
+			}
+			b = r.appendArgs(b, s, i, tok)
+			if reason != "" {
+				b = r.appendFinish(b, s, reason)
+			}
+		case !r.keepText:
 			if r.chat {
-				b = appendDelta(b, r, s.index, tok)
+				b = appendDelta(b, r, s, "content", tok)
 				if reason != "" {
-					b = r.appendFinish(b, s.index, reason)
+					b = r.appendFinish(b, s, reason)
 				}
 			} else {
-				b = appendText(b, r, s.index, tok, reason)
+				b = appendText(b, r, s, tok, reason)
 			}
-		} else {
+		default:
 			end := len(s.text)
 			if reason == "" && !r.includeStop {
 				end -= r.maxStop - 1 // hold back what may be the start of a stop string
@@ -522,13 +598,13 @@ func (e *Engine) emit(s *seq) {
 			}
 			if r.chat {
 				if len(piece) > 0 {
-					b = appendDelta(b, r, s.index, piece)
+					b = appendDelta(b, r, s, "content", piece)
 				}
 				if reason != "" {
-					b = r.appendFinish(b, s.index, reason)
+					b = r.appendFinish(b, s, reason)
 				}
 			} else if len(piece) > 0 || reason != "" {
-				b = appendText(b, r, s.index, piece, reason)
+				b = appendText(b, r, s, piece, reason)
 			}
 		}
 		r.buf = b
@@ -537,10 +613,10 @@ func (e *Engine) emit(s *seq) {
 	if reason != "" && s.state.CompareAndSwap(stRunning, stDone) {
 		s.finish = reason
 		e.nRunning.Add(-1)
-		if reason == "stop" {
-			e.mStop.Add(1)
-		} else {
+		if reason == "length" {
 			e.mLength.Add(1)
+		} else {
+			e.mStop.Add(1) // vLLM's finished_reason: a tool call ends by a stop
 		}
 		r.live--
 		if r.live == 0 && r.includeUsage {

@@ -48,6 +48,10 @@ type Config struct {
 
 	EmbeddingDims int // size of the embeddings it serves (default DefaultEmbeddingDims)
 
+	// ReasoningTokens > 0 makes it a reasoning model: a chat answer begins
+	// with that many tokens of reasoning_content (reasoning.go); 0: off.
+	ReasoningTokens int
+
 	// KVEventBytes is the block size, in bytes of prompt text, of the
 	// prefix-cache events it reports (DrainKVEvents): default 64, the
 	// dispatchers' default; negative: none.
@@ -180,6 +184,9 @@ func New(cfg Config) (*Engine, error) {
 		if *f.v < 0 {
 			return nil, fmt.Errorf("sim: negative size in config")
 		}
+	}
+	if cfg.ReasoningTokens < 0 {
+		return nil, fmt.Errorf("sim: negative ReasoningTokens")
 	}
 	switch {
 	case cfg.KVEventBytes == 0:

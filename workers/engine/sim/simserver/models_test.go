@@ -188,10 +188,16 @@ func TestEmbeddings(t *testing.T) {
 			t.Fatal("the same input gave two embeddings")
 		}
 	}
+	// vLLM's chat form: messages instead of input, one embedding.
+	resp = do(t, http.MethodPost, ts.url+"/v1/embeddings", `{"model":"base","messages":[{"role":"user","content":"a cat"}],"dimensions":8}`)
+	if b := readAll(t, resp); resp.StatusCode != 200 || strings.Count(string(b), `"embedding":[`) != 1 {
+		t.Fatalf("chat form: %d %s", resp.StatusCode, b)
+	}
 	for _, tc := range []struct {
 		body   string
 		status int
 	}{
+		{`{"model":"base","input":"a","messages":[{"role":"user","content":"a"}]}`, 400},
 		{`{"model":"nope","input":"a"}`, 404},
 		{`{"model":"base","input":[]}`, 400},
 		{`{"model":"base","input":"a","encoding_format":"int8"}`, 400},
