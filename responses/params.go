@@ -37,6 +37,9 @@ var refusedFields = map[string]string{
 	"prompt":             "no stored prompt templates",
 	"prompt_cache_options": "the engines' prefix caching is automatic and has no breakpoints; " +
 		"tokenbus routes requests with a common prefix to the same worker",
+	// In openai-go's ResponseNewParams, not (yet) in openai-python's.
+	"access_programs": "no access programs",
+	"image":           "image inputs are not served",
 	// vLLM's extras that have no place here.
 	"request_id":               "tokenbus names its requests: send X-Request-Id",
 	"mm_processor_kwargs":      "image and file inputs are not served",
