@@ -17,6 +17,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 
 	"github.com/tokenbus/tokenbus/internal/fakevllm"
+	"github.com/tokenbus/tokenbus/program"
 )
 
 // scriptedVLLM is the fake vLLM with its chat completions scripted as a
@@ -273,4 +274,48 @@ func callOutput(callID, output string) responses.ResponseInputItemUnionParam {
 	it := responses.ResponseInputItemParamOfFunctionCallOutput(output)
 	it.OfFunctionCallOutput.CallID = openai.String(callID)
 	return it
+}
+
+// TestResponsesTruncation: the sim's context (its max_model_len, which the
+// gateway learns from the worker's heartbeats) bounds a conversation: over
+// it, truncation "disabled" is a 400 context_length_exceeded, "auto" drops
+// the oldest turns until the sim's own tokenizer, asked over the bus, says
+// the rest fits.
+func TestResponsesTruncation(t *testing.T) {
+	t.Parallel()
+	d := startDev(t, func(c *program.DevConfig) { c.Engine.Sim.MaxModelLen = 400 })
+	var turns []string
+	for i := range 6 {
+		role := "user"
+		if i%2 == 1 {
+			role = "assistant"
+		}
+		turns = append(turns, fmt.Sprintf(`{"role":%q,"content":%q}`, role, fmt.Sprintf("turn %d: ", i)+strings.Repeat("the quick brown fox jumps over the lazy dog ", 8)))
+	}
+	turns = append(turns, `{"role":"user","content":"and now?"}`)
+	input := "[" + strings.Join(turns, ",") + "]"
+
+	r := post(t, d.URL, "/v1/responses", `{"model":"llama-8b","max_output_tokens":16,"input":`+input+`}`)
+	if e := errorBody(t, r.Body); r.Status != 400 || e.Code == nil || *e.Code != "context_length_exceeded" || e.Param == nil || *e.Param != "input" {
+		t.Fatalf("disabled: %d %s", r.Status, r.Body)
+	}
+	r = post(t, d.URL, "/v1/responses", `{"model":"llama-8b","max_output_tokens":16,"truncation":"auto","instructions":"be brief","input":`+input+`}`)
+	var resp struct {
+		ID, Status, Truncation string
+		Usage                  struct {
+			InputTokens int `json:"input_tokens"`
+		}
+	}
+	if err := json.Unmarshal([]byte(r.Body), &resp); r.Status != 200 || err != nil || resp.Truncation != "auto" {
+		t.Fatalf("auto: %d %s", r.Status, r.Body)
+	}
+	// A message is about 80 tokens: the whole is over 400, one turn (two
+	// messages) less fits, two less would be about 190 (dropped too many).
+	if resp.Usage.InputTokens+16 > 400 || resp.Usage.InputTokens < 300 {
+		t.Fatalf("auto: %d input tokens for a 400-token context: %s", resp.Usage.InputTokens, r.Body)
+	}
+	var items struct{ Data []json.RawMessage }
+	if st, raw, err := httpJSON("GET", d.URL+"/v1/responses/"+resp.ID+"/input_items?limit=100", "", nil, &items); st != 200 || err != nil || len(items.Data) != 7 {
+		t.Fatalf("input items: %d %v %s (the stored input is the whole input)", st, err, raw)
+	}
 }
