@@ -178,7 +178,7 @@ func TestResponsesTools(t *testing.T) {
 	}
 	chat := eng.lastChat(t)
 	for k, want := range map[string]string{
-		"tools": `[{"type":"function","function":{"name":"get_weather","parameters":{"additionalProperties":false,"properties":{"city":{"type":"string"}},"required":["city"],"type":"object"},"strict":true}}]`,
+		"tools":       `[{"type":"function","function":{"name":"get_weather","parameters":{"additionalProperties":false,"properties":{"city":{"type":"string"}},"required":["city"],"type":"object"},"strict":true}}]`,
 		"tool_choice": `"required"`, "parallel_tool_calls": "true", "reasoning_effort": `"low"`} {
 		if got := string(chat[k]); got != want {
 			t.Errorf("the engine got %s %s, want %s", k, got, want)
