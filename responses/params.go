@@ -71,6 +71,9 @@ var unservedIncludes = map[string]string{
 
 // Parse reads and checks the body of POST /v1/responses.
 func Parse(body []byte) (*CreateRequest, error) {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return nil, schemas.ErrBodyEmpty.New()
+	}
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
 		if t := bytes.TrimSpace(body); len(t) > 0 && t[0] != '{' && json.Valid(t) {
@@ -97,6 +100,11 @@ func Parse(body []byte) (*CreateRequest, error) {
 			return nil, schemas.ErrResponseUnknownParam.At(k, k)
 		}
 	}
+	for field, known := range nestedFields {
+		if err := unknownNested(field, fields[field], known); err != nil {
+			return nil, err
+		}
+	}
 	var req CreateRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, typeError(err)
@@ -105,6 +113,35 @@ func Parse(body []byte) (*CreateRequest, error) {
 		return nil, err
 	}
 	return &req, nil
+}
+
+// nestedFields are the members of the objects Parse reads whole, as
+// OpenAI's types have them: others are unknown parameters too.
+var nestedFields = map[string][]string{
+	"text":           {"format", "verbosity"},
+	"reasoning":      {"effort", "summary", "generate_summary", "context", "mode"},
+	"stream_options": {"include_obfuscation"},
+}
+
+// unknownNested is an Unknown parameter error for the first member of
+// object raw (field) that is not in known; nil for other JSON values
+// (their type is checked later).
+func unknownNested(field string, raw json.RawMessage, known []string) error {
+	var m map[string]json.RawMessage
+	if len(raw) == 0 || json.Unmarshal(raw, &m) != nil {
+		return nil
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		if !slices.Contains(known, k) {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.Sort(keys)
+	return schemas.ErrResponseUnknownParam.At(field+"."+keys[0], field+"."+keys[0])
 }
 
 // unset: a value that asks for nothing.

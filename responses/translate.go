@@ -117,6 +117,9 @@ func item(raw json.RawMessage, param string) (Item, error) {
 // callOutput is a function call's output as the chat tool message's
 // content: a string, or the text of a list of input_text parts.
 func callOutput(raw json.RawMessage, param string) (string, error) {
+	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
+		return "", schemas.ErrMissingParam.At(param, param)
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil

@@ -34,6 +34,7 @@ func TestChatMessages(t *testing.T) {
 		{"image", `[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]`, "", true},
 		{"image output", `[{"type":"function_call_output","call_id":"c","output":[{"type":"input_image","image_url":"x"}]}]`, "", true},
 		{"item reference", `[{"type":"item_reference","id":"msg_1"}]`, "", true},
+		{"output missing", `[{"type":"function_call_output","call_id":"c"}]`, "", true},
 		{"empty", `[]`, "", true},
 	}
 	for _, tt := range tests {
@@ -143,6 +144,8 @@ func TestParse(t *testing.T) {
 			`"prompt_cache_retention":"in_memory","stream_options":{"include_obfuscation":false},"top_k":1,"logit_bias":{},"skip_special_tokens":true,"priority":0,"cache_salt":"x"}`, "", ""},
 		{"refused fields asking nothing", `{"model":"m","input":"hi","conversation":null,"prompt":null,"moderation":null,"context_management":[],"prompt_cache_options":{},"enable_response_messages":false}`, "", ""},
 		{"unknown", `{"model":"m","input":"hi","frequency_penalty":1}`, "unknown_parameter", "frequency_penalty"},
+		{"unknown in text", `{"model":"m","input":"hi","text":{"format":{"type":"text"},"style":"terse"}}`, "unknown_parameter", "text.style"},
+		{"unknown in reasoning", `{"model":"m","input":"hi","reasoning":{"effort":"low","budget":100}}`, "unknown_parameter", "reasoning.budget"},
 		{"unknown, sorted first", `{"model":"m","input":"hi","zeta":1,"alpha":2}`, "unknown_parameter", "alpha"},
 		{"conversation", `{"model":"m","input":"hi","conversation":"conv_1"}`, "unsupported_parameter", "conversation"},
 		{"prompt", `{"model":"m","input":"hi","prompt":{"id":"p"}}`, "unsupported_parameter", "prompt"},
