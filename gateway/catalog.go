@@ -170,3 +170,16 @@ func deref(p *string) string {
 	}
 	return *p
 }
+
+// MaxModelLen is model's context length as /v1/models lists it (the
+// registry's, else the smallest its workers report); 0 when not known. A
+// scan of the list: for a Responses request's context check, not for
+// every token.
+func (c *catalog) MaxModelLen(model string) int {
+	for _, m := range c.Models() {
+		if m.ID == model {
+			return m.MaxModelLen
+		}
+	}
+	return 0
+}

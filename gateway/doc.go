@@ -107,6 +107,8 @@
 // ends with the connection. The handler (completions.go) begins the stream
 // with the headers it has set, writes the first chunk, and leaves the rest to
 // writeStream, which runs after the handler returned and touches no fiber.Ctx.
+// A foreground Responses stream (responses_stream.go) is written the same
+// way, as named events and with no [DONE] (the Responses API's form).
 //
 // Shutdown. Shutdown closes the listener and the connections handed back
 // after a stream that wait for a request (httpstream.Server.Drain), lets open

@@ -50,6 +50,13 @@ type fakeCatalog struct {
 	models     []string
 	workers    int
 	notServing bool // the workers up are unhealthy, draining or serve nothing
+	maxLen     int  // MaxModelLen's answer (0: not known)
+}
+
+func (c *fakeCatalog) MaxModelLen(string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.maxLen
 }
 
 func (c *fakeCatalog) Known(model string) bool {

@@ -33,15 +33,16 @@ func (g *Gateway) responsesRoutes(app *fiber.App) {
 func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	start := time.Now()
 	id, _ := c.Locals(localID).(string)
+	span := startSpan(c, schemas.KindChat, id, start) // observe or the stream writer ends it
 	if !isJSON(c.Get(fiber.HeaderContentType)) {
 		return errUnsupportedMediaType
 	}
-	var req responses.CreateRequest
-	if err := json.Unmarshal(c.Body(), &req); err != nil {
-		return schemas.ErrBodyNotJSON.New(err.Error())
+	if ce := c.Get(fiber.HeaderContentEncoding); ce != "" && !strings.EqualFold(ce, "identity") {
+		return errContentEncoding // as completions: an inflated body would have no bound
 	}
-	if req.Model == "" {
-		return schemas.ErrNoModel.New()
+	req, err := responses.Parse(c.Request().Body())
+	if err != nil {
+		return err
 	}
 	if err := schemas.CheckMetadata(req.Metadata); err != nil {
 		return err
@@ -77,7 +78,7 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		}
 		history = prev.Conversation()
 	}
-	body, err := responses.ChatBody(&req, history, input)
+	body, err := responses.ChatBody(req, history, input)
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,13 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if perr != nil {
 		return perr
 	}
+	known := g.cat.Known(req.Model)
+	label := "unknown"
+	if known {
+		label = req.Model
+	}
 	c.Locals(localModel, req.Model)
+	c.Locals(localLabel, label)
 	var caller Principal
 	if g.cfg.Authorize != nil {
 		p, err := g.cfg.Authorize(c, view)
@@ -97,10 +104,27 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 		caller = Principal{Tenant: strings.Clone(p.Tenant), KeyID: strings.Clone(p.KeyID), Reserved: p.Reserved, Window: p.Window,
 			Band: p.Band, Weight: p.Weight, MaxQueue: p.MaxQueue}
 	}
-	if !g.cat.Known(req.Model) {
+	if !known {
 		return schemas.ErrModelNotFound.New(req.Model)
 	}
-	resp := responses.New("resp_"+nuid.Next(), &req, start)
+	// The context window: refused, or the oldest items dropped (truncation
+	// auto), once the caller is known (a count is a request to a worker).
+	deadline := start.Add(g.cfg.RequestTimeout)
+	if limit := g.maxModelLen(req.Model); limit > 0 {
+		conv := append(history[:len(history):len(history)], input...)
+		fctx, cancel := context.WithDeadline(g.base, deadline)
+		fit, err := responses.Fit(fctx, req, conv, limit, g.tokenCounter(id, req.Model, caller))
+		cancel()
+		if err != nil {
+			return err
+		}
+		if len(fit) != len(conv) {
+			if body, err = responses.ChatBody(req, nil, fit); err != nil {
+				return err
+			}
+		}
+	}
+	resp := responses.New("resp_"+nuid.Next(), req, start)
 	resp.Store = req.Stored() && store != nil
 	rec := &responses.Record{Response: *resp, Tenant: caller.Tenant, KeyID: caller.KeyID, Input: input, History: history,
 		Reserved: caller.Reserved, Window: caller.Window}
@@ -131,9 +155,8 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 
 	// A response to be stored is counted against its tenant's quota before
 	// it is generated (a 429 before any token), and its end is stored
-	// before it is answered: one that cannot be stored is an error to the
-	// client, not a 200 that is gone afterwards.
-	kept := false
+	// before it is answered (respExchange.keep): one that cannot be stored
+	// is an error to the client, not a 200 that is gone afterwards.
 	if resp.Store {
 		ctx, cancel := g.storeCtx(c)
 		err := store.Reserve(ctx, rec)
@@ -142,108 +165,48 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 			return err
 		}
 	}
-	release := func() {
-		if resp.Store && !kept {
-			store.Release(g.base, rec)
-		}
-	}
-	keep := func(end *responses.Response) error {
-		if !resp.Store {
-			return nil
-		}
-		rec.Response = *end
-		sctx, scancel := context.WithTimeout(g.base, 10*time.Second)
-		defer scancel()
-		if err := store.Put(sctx, rec); err != nil {
-			g.log.Warn("responses: could not store a response", "id", rec.Response.ID, "err", err)
-			return schemas.ErrResponsesOff.New("the response could not be stored")
-		}
-		kept = true
-		return nil
-	}
+	x := &respExchange{g: g, id: id, route: c.Route().Path, model: req.Model, label: label, caller: caller, start: start,
+		span: span, rec: rec}
 
-	deadline := start.Add(g.cfg.RequestTimeout)
 	creq := &client.Request{ID: id, Kind: schemas.KindChat, Model: req.Model, Body: body, Deadline: deadline,
-		Trace: traceParent(c.Get("traceparent"))}
-	g.flow(creq, caller, "")
-	ctx, cancel := context.WithDeadlineCause(g.base, deadline, g.errTimeout)
+		Priority: view.Priority, MaxTokens: view.MaxTokens, Trace: outgoingTrace(span, c.Get("traceparent"))}
+	user := req.User
+	if user == "" && req.SafetyIdentifier != nil {
+		user = *req.SafetyIdentifier // the end user, as user is
+	}
+	g.flow(creq, caller, user)
+	if req.ServiceTier != nil && *req.ServiceTier == "flex" {
+		creq.Band = schemas.BandBatch // a request may lower its band, never raise it
+	}
+	var reqCtx context.Context
+	reqCtx, x.cancel = context.WithCancelCause(g.base)
+	x.ctx, x.stopDL = context.WithDeadlineCause(reqCtx, deadline, g.errTimeout)
 	st, err := g.cl.Start(creq)
 	if err != nil {
-		cancel()
-		release()
+		x.stopDL()
+		x.cancel(nil)
+		x.release()
 		return err
 	}
+	g.inflight.add()
+	x.st = st
+	x.w = g.streams.Watch(c.Context(), st.Buffered, x.cancel, errClientGone)
 	// The first frame before anything is answered: errors before any
 	// token keep their HTTP status.
-	first, err := st.Next(ctx)
+	first, err := st.Next(x.ctx)
 	if err != nil {
-		st.Close()
-		cancel()
-		release()
-		return schemas.AsError(err)
+		e := x.fail(err)
+		x.end(false)
+		return e
 	}
 	if !req.Stream {
-		defer cancel()
-		defer st.Close()
-		defer release()
-		gen := responses.NewGen(resp, func(*responses.Event) error { return nil })
-		if err := gen.Begin(); err != nil {
-			return err
-		}
-		if err := gen.Consume(ctx, st, first); err != nil {
-			return schemas.AsError(err)
-		}
-		g.responseUsage(id, caller, req.Model, gen.Resp)
-		if err := keep(gen.Resp); err != nil {
-			return err
-		}
-		return c.JSON(gen.Resp)
+		return x.unary(c, resp, first)
 	}
-	g.inflight.add()
-	c.Set(fiber.HeaderContentType, "text/event-stream")
-	c.Set(fiber.HeaderCacheControl, "no-cache")
-	c.Status(fiber.StatusOK)
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer g.inflight.done()
-		defer cancel()
-		defer st.Close()
-		defer release()
-		out := sseEmit(w)
-		gen := responses.NewGen(resp, func(ev *responses.Event) error {
-			if ev.Terminal() && ev.Response != nil {
-				g.responseUsage(id, caller, req.Model, ev.Response) // generated: billed, stored or not
-				if err := keep(ev.Response); err != nil {
-					// In place of the end, an error event: the client knows
-					// the response is not kept.
-					e := schemas.AsError(err)
-					_ = out(&responses.Event{Type: "error", SequenceNumber: ev.SequenceNumber, Code: e.Body.Code, Message: e.Body.Message})
-					return err
-				}
-			}
-			return out(ev)
-		})
-		if gen.Begin() != nil {
-			return
-		}
-		if err := gen.Consume(ctx, st, first); err != nil {
-			g.log.Debug("responses: stream ended early", "id", resp.ID, "err", err)
-		}
-	})
-	return nil
+	return x.stream(c, resp, first)
 }
 
-// sseEmit writes each event as OpenAI does ("event: <type>" then "data:"),
-// flushed: a write error (the client gone) ends the response.
-func sseEmit(w *bufio.Writer) func(*responses.Event) error {
-	return func(ev *responses.Event) error {
-		b, err := json.Marshal(ev)
-		if err != nil {
-			return err
-		}
-		return writeSSE(w, ev.Type, b)
-	}
-}
-
+// writeSSE writes one event as OpenAI does ("event: <type>" then
+// "data:"), flushed: a write error (the client gone) ends the follow.
 func writeSSE(w *bufio.Writer, typ string, data []byte) error {
 	_, _ = w.WriteString("event: ")
 	_, _ = w.WriteString(typ)

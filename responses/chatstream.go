@@ -164,7 +164,7 @@ func chunkText(line []byte) (string, bool) {
 	return *ch.Choices[0].Delta.Content, true
 }
 
-// roleOnly: a chunk with no text, tool call, finish reason or usage (a
+// roleOnly: a chunk with no text, reasoning, tool call, finish reason or usage (a
 // continuation's first chunk, which the client already had).
 func roleOnly(line []byte) bool {
 	var ch chatChunk
@@ -172,7 +172,8 @@ func roleOnly(line []byte) bool {
 		return false
 	}
 	c := ch.Choices[0]
-	return (c.Delta.Content == nil || *c.Delta.Content == "") && len(c.Delta.ToolCalls) == 0 && (c.FinishReason == nil || *c.FinishReason == "")
+	return (c.Delta.Content == nil || *c.Delta.Content == "") && reasoningText(c.Delta.ReasoningContent, c.Delta.Reasoning) == "" &&
+		len(c.Delta.ToolCalls) == 0 && (c.FinishReason == nil || *c.FinishReason == "")
 }
 
 // endChat appends line e after the stored lines of chat stream id, unless

@@ -1,6 +1,11 @@
-// Package responses is OpenAI's Responses API on tokenbus: a response is
-// one chat request on the bus (Items, ChatBody), its stream turned into
-// OpenAI's events (Gen); stored responses in the JetStream Key-Value bucket
+// Package responses is OpenAI's Responses API on tokenbus: a request is
+// read field by field (Parse: each honoured, passed to the engine or
+// refused with a 400 naming it), made to fit its model's context (Fit,
+// truncation), and run as one chat request on the bus (Items, ChatBody:
+// tools, structured output, reasoning effort, logprobs in their chat
+// forms), whose stream is turned into OpenAI's events as it comes (Gen:
+// reasoning, message and function_call items, arguments streamed as the
+// engine sends them); stored responses in the JetStream Key-Value bucket
 // TOKENBUS_RESPONSES (Store, tenant-scoped, counted per tenant in
 // TOKENBUS_RESPONSE_INDEX against its Quota); background responses and
 // resumable chat streams run by a Runner in any gateway from the work

@@ -3,6 +3,7 @@ package responses
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nuid"
@@ -12,11 +13,25 @@ import (
 )
 
 // Gen turns one chat stream into a response and its events, in OpenAI's
-// order: response.created, response.in_progress, then for the message
-// output_item.added, content_part.added, output_text.delta..., and at the
-// end output_text.done, content_part.done, output_item.done (then one
-// added/done pair per function call), and response.completed, .incomplete
-// or .failed. Each event gets the next sequence_number.
+// order: response.created, response.in_progress, then an output item per
+// thing the engine streams, each as it streams it:
+//
+//   - reasoning (the chat deltas' reasoning_content, vLLM's): a reasoning
+//     item, output_item.added, content_part.added (reasoning_text),
+//     reasoning_text.delta..., reasoning_text.done, content_part.done,
+//     output_item.done;
+//   - text: a message, output_item.added, content_part.added (output_text),
+//     output_text.delta... (with the tokens' logprobs when the engine sends
+//     them), output_text.done, content_part.done, output_item.done;
+//   - each tool call (by its chat index): a function_call,
+//     output_item.added, function_call_arguments.delta per piece of the
+//     arguments as the engine sends it, function_call_arguments.done,
+//     output_item.done.
+//
+// An item is done when another kind begins (reasoning, text, calls) or at
+// the end; parallel calls stay open together until then. Last comes
+// response.completed, .incomplete or .failed. Each event gets the next
+// sequence_number.
 //
 // A Gen's state is what its events say: Replay rebuilds it from events
 // already stored, so that a background response taken over by another
@@ -25,21 +40,35 @@ type Gen struct {
 	Resp *Response
 	emit func(*Event) error // marshals ev before it returns: ev is reused
 
-	seq      int
-	msgIdx   int // output index of the message item, -1 before it
+	seq    int
+	base   int               // deltas sent before this chat request (a continuation's)
+	tokens int               // deltas sent: text, reasoning and arguments (about a token each)
+	rs     *textItem         // the open reasoning item
+	msg    *textItem         // the open message
+	calls  []*callItem       // open function calls, in output order
+	byIdx  map[int]*callItem // open calls of this chat request, by tool call index
+	finish string
+	usage  chatUsage
+	ended  bool
+}
+
+// textItem is an open message or reasoning item.
+type textItem struct {
+	idx      int
+	id       string
 	text     strings.Builder
-	tokens   int // text deltas so far (one per chunk with text)
-	prompt   int // prompt tokens of the first run (0 when not known)
-	calls    []Item
-	finish   string
-	usageIn  int
-	usageOut int
-	ended    bool
+	logprobs []tokenLogprob // a message's, when the engine sends them
+}
+
+// callItem is an open function call.
+type callItem struct {
+	idx  int
+	item Item // Arguments grow as the deltas come
 }
 
 // NewGen starts the events of resp; emit is called with each event.
 func NewGen(resp *Response, emit func(*Event) error) *Gen {
-	return &Gen{Resp: resp, emit: emit, msgIdx: -1}
+	return &Gen{Resp: resp, emit: emit, byIdx: map[int]*callItem{}}
 }
 
 // Seq is the sequence number the next event gets.
@@ -64,18 +93,59 @@ func (g *Gen) Replay(ev *Event) {
 	g.seq = ev.SequenceNumber + 1
 	switch ev.Type {
 	case "response.output_item.added":
-		if ev.Item != nil && ev.Item.Type == "message" && ev.OutputIndex != nil {
-			g.msgIdx = *ev.OutputIndex
-			it := *ev.Item
-			for len(g.Resp.Output) <= g.msgIdx {
-				g.Resp.Output = append(g.Resp.Output, Item{})
+		if ev.Item == nil || ev.OutputIndex == nil {
+			return
+		}
+		idx := *ev.OutputIndex
+		for len(g.Resp.Output) <= idx {
+			g.Resp.Output = append(g.Resp.Output, Item{})
+		}
+		g.Resp.Output[idx] = *ev.Item
+		switch ev.Item.Type {
+		case "message":
+			g.msg = &textItem{idx: idx, id: ev.Item.ID}
+		case "reasoning":
+			g.rs = &textItem{idx: idx, id: ev.Item.ID}
+		case "function_call":
+			g.calls = append(g.calls, &callItem{idx: idx, item: *ev.Item})
+		}
+	case "response.output_item.done":
+		if ev.Item == nil || ev.OutputIndex == nil || *ev.OutputIndex >= len(g.Resp.Output) {
+			return
+		}
+		g.Resp.Output[*ev.OutputIndex] = *ev.Item
+		switch {
+		case g.msg != nil && g.msg.id == ev.Item.ID:
+			g.msg = nil
+		case g.rs != nil && g.rs.id == ev.Item.ID:
+			g.rs = nil
+		default:
+			g.calls = slices.DeleteFunc(g.calls, func(c *callItem) bool { return c.item.ID == ev.Item.ID })
+			for i, c := range g.byIdx {
+				if c.item.ID == ev.Item.ID {
+					delete(g.byIdx, i)
+				}
 			}
-			g.Resp.Output[g.msgIdx] = it
 		}
 	case "response.output_text.delta":
-		if ev.Delta != nil {
-			g.text.WriteString(*ev.Delta)
+		if ev.Delta != nil && g.msg != nil {
+			g.msg.text.WriteString(*ev.Delta)
+			g.msg.logprobs = append(g.msg.logprobs, readLogprobs(ev.Logprobs)...)
 			g.tokens++
+		}
+	case "response.reasoning_text.delta":
+		if ev.Delta != nil && g.rs != nil {
+			g.rs.text.WriteString(*ev.Delta)
+			g.tokens++
+		}
+	case "response.function_call_arguments.delta":
+		if ev.Delta != nil {
+			for _, c := range g.calls {
+				if c.item.ID == ev.ItemID {
+					c.item.Arguments += *ev.Delta
+					g.tokens++
+				}
+			}
 		}
 	case "response.in_progress":
 		g.Resp.Status = StatusInProgress
@@ -104,8 +174,39 @@ func (g *Gen) Begin() error {
 	return g.send(Event{Type: "response.in_progress", Response: &r})
 }
 
-func (g *Gen) delta(s string) error {
-	if g.msgIdx < 0 {
+// reasoning sends a piece of reasoning text: the reasoning item first if
+// none is open (the message and calls before it are done).
+func (g *Gen) reasoning(s string) error {
+	if g.rs == nil {
+		if err := g.closeText(&g.msg, StatusCompleted); err != nil {
+			return err
+		}
+		if err := g.closeCalls(StatusCompleted); err != nil {
+			return err
+		}
+		idx := len(g.Resp.Output)
+		it := Item{Type: "reasoning", ID: "rs_" + nuid.Next(), Status: StatusInProgress}
+		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
+			return err
+		}
+		if err := g.send(Event{Type: "response.content_part.added", ItemID: it.ID, OutputIndex: ptr(idx), ContentIndex: ptr(0),
+			Part: &Content{Type: "reasoning_text"}}); err != nil {
+			return err
+		}
+	}
+	return g.send(Event{Type: "response.reasoning_text.delta", ItemID: g.rs.id, OutputIndex: ptr(g.rs.idx), ContentIndex: ptr(0), Delta: &s})
+}
+
+// text sends a piece of the answer's text: the message first if none is
+// open (the reasoning and calls before it are done).
+func (g *Gen) text(s string, lps []tokenLogprob) error {
+	if g.msg == nil {
+		if err := g.closeText(&g.rs, StatusCompleted); err != nil {
+			return err
+		}
+		if err := g.closeCalls(StatusCompleted); err != nil {
+			return err
+		}
 		idx := len(g.Resp.Output)
 		it := Item{Type: "message", ID: "msg_" + nuid.Next(), Status: StatusInProgress, Role: "assistant", Content: []Content{}}
 		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
@@ -116,30 +217,147 @@ func (g *Gen) delta(s string) error {
 			return err
 		}
 	}
-	return g.send(Event{Type: "response.output_text.delta", ItemID: g.Resp.Output[g.msgIdx].ID, OutputIndex: ptr(g.msgIdx),
-		ContentIndex: ptr(0), Delta: &s, Logprobs: json.RawMessage("[]")})
+	return g.send(Event{Type: "response.output_text.delta", ItemID: g.msg.id, OutputIndex: ptr(g.msg.idx),
+		ContentIndex: ptr(0), Delta: &s, Logprobs: deltaLogprobs(lps)})
+}
+
+// toolCall sends a tool call delta: the function_call item first when its
+// index is new (the reasoning and message before it are done), then the
+// piece of arguments it carries, as it came.
+func (g *Gen) toolCall(tc chatToolCall) error {
+	if tc.Index < 0 || tc.Index > 127 {
+		return nil // no engine sends that many calls: not a list to grow
+	}
+	c := g.byIdx[tc.Index]
+	if c == nil {
+		if err := g.closeText(&g.rs, StatusCompleted); err != nil {
+			return err
+		}
+		if err := g.closeText(&g.msg, StatusCompleted); err != nil {
+			return err
+		}
+		callID := tc.ID
+		if callID == "" {
+			callID = "call_" + nuid.Next()
+		}
+		idx := len(g.Resp.Output)
+		it := Item{Type: "function_call", ID: "fc_" + nuid.Next(), Status: StatusInProgress, CallID: callID, Name: tc.Function.Name}
+		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
+			return err
+		}
+		c = g.calls[len(g.calls)-1]
+		g.byIdx[tc.Index] = c
+	} else if tc.Function.Name != "" && !strings.HasSuffix(c.item.Name, tc.Function.Name) {
+		c.item.Name += tc.Function.Name // a name in pieces (OpenAI sends it whole, once)
+	}
+	if tc.Function.Arguments == "" {
+		return nil
+	}
+	args := tc.Function.Arguments
+	return g.send(Event{Type: "response.function_call_arguments.delta", ItemID: c.item.ID, OutputIndex: ptr(c.idx), Delta: &args})
+}
+
+// closeText ends the open message or reasoning item *t, if any, with
+// status.
+func (g *Gen) closeText(t **textItem, status string) error {
+	ti := *t
+	if ti == nil {
+		return nil
+	}
+	txt := ti.text.String()
+	if ti == g.rs {
+		if err := g.send(Event{Type: "response.reasoning_text.done", ItemID: ti.id, OutputIndex: ptr(ti.idx), ContentIndex: ptr(0), Text: &txt}); err != nil {
+			return err
+		}
+		part := Content{Type: "reasoning_text", Text: txt}
+		if err := g.send(Event{Type: "response.content_part.done", ItemID: ti.id, OutputIndex: ptr(ti.idx), ContentIndex: ptr(0), Part: &part}); err != nil {
+			return err
+		}
+		it := Item{Type: "reasoning", ID: ti.id, Status: status, Content: []Content{part}}
+		return g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(ti.idx), Item: &it})
+	}
+	if err := g.send(Event{Type: "response.output_text.done", ItemID: ti.id, OutputIndex: ptr(ti.idx), ContentIndex: ptr(0),
+		Text: &txt, Logprobs: deltaLogprobs(ti.logprobs)}); err != nil {
+		return err
+	}
+	part := textPart("output_text", txt)
+	if len(ti.logprobs) > 0 {
+		part.Logprobs, _ = json.Marshal(ti.logprobs)
+	}
+	if err := g.send(Event{Type: "response.content_part.done", ItemID: ti.id, OutputIndex: ptr(ti.idx), ContentIndex: ptr(0), Part: &part}); err != nil {
+		return err
+	}
+	it := Item{Type: "message", ID: ti.id, Status: status, Role: "assistant", Content: []Content{part}}
+	return g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(ti.idx), Item: &it})
+}
+
+// closeCalls ends every open function call, in output order.
+func (g *Gen) closeCalls(status string) error {
+	for len(g.calls) > 0 {
+		c := g.calls[0]
+		args := c.item.Arguments
+		if err := g.send(Event{Type: "response.function_call_arguments.done", ItemID: c.item.ID, OutputIndex: ptr(c.idx),
+			Name: c.item.Name, Arguments: &args}); err != nil {
+			return err
+		}
+		it := c.item
+		it.Status = status
+		if err := g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(c.idx), Item: &it}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // chatChunk is what Gen reads of a chat stream chunk.
 type chatChunk struct {
 	Choices []struct {
 		Delta struct {
-			Content   *string `json:"content"`
-			ToolCalls []struct {
-				Index    int    `json:"index"`
-				ID       string `json:"id"`
-				Function struct {
-					Name      string `json:"name"`
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
+			Content *string `json:"content"`
+			// vLLM's reasoning parsers: reasoning_content, renamed
+			// reasoning in later releases.
+			ReasoningContent *string        `json:"reasoning_content"`
+			Reasoning        *string        `json:"reasoning"`
+			ToolCalls        []chatToolCall `json:"tool_calls"`
 		} `json:"delta"`
+		Logprobs *struct {
+			Content []tokenLogprob `json:"content"`
+		} `json:"logprobs"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-	} `json:"usage"`
+	Usage *chatUsage `json:"usage"`
+}
+
+type chatToolCall struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// chatUsage is a chat usage object with the details Responses reports.
+type chatUsage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+	CompletionTokensDetails *struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"completion_tokens_details"`
+}
+
+// reasoningText is a delta's reasoning, under either of vLLM's names.
+func reasoningText(content, renamed *string) string {
+	if content != nil {
+		return *content
+	}
+	if renamed != nil {
+		return *renamed
+	}
+	return ""
 }
 
 // Run sends r and turns its stream into events until the response ends;
@@ -160,17 +378,17 @@ func (g *Gen) Run(ctx context.Context, cl *client.Client, r *client.Request) err
 	return g.Consume(ctx, st, first)
 }
 
-// errStopped is what a line callback returns to stop ForEachLine on an
-// emit error, which is kept in emitErr.
+// stopped is what a line callback returns to stop ForEachLine on an emit
+// error, which it carries.
 type stopped struct{ err error }
 
 func (s stopped) Error() string { return s.err.Error() }
 
 // Consume is Run after the first frame f, which the caller read.
 func (g *Gen) Consume(ctx context.Context, st *client.Stream, f schemas.Frame) error {
-	base := g.tokens // a continuation's usage counts from here
+	g.base = g.tokens // a continuation's usage counts from here
 	for {
-		if done, err := g.frame(f, base); done || err != nil {
+		if done, err := g.Feed(f); done || err != nil {
 			return err
 		}
 		var err error
@@ -183,10 +401,10 @@ func (g *Gen) Consume(ctx context.Context, st *client.Stream, f schemas.Frame) e
 	}
 }
 
-// frame turns one frame of the chat stream into events; done after the
-// done frame (the response ended). base is the tokens sent before this
-// chat request (a continuation's).
-func (g *Gen) frame(f schemas.Frame, base int) (done bool, err error) {
+// Feed turns one frame of the chat stream into events; done after the
+// done frame (the response ended). For a caller that reads the frames
+// itself (the gateway's stream writer); Consume is the loop.
+func (g *Gen) Feed(f schemas.Frame) (done bool, err error) {
 	switch f.Type {
 	case schemas.FrameChunk:
 		err := schemas.ForEachLine(f.Payload, func(line []byte) error {
@@ -195,28 +413,29 @@ func (g *Gen) frame(f schemas.Frame, base int) (done bool, err error) {
 				return nil // not a chunk tokenbus knows: skipped
 			}
 			if ch.Usage != nil {
-				g.usageIn, g.usageOut = ch.Usage.PromptTokens, base+ch.Usage.CompletionTokens
+				g.usage = *ch.Usage
+				g.usage.CompletionTokens += g.base
 			}
 			for _, c := range ch.Choices {
 				if c.FinishReason != nil && *c.FinishReason != "" {
 					g.finish = *c.FinishReason
 				}
-				for _, tc := range c.Delta.ToolCalls {
-					if tc.Index < 0 || tc.Index > 127 {
-						continue // no engine sends that many calls: not a list to grow
+				if r := reasoningText(c.Delta.ReasoningContent, c.Delta.Reasoning); r != "" {
+					if err := g.reasoning(r); err != nil {
+						return stopped{err}
 					}
-					for len(g.calls) <= tc.Index {
-						g.calls = append(g.calls, Item{Type: "function_call", ID: "fc_" + nuid.Next(), Status: StatusCompleted})
-					}
-					call := &g.calls[tc.Index]
-					if tc.ID != "" {
-						call.CallID = tc.ID
-					}
-					call.Name += tc.Function.Name
-					call.Arguments += tc.Function.Arguments
 				}
 				if c.Delta.Content != nil && *c.Delta.Content != "" {
-					if err := g.delta(*c.Delta.Content); err != nil {
+					var lps []tokenLogprob
+					if c.Logprobs != nil {
+						lps = fillLogprobs(c.Logprobs.Content)
+					}
+					if err := g.text(*c.Delta.Content, lps); err != nil {
+						return stopped{err}
+					}
+				}
+				for _, tc := range c.Delta.ToolCalls {
+					if err := g.toolCall(tc); err != nil {
 						return stopped{err}
 					}
 				}
@@ -227,64 +446,47 @@ func (g *Gen) frame(f schemas.Frame, base int) (done bool, err error) {
 			return true, s.err
 		}
 	case schemas.FrameDone:
-		if u := schemas.UsageOf(f.Payload); u != nil && g.usageOut == 0 {
-			g.usageIn, g.usageOut = u.PromptTokens, base+u.CompletionTokens
+		if u := schemas.UsageOf(f.Payload); u != nil && g.usage.CompletionTokens == 0 {
+			g.usage = chatUsage{PromptTokens: u.PromptTokens, CompletionTokens: g.base + u.CompletionTokens}
+			if u.PromptTokensDetails != nil {
+				g.usage.PromptTokensDetails = &struct {
+					CachedTokens int `json:"cached_tokens"`
+				}{u.PromptTokensDetails.CachedTokens}
+			}
 		}
 		return true, g.End(nil)
 	}
 	return false, nil
 }
 
-// End closes the message and sends the terminal event: response.failed
-// when e is not nil, .incomplete when the engine stopped at the length
-// limit, else .completed.
+// End closes the open items and sends the terminal event:
+// response.failed when e is not nil, .incomplete when the engine stopped
+// at the length limit (the items still open then are incomplete), else
+// .completed.
 func (g *Gen) End(e *schemas.Error) error {
-	if g.msgIdx >= 0 {
-		idx, id, txt := g.msgIdx, g.Resp.Output[g.msgIdx].ID, g.text.String()
-		if err := g.send(Event{Type: "response.output_text.done", ItemID: id, OutputIndex: ptr(idx), ContentIndex: ptr(0),
-			Text: &txt, Logprobs: json.RawMessage("[]")}); err != nil {
-			return err
-		}
-		part := textPart("output_text", txt)
-		if err := g.send(Event{Type: "response.content_part.done", ItemID: id, OutputIndex: ptr(idx), ContentIndex: ptr(0), Part: &part}); err != nil {
-			return err
-		}
-		it := Item{Type: "message", ID: id, Status: StatusCompleted, Role: "assistant", Content: []Content{part}}
-		if e != nil || g.finish == "length" {
-			it.Status = StatusIncomplete
-		}
-		if err := g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(idx), Item: &it}); err != nil {
-			return err
-		}
-		g.Resp.Output[idx] = it
+	status := StatusCompleted
+	if e != nil || g.finish == "length" {
+		status = StatusIncomplete
 	}
-	if e == nil {
-		for _, call := range g.calls {
-			idx := len(g.Resp.Output)
-			added := call
-			added.Status, added.Arguments = StatusInProgress, ""
-			if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &added}); err != nil {
-				return err
-			}
-			// The arguments whole, in one delta: the engine's tool-call
-			// deltas are not streamed as they come (the SDKs' helpers
-			// build arguments from deltas only).
-			args := call.Arguments
-			if err := g.send(Event{Type: "response.function_call_arguments.delta", ItemID: call.ID, OutputIndex: ptr(idx), Delta: &args}); err != nil {
-				return err
-			}
-			if err := g.send(Event{Type: "response.function_call_arguments.done", ItemID: call.ID, OutputIndex: ptr(idx),
-				Name: call.Name, Arguments: &args}); err != nil {
-				return err
-			}
-			if err := g.send(Event{Type: "response.output_item.done", OutputIndex: ptr(idx), Item: &call}); err != nil {
-				return err
-			}
-			g.Resp.Output = append(g.Resp.Output, call)
-		}
+	if err := g.closeText(&g.rs, status); err != nil {
+		return err
+	}
+	if err := g.closeText(&g.msg, status); err != nil {
+		return err
+	}
+	if err := g.closeCalls(status); err != nil {
+		return err
 	}
 	r := *g.Resp
-	r.Usage = newUsage(g.usageIn, max(g.usageOut, g.tokens))
+	u := g.usage
+	cached, reasoning := 0, 0
+	if u.PromptTokensDetails != nil {
+		cached = u.PromptTokensDetails.CachedTokens
+	}
+	if u.CompletionTokensDetails != nil {
+		reasoning = u.CompletionTokensDetails.ReasoningTokens
+	}
+	r.Usage = newUsage(u.PromptTokens, max(u.CompletionTokens, g.tokens), cached, reasoning)
 	typ := "response.completed"
 	switch {
 	case e != nil:
@@ -304,13 +506,27 @@ func (g *Gen) End(e *schemas.Error) error {
 }
 
 // Resume is the request that continues a replayed response on another
-// runner: body continued after the text its events hold; nil when the
-// text had already reached max_output_tokens.
+// runner: nil when what was sent had reached max_output_tokens. The
+// reasoning or calls the dead runner left open are ended incomplete (a
+// new run cannot go on with them: it reasons and calls again, in new
+// items); an open message's text is continued as a final assistant
+// message (continue_final_message). max_tokens is reduced by every delta
+// sent.
 func (g *Gen) Resume(body []byte) ([]byte, error) {
+	if err := g.closeText(&g.rs, StatusIncomplete); err != nil {
+		return nil, err
+	}
+	if err := g.closeCalls(StatusIncomplete); err != nil {
+		return nil, err
+	}
 	if g.tokens == 0 {
 		return body, nil
 	}
-	out, done, err := continued(body, g.text.String(), g.tokens)
+	text := ""
+	if g.msg != nil {
+		text = g.msg.text.String()
+	}
+	out, done, err := continued(body, text, g.tokens)
 	if done {
 		g.finish = "length"
 		return nil, err

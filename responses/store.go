@@ -115,16 +115,25 @@ func (r *Record) Conversation() []Item {
 	return append(out, r.Response.Output...)
 }
 
-// New is the response object of req, in progress.
+// New is the response object of req, in progress: it echoes what the
+// request set, and the defaults of what it did not.
 func New(id string, req *CreateRequest, created time.Time) *Response {
 	r := &Response{ID: id, Object: "response", CreatedAt: created.Unix(), Status: StatusInProgress,
 		Background: req.Background, Instructions: req.Instructions, MaxOutputTokens: req.MaxOutputTokens,
-		Model: req.Model, Output: []Item{}, ParallelToolCalls: req.ParallelToolCalls == nil || *req.ParallelToolCalls,
-		PreviousResponseID: req.PreviousResponseID, Store: req.Stored(), Temperature: req.Temperature, TopP: req.TopP,
-		Text: json.RawMessage(`{"format":{"type":"text"}}`), ToolChoice: json.RawMessage(`"auto"`), Tools: req.Tools,
-		Truncation: "disabled", Metadata: req.Metadata}
+		MaxToolCalls: req.MaxToolCalls, Model: req.Model, Output: []Item{},
+		ParallelToolCalls:  req.ParallelToolCalls == nil || *req.ParallelToolCalls,
+		PreviousResponseID: req.PreviousResponseID, PromptCacheKey: req.PromptCacheKey, Reasoning: req.Reasoning,
+		SafetyIdentifier: req.SafetyIdentifier, ServiceTier: "default", Store: req.Stored(), Temperature: req.Temperature,
+		Text: echoText(req.Text), ToolChoice: json.RawMessage(`"auto"`), Tools: req.Tools, TopLogprobs: req.TopLogprobs,
+		TopP: req.TopP, Truncation: TruncationDisabled, Metadata: req.Metadata}
 	if len(req.ToolChoice) > 0 && string(req.ToolChoice) != "null" {
 		r.ToolChoice = req.ToolChoice
+	}
+	if req.Truncates() {
+		r.Truncation = TruncationAuto
+	}
+	if req.ServiceTier != nil && *req.ServiceTier == "flex" {
+		r.ServiceTier = "flex"
 	}
 	if r.Tools == nil {
 		r.Tools = []json.RawMessage{}
@@ -139,6 +148,17 @@ func New(id string, req *CreateRequest, created time.Time) *Response {
 		r.User = &req.User
 	}
 	return r
+}
+
+// echoText is the response's text: the format as sent (text when none),
+// and the verbosity (medium, the only one served).
+func echoText(t *TextConfig) json.RawMessage {
+	out := TextConfig{Format: json.RawMessage(`{"type":"text"}`), Verbosity: ptr("medium")}
+	if t != nil && len(t.Format) > 0 && string(t.Format) != "null" {
+		out.Format = t.Format
+	}
+	b, _ := json.Marshal(out)
+	return b
 }
 
 // Open makes (or finds) the bucket and streams, with the limits above.

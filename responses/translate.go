@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nuid"
@@ -87,16 +88,58 @@ func item(raw json.RawMessage, param string) (Item, error) {
 		}
 		return Item{Type: "function_call", ID: id, Status: StatusCompleted, CallID: v.CallID, Name: v.Name, Arguments: v.Arguments}, nil
 	case "function_call_output":
-		var out string
-		if json.Unmarshal(v.Output, &out) != nil {
-			out = string(v.Output) // a list of parts or an object: passed on as JSON
+		out, err := callOutput(v.Output, param+".output")
+		if err != nil {
+			return Item{}, err
 		}
 		if id == "" {
 			id = "fco_" + nuid.Next()
 		}
 		return Item{Type: "function_call_output", ID: id, Status: StatusCompleted, CallID: v.CallID, Output: out}, nil
+	case "reasoning":
+		// An earlier response's reasoning, given back with its output (the
+		// SDKs' agent loops do): kept with the input, not sent to the
+		// engine (chat templates drop earlier turns' reasoning).
+		var r struct {
+			Summary []Content `json:"summary"`
+			Content []Content `json:"content"`
+		}
+		_ = json.Unmarshal(raw, &r)
+		if id == "" {
+			id = "rs_" + nuid.Next()
+		}
+		return Item{Type: "reasoning", ID: id, Status: StatusCompleted, Summary: r.Summary, Content: r.Content}, nil
 	}
-	return Item{}, schemas.ErrResponseInput.At(param+".type", param+".type", "item type '"+v.Type+"' is not supported (message, function_call and function_call_output are)")
+	return Item{}, schemas.ErrResponseInput.At(param+".type", param+".type",
+		"item type '"+v.Type+"' is not supported (message, function_call, function_call_output and reasoning are)")
+}
+
+// callOutput is a function call's output as the chat tool message's
+// content: a string, or the text of a list of input_text parts.
+func callOutput(raw json.RawMessage, param string) (string, error) {
+	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
+		return "", schemas.ErrMissingParam.At(param, param)
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", schemas.ErrInvalidType.At(param, param, "a string or an array of content parts", "another type")
+	}
+	var b strings.Builder
+	for i, p := range parts {
+		if p.Type != "input_text" || p.Text == nil {
+			return "", schemas.ErrResponseInput.At(fmt.Sprintf("%s[%d].type", param, i), fmt.Sprintf("%s[%d].type", param, i),
+				"output of type '"+p.Type+"' is not supported (input_text is)")
+		}
+		b.WriteString(*p.Text)
+	}
+	return b.String(), nil
 }
 
 func contentParts(raw json.RawMessage, role, param string) ([]Content, error) {
@@ -167,16 +210,15 @@ type toolCall struct {
 	} `json:"function"`
 }
 
-// ChatBody is the chat completions request that generates the response of
-// req, whose conversation is history (the items of the responses before it,
-// by previous_response_id) and input. It streams, with usage.
-func ChatBody(req *CreateRequest, history, input []Item) ([]byte, error) {
+// chatMessages is the conversation as chat messages: instructions as a
+// system message, then the items (reasoning items are not sent).
+func chatMessages(req *CreateRequest, items []Item) []chatMessage {
 	var msgs []chatMessage
 	if req.Instructions != nil && *req.Instructions != "" {
 		s := *req.Instructions
 		msgs = append(msgs, chatMessage{Role: "system", Content: &s})
 	}
-	for _, it := range append(history[:len(history):len(history)], input...) {
+	for _, it := range items {
 		switch it.Type {
 		case "message":
 			role := it.Role
@@ -199,9 +241,17 @@ func ChatBody(req *CreateRequest, history, input []Item) ([]byte, error) {
 			msgs = append(msgs, chatMessage{Role: "tool", Content: &s, ToolCallID: it.CallID})
 		}
 	}
+	return msgs
+}
+
+// ChatBody is the chat completions request that generates the response of
+// req, whose conversation is history (the items of the responses before it,
+// by previous_response_id) and input. It streams, with usage. Parse has
+// checked req's values; tools and tool_choice are checked here.
+func ChatBody(req *CreateRequest, history, input []Item) ([]byte, error) {
 	body := map[string]any{
 		"model":          req.Model,
-		"messages":       msgs,
+		"messages":       chatMessages(req, append(history[:len(history):len(history)], input...)),
 		"stream":         true,
 		"stream_options": map[string]bool{"include_usage": true},
 	}
@@ -220,33 +270,126 @@ func ChatBody(req *CreateRequest, history, input []Item) ([]byte, error) {
 	if req.User != "" {
 		body["user"] = req.User
 	}
-	if len(req.Tools) > 0 {
-		tools, err := chatTools(req.Tools)
+	if err := chatToolFields(req, body); err != nil {
+		return nil, err
+	}
+	if req.Text != nil {
+		f, err := readFormat(req.Text.Format)
 		if err != nil {
 			return nil, err
 		}
-		body["tools"] = tools
-		if tc := chatToolChoice(req.ToolChoice); tc != nil {
-			body["tool_choice"] = tc
+		if rf := responseFormat(f); rf != nil {
+			body["response_format"] = rf
 		}
-		if req.ParallelToolCalls != nil {
-			body["parallel_tool_calls"] = *req.ParallelToolCalls
+	}
+	if r := req.Reasoning; r != nil && r.Effort != nil {
+		body["reasoning_effort"] = *r.Effort
+	}
+	if req.Logprobs() {
+		body["logprobs"] = true
+		if req.TopLogprobs != nil && *req.TopLogprobs > 0 {
+			body["top_logprobs"] = *req.TopLogprobs
 		}
+	}
+	// vLLM's extras, as its own /v1/responses passes them to sampling.
+	if req.TopK != nil {
+		body["top_k"] = *req.TopK
+	}
+	if len(req.LogitBias) > 0 && string(req.LogitBias) != "null" {
+		body["logit_bias"] = req.LogitBias
+	}
+	if req.SkipSpecialTokens != nil {
+		body["skip_special_tokens"] = *req.SkipSpecialTokens
+	}
+	if req.Priority != nil {
+		body["priority"] = *req.Priority
+	}
+	if req.CacheSalt != nil {
+		body["cache_salt"] = *req.CacheSalt
 	}
 	return json.Marshal(body)
 }
 
+// responseFormat is chat's response_format for text.format: json_schema
+// nests what Responses flattens; text is chat's default (nothing sent).
+func responseFormat(f *textFormat) any {
+	if f == nil {
+		return nil
+	}
+	switch f.Type {
+	case formatJSONObject:
+		return map[string]string{"type": formatJSONObject}
+	case formatJSONSchema:
+		js := map[string]any{"name": *f.Name, "schema": f.Schema}
+		if f.Strict != nil {
+			js["strict"] = *f.Strict
+		}
+		if f.Description != nil {
+			js["description"] = *f.Description
+		}
+		return map[string]any{"type": formatJSONSchema, "json_schema": js}
+	}
+	return nil
+}
+
+// chatToolFields sets the chat request's tools, tool_choice and
+// parallel_tool_calls from req's.
+func chatToolFields(req *CreateRequest, body map[string]any) error {
+	tools, err := chatTools(req.Tools)
+	if err != nil {
+		return err
+	}
+	choice, allowed, err := chatToolChoice(req.ToolChoice, tools)
+	if err != nil {
+		return err
+	}
+	if allowed != nil {
+		kept := tools[:0:0]
+		for _, t := range tools {
+			if slices.Contains(allowed, t.Function.Name) {
+				kept = append(kept, t)
+			}
+		}
+		tools = kept
+	}
+	if len(tools) == 0 {
+		if choice == "none" || choice == "auto" || choice == nil {
+			return nil // nothing to call: no tool fields (vLLM refuses tool_choice without tools)
+		}
+		return schemas.ErrResponseInput.At("tool_choice", "tool_choice", "a tool choice needs tools")
+	}
+	body["tools"] = tools
+	if choice != nil {
+		body["tool_choice"] = choice
+	}
+	if req.ParallelToolCalls != nil {
+		body["parallel_tool_calls"] = *req.ParallelToolCalls
+	}
+	return nil
+}
+
+// chatTool is a chat API tool.
+type chatTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description,omitempty"`
+		Parameters  json.RawMessage `json:"parameters,omitempty"`
+		Strict      *bool           `json:"strict,omitempty"`
+	} `json:"function"`
+}
+
 // chatTools turns Responses function tools ({type, name, description,
 // parameters, strict}) into chat tools ({type, function: {...}}).
-func chatTools(tools []json.RawMessage) ([]any, error) {
-	out := make([]any, 0, len(tools))
+func chatTools(tools []json.RawMessage) ([]chatTool, error) {
+	out := make([]chatTool, 0, len(tools))
 	for i, raw := range tools {
 		var t struct {
 			Type        string          `json:"type"`
 			Name        string          `json:"name"`
-			Description string          `json:"description,omitempty"`
-			Parameters  json.RawMessage `json:"parameters,omitempty"`
-			Strict      *bool           `json:"strict,omitempty"`
+			Description string          `json:"description"`
+			Parameters  json.RawMessage `json:"parameters"`
+			Strict      *bool           `json:"strict"`
 		}
 		param := fmt.Sprintf("tools[%d]", i)
 		if err := json.Unmarshal(raw, &t); err != nil {
@@ -258,30 +401,75 @@ func chatTools(tools []json.RawMessage) ([]any, error) {
 		if t.Name == "" {
 			return nil, schemas.ErrMissingParam.At(param+".name", param+".name")
 		}
-		out = append(out, map[string]any{"type": "function", "function": map[string]any{"name": t.Name,
-			"description": t.Description, "parameters": t.Parameters, "strict": t.Strict}})
+		var ct chatTool
+		ct.Type = "function"
+		ct.Function.Name, ct.Function.Description, ct.Function.Strict = t.Name, t.Description, t.Strict
+		if len(t.Parameters) > 0 && string(t.Parameters) != "null" {
+			ct.Function.Parameters = t.Parameters
+		}
+		out = append(out, ct)
 	}
 	return out, nil
 }
 
-// chatToolChoice: "auto", "none", "required" pass; {type:function, name}
-// becomes the chat form.
-func chatToolChoice(raw json.RawMessage) any {
+// chatToolChoice is chat's tool_choice for a Responses tool_choice:
+// "auto", "none" and "required" as they are, {type: function, name} in
+// chat's nested form, and {type: allowed_tools, mode, tools} as mode with
+// the tools narrowed to those named (allowed). nil: not set.
+func chatToolChoice(raw json.RawMessage, tools []chatTool) (choice any, allowed []string, err error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil
+		return nil, nil, nil
+	}
+	known := func(name string) bool {
+		return slices.ContainsFunc(tools, func(t chatTool) bool { return t.Function.Name == name })
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return s
+		switch s {
+		case "auto", "none", "required":
+			return s, nil, nil
+		}
+		return nil, nil, schemas.ErrResponseInput.At("tool_choice", "tool_choice", "expected auto, none, required or an object, got '"+s+"'")
 	}
 	var f struct {
-		Type string `json:"type"`
-		Name string `json:"name"`
+		Type  string `json:"type"`
+		Name  string `json:"name"`
+		Mode  string `json:"mode"`
+		Tools []struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+		} `json:"tools"`
 	}
-	if json.Unmarshal(raw, &f) == nil && f.Type == "function" {
-		return map[string]any{"type": "function", "function": map[string]string{"name": f.Name}}
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return nil, nil, schemas.ErrInvalidType.At("tool_choice", "tool_choice", "a string or an object", "another type")
 	}
-	return nil
+	switch f.Type {
+	case "function":
+		if f.Name == "" {
+			return nil, nil, schemas.ErrMissingParam.At("tool_choice.name", "tool_choice.name")
+		}
+		if !known(f.Name) {
+			return nil, nil, schemas.ErrResponseInput.At("tool_choice.name", "tool_choice.name", "no function tool is named '"+f.Name+"'")
+		}
+		return map[string]any{"type": "function", "function": map[string]string{"name": f.Name}}, nil, nil
+	case "allowed_tools":
+		if f.Mode != "auto" && f.Mode != "required" {
+			return nil, nil, schemas.ErrResponseInput.At("tool_choice.mode", "tool_choice.mode", "expected auto or required, got '"+f.Mode+"'")
+		}
+		allowed = []string{}
+		for i, t := range f.Tools {
+			param := fmt.Sprintf("tool_choice.tools[%d]", i)
+			if t.Type != "function" {
+				return nil, nil, schemas.ErrResponseInput.At(param+".type", param+".type", "tool type '"+t.Type+"' is not supported (function tools are)")
+			}
+			if !known(t.Name) {
+				return nil, nil, schemas.ErrResponseInput.At(param+".name", param+".name", "no function tool is named '"+t.Name+"'")
+			}
+			allowed = append(allowed, t.Name)
+		}
+		return f.Mode, allowed, nil
+	}
+	return nil, nil, schemas.ErrResponseInput.At("tool_choice.type", "tool_choice.type", "tool choice type '"+f.Type+"' is not supported (function and allowed_tools are)")
 }
 
 // continued is body continued after text (tokens of it), as the client's
@@ -297,11 +485,13 @@ func continued(body []byte, text string, tokens int) (out []byte, done bool, err
 	if err := json.Unmarshal(m["messages"], &msgs); err != nil {
 		return nil, false, err
 	}
-	msg, _ := json.Marshal(chatMessage{Role: "assistant", Content: &text})
-	msgs = append(msgs, msg)
-	m["messages"], _ = json.Marshal(msgs)
-	m["continue_final_message"] = json.RawMessage("true")
-	m["add_generation_prompt"] = json.RawMessage("false")
+	if text != "" { // else only the budget is less (what was sent had no text: reasoning, calls)
+		msg, _ := json.Marshal(chatMessage{Role: "assistant", Content: &text})
+		msgs = append(msgs, msg)
+		m["messages"], _ = json.Marshal(msgs)
+		m["continue_final_message"] = json.RawMessage("true")
+		m["add_generation_prompt"] = json.RawMessage("false")
+	}
 	if v, ok := m["max_tokens"]; ok {
 		var limit int
 		if json.Unmarshal(v, &limit) == nil {

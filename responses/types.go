@@ -1,10 +1,14 @@
 package responses
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"slices"
+)
 
-// CreateRequest is the body of POST /v1/responses: the fields tokenbus
-// reads. Others (text, truncation, reasoning, include...) are accepted and
-// not acted on.
+// CreateRequest is the body of POST /v1/responses. Parse reads it:
+// every field is one of OpenAI's ResponseCreateParams or one of vLLM's
+// Responses extras, and is honoured, passed to the engine or refused
+// (docs/responses.md has the table).
 type CreateRequest struct {
 	Model              string            `json:"model"`
 	Input              json.RawMessage   `json:"input"`
@@ -21,7 +25,64 @@ type CreateRequest struct {
 	ToolChoice         json.RawMessage   `json:"tool_choice"`
 	ParallelToolCalls  *bool             `json:"parallel_tool_calls"`
 	User               string            `json:"user"`
+
+	Include     []string    `json:"include"`
+	Text        *TextConfig `json:"text"`
+	Reasoning   *Reasoning  `json:"reasoning"`
+	Truncation  *string     `json:"truncation"`
+	TopLogprobs *int        `json:"top_logprobs"`
+	// Accepted and echoed: see docs/responses.md for what each does here.
+	MaxToolCalls         *int    `json:"max_tool_calls"`
+	ServiceTier          *string `json:"service_tier"`
+	SafetyIdentifier     *string `json:"safety_identifier"`
+	PromptCacheKey       *string `json:"prompt_cache_key"`
+	PromptCacheRetention *string `json:"prompt_cache_retention"`
+	StreamOptions        *struct {
+		IncludeObfuscation *bool `json:"include_obfuscation"`
+	} `json:"stream_options"`
+
+	// vLLM's Responses extras, passed to the engine's chat request.
+	TopK              *int            `json:"top_k"`
+	LogitBias         json.RawMessage `json:"logit_bias"`
+	SkipSpecialTokens *bool           `json:"skip_special_tokens"`
+	Priority          *int            `json:"priority"`
+	CacheSalt         *string         `json:"cache_salt"`
 }
+
+// TextConfig is the request's and the response's text: the output format
+// (kept as sent: the response echoes it) and verbosity.
+type TextConfig struct {
+	Format    json.RawMessage `json:"format,omitempty"`
+	Verbosity *string         `json:"verbosity,omitempty"`
+}
+
+// Reasoning is the request's and the response's reasoning options.
+type Reasoning struct {
+	Effort          *string `json:"effort"`
+	Summary         *string `json:"summary"`
+	GenerateSummary *string `json:"generate_summary,omitempty"`
+	Context         *string `json:"context,omitempty"`
+	Mode            *string `json:"mode,omitempty"`
+}
+
+// IncludeLogprobs is the include value whose logprobs tokenbus serves.
+const IncludeLogprobs = "message.output_text.logprobs"
+
+// Logprobs says whether the output text's logprobs are asked for.
+func (r *CreateRequest) Logprobs() bool {
+	return slices.Contains(r.Include, IncludeLogprobs) || r.TopLogprobs != nil && *r.TopLogprobs > 0
+}
+
+// Truncates says whether truncation is "auto".
+func (r *CreateRequest) Truncates() bool {
+	return r.Truncation != nil && *r.Truncation == TruncationAuto
+}
+
+// Truncation strategies.
+const (
+	TruncationAuto     = "auto"
+	TruncationDisabled = "disabled"
+)
 
 // Stored says whether the response is kept (store defaults to true).
 func (r *CreateRequest) Stored() bool { return r.Store == nil || *r.Store }
@@ -37,15 +98,21 @@ type Response struct {
 	IncompleteDetails  *Incomplete       `json:"incomplete_details"`
 	Instructions       *string           `json:"instructions"`
 	MaxOutputTokens    *int              `json:"max_output_tokens"`
+	MaxToolCalls       *int              `json:"max_tool_calls"`
 	Model              string            `json:"model"`
 	Output             []Item            `json:"output"`
 	ParallelToolCalls  bool              `json:"parallel_tool_calls"`
 	PreviousResponseID *string           `json:"previous_response_id"`
+	PromptCacheKey     *string           `json:"prompt_cache_key"`
+	Reasoning          *Reasoning        `json:"reasoning"`
+	SafetyIdentifier   *string           `json:"safety_identifier"`
+	ServiceTier        string            `json:"service_tier,omitempty"`
 	Store              bool              `json:"store"`
 	Temperature        *float64          `json:"temperature"`
 	Text               json.RawMessage   `json:"text"`
 	ToolChoice         json.RawMessage   `json:"tool_choice"`
 	Tools              []json.RawMessage `json:"tools"`
+	TopLogprobs        *int              `json:"top_logprobs"`
 	TopP               *float64          `json:"top_p"`
 	Truncation         string            `json:"truncation"`
 	Usage              *Usage            `json:"usage"`
@@ -85,39 +152,50 @@ type Incomplete struct {
 
 // Usage is a response's token counts.
 type Usage struct {
-	InputTokens         int             `json:"input_tokens"`
-	InputTokensDetails  json.RawMessage `json:"input_tokens_details"`
-	OutputTokens        int             `json:"output_tokens"`
-	OutputTokensDetails json.RawMessage `json:"output_tokens_details"`
-	TotalTokens         int             `json:"total_tokens"`
+	InputTokens         int          `json:"input_tokens"`
+	InputTokensDetails  InputDetails `json:"input_tokens_details"`
+	OutputTokens        int          `json:"output_tokens"`
+	OutputTokensDetails struct {
+		ReasoningTokens int `json:"reasoning_tokens"`
+	} `json:"output_tokens_details"`
+	TotalTokens int `json:"total_tokens"`
 }
 
-func newUsage(in, out int) *Usage {
-	return &Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out,
-		InputTokensDetails:  json.RawMessage(`{"cached_tokens":0}`),
-		OutputTokensDetails: json.RawMessage(`{"reasoning_tokens":0}`)}
+// InputDetails is usage's input_tokens_details.
+type InputDetails struct {
+	CachedTokens     int `json:"cached_tokens"`
+	CacheWriteTokens int `json:"cache_write_tokens"`
 }
 
-// Item is an input or output item: a message, a function call or a
-// function call's output (the fields of the other types are empty).
+func newUsage(in, out, cached, reasoning int) *Usage {
+	u := &Usage{InputTokens: in, OutputTokens: out, TotalTokens: in + out, InputTokensDetails: InputDetails{CachedTokens: cached}}
+	u.OutputTokensDetails.ReasoningTokens = reasoning
+	return u
+}
+
+// Item is an input or output item: a message, a reasoning item, a
+// function call or a function call's output (the fields of the other
+// types are empty).
 type Item struct {
 	Type      string    `json:"type"`
 	ID        string    `json:"id,omitempty"`
 	Status    string    `json:"status,omitempty"`
 	Role      string    `json:"role,omitempty"`
 	Content   []Content `json:"content,omitempty"`
+	Summary   []Content `json:"summary,omitempty"` // reasoning: summary_text parts (tokenbus makes none)
 	CallID    string    `json:"call_id,omitempty"`
 	Name      string    `json:"name,omitempty"`
 	Arguments string    `json:"arguments,omitempty"`
 	Output    string    `json:"output,omitempty"`
 }
 
-// Content is a text part of a message: input_text or output_text.
+// Content is a text part: input_text, output_text, reasoning_text or
+// summary_text.
 type Content struct {
 	Type        string          `json:"type"`
 	Text        string          `json:"text"`
 	Annotations json.RawMessage `json:"annotations,omitempty"` // [] on output_text
-	Logprobs    json.RawMessage `json:"logprobs,omitempty"`
+	Logprobs    json.RawMessage `json:"logprobs,omitempty"`    // on output_text: [] unless asked for
 }
 
 // Event is one streaming event. Only the fields of its type are set.
@@ -166,7 +244,9 @@ type ItemList struct {
 }
 
 // MarshalJSON writes a message's content even when empty (the SDKs'
-// stream helpers append to it), and other items without one.
+// stream helpers append to it), a reasoning item's summary and content
+// (summary is required), a function call's arguments, and other items
+// without them.
 func (it Item) MarshalJSON() ([]byte, error) {
 	type plain Item
 	switch it.Type {
@@ -175,16 +255,24 @@ func (it Item) MarshalJSON() ([]byte, error) {
 			plain
 			Arguments string `json:"arguments"`
 		}{plain(it), it.Arguments})
+	case "reasoning":
+		return json.Marshal(struct {
+			plain
+			Summary []Content `json:"summary"`
+			Content []Content `json:"content"`
+		}{plain(it), orEmpty(it.Summary), orEmpty(it.Content)})
 	case "message":
-	default:
-		return json.Marshal(plain(it))
+		return json.Marshal(struct {
+			plain
+			Content []Content `json:"content"`
+		}{plain(it), orEmpty(it.Content)})
 	}
-	c := it.Content
+	return json.Marshal(plain(it))
+}
+
+func orEmpty(c []Content) []Content {
 	if c == nil {
-		c = []Content{}
+		return []Content{}
 	}
-	return json.Marshal(struct {
-		plain
-		Content []Content `json:"content"`
-	}{plain(it), c})
+	return c
 }

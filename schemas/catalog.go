@@ -467,6 +467,19 @@ var (
 	ErrResponseInput = def(secResponses, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': %s.",
 		When:    "POST /v1/responses with an input item, content part or tool tokenbus cannot translate to the engine's chat API (images, files, built-in tools), or background without store."})
+	ErrResponseUnknownParam = def(secResponses, ErrorDef{Code: "unknown_parameter", Status: s400, Type: TypeInvalidRequest,
+		Message: "Unknown parameter: '%s'.",
+		When:    "POST /v1/responses with a field that is neither one of OpenAI's Responses API nor one of vLLM's Responses extras tokenbus passes on (docs/responses.md lists every field); param names it."})
+	ErrResponseUnsupported = def(secResponses, ErrorDef{Code: "unsupported_parameter", Status: s400, Type: TypeInvalidRequest,
+		Message: "Unsupported parameter: '%s' is not supported by tokenbus (%s).",
+		When:    "POST /v1/responses with a Responses field tokenbus cannot serve set to something other than null (conversation, prompt, moderation, context_management...); param names it."})
+	ErrResponseUnsupportedValue = def(secResponses, ErrorDef{Code: "unsupported_value", Status: s400, Type: TypeInvalidRequest,
+		Message: "Unsupported value: '%s' does not support '%s' with tokenbus (%s).",
+		When:    "POST /v1/responses with a value tokenbus cannot serve: an include other than message.output_text.logprobs, a service_tier above the default, reasoning.summary concise or detailed, text.verbosity other than medium...; param names the field (include[1], reasoning.summary)."})
+	ErrResponseContextLength = def(secResponses, ErrorDef{Code: "context_length_exceeded", Status: s400, Type: TypeInvalidRequest, Param: "input",
+		Message: "Your input exceeds the context window of this model. Please adjust your input and try again. (%s)",
+		When: "POST /v1/responses with truncation \"disabled\" (the default) whose input and max_output_tokens do not fit the model's max_model_len, or with \"auto\" when even the last input item does not fit. " +
+			"Counted with the engine's tokenizer (a tokenize request on the bus) when the estimate (4 bytes a token) comes near the limit, with the estimate alone for engines without one."})
 	ErrResponseState = def(secResponses, ErrorDef{Status: s400, Type: TypeInvalidRequest,
 		Message: "%s",
 		When:    "Cancel of a response that is not a background one or has already ended; a stream of a response that was not created with background."})

@@ -28,7 +28,7 @@
 //	st.Flush()
 //	st.Run(ctx, func(st *httpstream.Stream) {           // the handler returns right after
 //		... st.WriteEvents(p); st.Flush() ...           // one Flush per burst
-//		st.Done()                                        // or st.Fail(e): error event, [DONE]
+//		st.Done()                                        // or st.Fail(e): error event, [DONE]; or st.End()
 //	})
 //
 // # Rules
@@ -58,7 +58,7 @@
 //     error event, no longer blocked on a client that reads nothing) and the
 //     connection is not reused.
 //   - After the function returns, Run stops the watcher given to Begin, then
-//     hands the connection back to fasthttp (Server.ServeConn) if Done or Fail
+//     hands the connection back to fasthttp (Server.ServeConn) if Done, Fail or End
 //     ended the body cleanly before Run's context ended, the request was
 //     HTTP/1.1 without Connection: close, and Drain has not been called; else
 //     it closes it. Bytes a pipelining client sent ahead are served first.

@@ -358,7 +358,9 @@ func (st *Stream) release() {
 
 // The bytes of an SSE stream on /v1: data lines only, no ids or event names
 // (some OpenAI SDKs break on those), and comments only as keep-alives before
-// the first token of a request held for capacity (Comment).
+// the first token of a request held for capacity (Comment). The Responses
+// API's streams are the exception: named events (WriteEvent), as OpenAI
+// sends them, and no [DONE] (End).
 var (
 	sseData = []byte("data: ")
 	sseEnd  = []byte("\n\n")
@@ -391,6 +393,30 @@ func (st *Stream) Comment(text string) error {
 }
 
 var sseComment = []byte(": ")
+
+var sseEvent = []byte("event: ")
+
+// WriteEvent adds one named event, "event: <name>\ndata: <data>\n\n": the
+// Responses API's form (its SDKs read the name; chat's do not take one).
+// data must be one line (compact JSON). Flush sends it.
+func (st *Stream) WriteEvent(name string, data []byte) error {
+	_ = st.add(sseEvent)
+	_ = st.add([]byte(name))
+	_ = st.add([]byte("\n"))
+	_ = st.add(sseData)
+	_ = st.add(data)
+	return st.add(sseEnd)
+}
+
+// End ends the stream as it is, with no [DONE]: a Responses stream ends
+// after its terminal event. Like Done, it belongs to the function given
+// to Run.
+func (st *Stream) End() error {
+	if !st.running {
+		return errNotRunning
+	}
+	return st.end()
+}
 
 // Done ends the stream: [DONE] and the end of the body, sent.
 func (st *Stream) Done() error {
