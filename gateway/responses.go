@@ -58,6 +58,9 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if err := g.resolveItemRefs(c, input); err != nil {
+		return err
+	}
 	var history []responses.Item
 	if req.PreviousResponseID != nil && *req.PreviousResponseID != "" {
 		if store == nil {

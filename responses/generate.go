@@ -185,7 +185,7 @@ func (g *Gen) reasoning(s string) error {
 			return err
 		}
 		idx := len(g.Resp.Output)
-		it := Item{Type: "reasoning", ID: "rs_" + nuid.Next(), Status: StatusInProgress}
+		it := Item{Type: "reasoning", ID: outputItemID("rs", g.Resp.ID), Status: StatusInProgress}
 		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
 			return err
 		}
@@ -208,7 +208,7 @@ func (g *Gen) text(s string, lps []tokenLogprob) error {
 			return err
 		}
 		idx := len(g.Resp.Output)
-		it := Item{Type: "message", ID: "msg_" + nuid.Next(), Status: StatusInProgress, Role: "assistant", Content: []Content{}}
+		it := Item{Type: "message", ID: outputItemID("msg", g.Resp.ID), Status: StatusInProgress, Role: "assistant", Content: []Content{}}
 		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
 			return err
 		}
@@ -241,7 +241,7 @@ func (g *Gen) toolCall(tc chatToolCall) error {
 			callID = "call_" + nuid.Next()
 		}
 		idx := len(g.Resp.Output)
-		it := Item{Type: "function_call", ID: "fc_" + nuid.Next(), Status: StatusInProgress, CallID: callID, Name: tc.Function.Name}
+		it := Item{Type: "function_call", ID: outputItemID("fc", g.Resp.ID), Status: StatusInProgress, CallID: callID, Name: tc.Function.Name}
 		if err := g.send(Event{Type: "response.output_item.added", OutputIndex: ptr(idx), Item: &it}); err != nil {
 			return err
 		}

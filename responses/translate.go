@@ -109,9 +109,16 @@ func item(raw json.RawMessage, param string) (Item, error) {
 			id = "rs_" + nuid.Next()
 		}
 		return Item{Type: "reasoning", ID: id, Status: StatusCompleted, Summary: r.Summary, Content: r.Content}, nil
+	case "item_reference":
+		// An earlier response's item, by id: the gateway puts the item in
+		// its place from the stored response (itemref.go).
+		if v.ID == "" {
+			return Item{}, schemas.ErrMissingParam.At(param+".id", param+".id")
+		}
+		return Item{Type: "item_reference", ID: v.ID}, nil
 	}
 	return Item{}, schemas.ErrResponseInput.At(param+".type", param+".type",
-		"item type '"+v.Type+"' is not supported (message, function_call, function_call_output and reasoning are)")
+		"item type '"+v.Type+"' is not supported (message, function_call, function_call_output, reasoning and item_reference are)")
 }
 
 // callOutput is a function call's output as the chat tool message's

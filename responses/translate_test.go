@@ -33,7 +33,7 @@ func TestChatMessages(t *testing.T) {
 			`[{"role":"system","content":"be brief"},{"role":"user","content":"q"},{"role":"assistant","content":"a"},{"role":"system","content":"again"}]`, false},
 		{"image", `[{"role":"user","content":[{"type":"input_image","image_url":"x"}]}]`, "", true},
 		{"image output", `[{"type":"function_call_output","call_id":"c","output":[{"type":"input_image","image_url":"x"}]}]`, "", true},
-		{"item reference", `[{"type":"item_reference","id":"msg_1"}]`, "", true},
+		{"item reference without an id", `[{"type":"item_reference"}]`, "", true},
 		{"output missing", `[{"type":"function_call_output","call_id":"c"}]`, "", true},
 		{"empty", `[]`, "", true},
 	}

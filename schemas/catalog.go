@@ -464,6 +464,9 @@ var (
 	ErrResponseNotFound = def(secResponses, ErrorDef{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "id",
 		Message: "Response with id '%s' not found.",
 		When:    "An unknown response id, one stored with store:false, deleted, or a response of another tenant (the same answer)."})
+	ErrItemNotFound = def(secResponses, ErrorDef{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "input",
+		Message: "Item with id '%s' not found.",
+		When:    "An item_reference in a response's input names no item of a stored response of the tenant (one stored with store:false, deleted, another tenant's, or an id this gateway did not make)."})
 	ErrResponseInput = def(secResponses, ErrorDef{Code: "invalid_value", Status: s400, Type: TypeInvalidRequest,
 		Message: "Invalid '%s': %s.",
 		When:    "POST /v1/responses with an input item, content part or tool tokenbus cannot translate to the engine's chat API (images, files, built-in tools), or background without store."})
