@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/tokenbus/tokenbus/client"
 	"github.com/tokenbus/tokenbus/gateway/httpstream"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -31,20 +32,43 @@ const holdComment = "waiting for a worker"
 // first waits for the first frame of a stream: errHeld once it has waited
 // HoldKeepalive held for capacity.
 func (x *exchange) first() (schemas.Frame, error) {
-	ka := x.g.cfg.HoldKeepalive
+	return x.g.firstFrame(x.ctx, x.st)
+}
+
+// firstFrame waits for st's first frame; errHeld once it has waited
+// HoldKeepalive held for capacity (a chat stream, a Responses stream).
+func (g *Gateway) firstFrame(ctx context.Context, st *client.Stream) (schemas.Frame, error) {
+	ka := g.cfg.HoldKeepalive
 	if ka < 0 {
-		return x.st.Next(x.ctx)
+		return st.Next(ctx)
 	}
 	for {
-		ctx, stop := context.WithTimeout(x.ctx, ka)
-		f, err := x.st.Next(ctx)
+		wctx, stop := context.WithTimeout(ctx, ka)
+		f, err := st.Next(wctx)
 		stop()
-		if err == nil || x.ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 			return f, err
 		}
-		if x.st.HeldForCapacity() {
+		if st.HeldForCapacity() {
 			return f, errHeld
 		}
+	}
+}
+
+// nextHeld waits for st's next frame, adding an SSE comment to s (flushed)
+// every HoldKeepalive meanwhile: a stream begun while held for capacity,
+// before its first token.
+func (g *Gateway) nextHeld(ctx context.Context, st *client.Stream, s *httpstream.Stream) (schemas.Frame, error) {
+	for {
+		wctx, stop := context.WithTimeout(ctx, g.cfg.HoldKeepalive)
+		f, err := st.Next(wctx)
+		stop()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			_ = s.Comment(holdComment) // a client gone is the watcher's to notice
+			_ = s.Flush()
+			continue
+		}
+		return f, err
 	}
 }
 
@@ -55,14 +79,7 @@ func (x *exchange) next(s *httpstream.Stream, d *direct) (schemas.Frame, error) 
 		return x.st.Next(x.ctx)
 	}
 	for {
-		ctx, stop := context.WithTimeout(x.ctx, x.g.cfg.HoldKeepalive)
-		f, err := x.st.Next(ctx)
-		stop()
-		if err != nil && x.ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			_ = s.Comment(holdComment) // a client gone is the watcher's to notice
-			_ = s.Flush()
-			continue
-		}
+		f, err := x.g.nextHeld(x.ctx, x.st, s)
 		if err != nil || f.Type == schemas.FrameChunk || f.Type == schemas.FrameDone {
 			x.holding = false
 		}

@@ -196,7 +196,18 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	x.w = g.streams.Watch(c.Context(), st.Buffered, x.cancel, errClientGone)
 	// The first frame before anything is answered: errors before any
 	// token keep their HTTP status.
-	first, err := st.Next(x.ctx)
+	var first schemas.Frame
+	if req.Stream {
+		// A stream held for capacity (a cold start, docs/capacity.md)
+		// begins after HoldKeepalive with its first events and SSE
+		// comments until its first token.
+		first, err = g.firstFrame(x.ctx, st)
+	} else {
+		first, err = st.Next(x.ctx)
+	}
+	if err == errHeld {
+		return x.stream(c, resp, schemas.Frame{}, true)
+	}
 	if err != nil {
 		e := x.fail(err)
 		x.end(false)
@@ -205,7 +216,7 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if !req.Stream {
 		return x.unary(c, resp, first)
 	}
-	return x.stream(c, resp, first)
+	return x.stream(c, resp, first, false)
 }
 
 // writeSSE writes one event as OpenAI does ("event: <type>" then

@@ -127,7 +127,7 @@ func (x *respExchange) unary(c *fiber.Ctx, resp *responses.Response, first schem
 // stream begins the 200 event stream: response.created, .in_progress and
 // the first frame's events from the handler's goroutine, the rest from
 // the stream writer's.
-func (x *respExchange) stream(c *fiber.Ctx, resp *responses.Response, first schemas.Frame) error {
+func (x *respExchange) stream(c *fiber.Ctx, resp *responses.Response, first schemas.Frame, held bool) error {
 	g := x.g
 	firstAt := time.Now()
 	x.w.Touch(firstAt)
@@ -155,13 +155,16 @@ func (x *respExchange) stream(c *fiber.Ctx, resp *responses.Response, first sche
 	})
 	err := gen.Begin()
 	done := false
-	if err == nil {
+	if err == nil && !held {
 		done, err = gen.Feed(first)
+	}
+	if held { // held for capacity: its first events, then comments until a frame comes
+		_ = s.Comment(holdComment)
 	}
 	if !x.st.Buffered() {
 		_ = s.Flush()
 	}
-	s.Run(x.ctx, func(s *httpstream.Stream) { x.writeStream(s, gen, firstAt, done, err) })
+	s.Run(x.ctx, func(s *httpstream.Stream) { x.writeStream(s, gen, firstAt, done, err, held) })
 	return nil
 }
 
@@ -177,7 +180,7 @@ func (x *respExchange) writeEvent(s *httpstream.Stream, ev *responses.Event) err
 // writeStream is the stream writer (httpstream.Stream.Run): the frames
 // after the first turned into events until the response ends, fails or
 // the client goes. done and err are what the first frame's Feed said.
-func (x *respExchange) writeStream(s *httpstream.Stream, gen *responses.Gen, firstAt time.Time, done bool, err error) {
+func (x *respExchange) writeStream(s *httpstream.Stream, gen *responses.Gen, firstAt time.Time, done bool, err error, held bool) {
 	g := x.g
 	finished, outcome := false, "done"
 	var streamErr error
@@ -198,11 +201,25 @@ func (x *respExchange) writeStream(s *httpstream.Stream, gen *responses.Gen, fir
 		endSpan(x.span, fiber.StatusOK, nil, outcome)
 		x.end(finished)
 	}()
-	g.m.ttft.WithLabelValues(x.label).Observe(firstAt.Sub(x.start).Seconds())
+	if !held { // held: observed when its first frame comes
+		g.m.ttft.WithLabelValues(x.label).Observe(firstAt.Sub(x.start).Seconds())
+	}
 	itl := g.m.itl.WithLabelValues(x.label)
 	last := firstAt
 	for !done && err == nil {
-		f, nerr := x.st.Next(x.ctx)
+		var f schemas.Frame
+		var nerr error
+		wasHeld := held
+		if held {
+			f, nerr = g.nextHeld(x.ctx, x.st, s)
+			held = false // Next returns content frames only: the first token (or the end) came
+			if nerr == nil {
+				last = time.Now() // no inter-token latency for the first token
+				g.m.ttft.WithLabelValues(x.label).Observe(last.Sub(x.start).Seconds())
+			}
+		} else {
+			f, nerr = x.st.Next(x.ctx)
+		}
 		now := time.Now()
 		x.w.Touch(now)
 		if nerr != nil {
@@ -219,7 +236,7 @@ func (x *respExchange) writeStream(s *httpstream.Stream, gen *responses.Gen, fir
 			done = true
 			break
 		}
-		if f.Type == schemas.FrameChunk {
+		if f.Type == schemas.FrameChunk && !wasHeld {
 			itl.Observe(now.Sub(last).Seconds())
 			last = now
 		}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -504,5 +505,68 @@ func TestWorkerKilledWhileWaking(t *testing.T) {
 		if err != nil {
 			t.Errorf("request %d: %v", i, err)
 		}
+	}
+}
+
+// A Responses stream held for capacity begins with its first events
+// (response.created, response.in_progress) and SSE comments until its first
+// token, then goes on as usual; the official Go SDK reads it whole.
+func TestHeldResponsesStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: a 2 s cold start")
+	}
+	t.Parallel()
+	rd := testenv.StartRedis(t)
+	d := startDev(t, func(c *program.DevConfig) {
+		c.RedisURL, c.SimWorkers = rd.URL, 0
+		c.HTTP.HoldKeepalive = 300 * time.Millisecond
+	})
+	// Byte for byte: only events and comments before the first token.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	body := `{"model":"llama-8b","stream":true,"max_output_tokens":8,"input":"cold"}`
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, d.URL+"/v1/responses", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	go func() { // the worker, once the stream has begun
+		<-time.After(2 * time.Second)
+		wc := program.DefaultWorker()
+		wc.NATS.URL, wc.RedisURL, wc.Worker.ID = d.NATSURL, rd.URL, "late-responses"
+		w, err := program.StartWorker(context.Background(), wc)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		t.Cleanup(func() { _ = w.Close() })
+	}()
+	sc := bufio.NewScanner(resp.Body)
+	var comments int
+	var types []string
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, ":"):
+			if !slices.Contains(types, "response.output_text.delta") {
+				comments++
+			}
+		case strings.HasPrefix(line, "event: "):
+			types = append(types, strings.TrimPrefix(line, "event: "))
+		}
+	}
+	took := time.Since(start)
+	if comments == 0 || len(types) < 3 || types[0] != "response.created" || types[1] != "response.in_progress" ||
+		!slices.Contains(types, "response.output_text.delta") || types[len(types)-1] != "response.incomplete" { // max_output_tokens reached
+		t.Fatalf("held responses stream: %d comments, events %v", comments, types)
+	}
+	if took < 2*time.Second {
+		t.Fatalf("done after %v, before the worker started", took)
 	}
 }
