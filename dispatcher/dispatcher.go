@@ -757,7 +757,7 @@ func (d *Dispatcher) enqueueLocked(r *request) {
 	spanQueued(r.span, ahead+1)
 	if cold {
 		wait, ahead = 0, q.Len()-1
-		d.heldLocked(r.model, now)
+		d.heldLocked(r.model, r.adapter, now)
 	}
 	b, _ := json.Marshal(schemas.Queued{Position: ahead + 1, WaitMS: wait.Milliseconds(), Band: r.band.String(),
 		Dispatcher: d.cfg.ID, TimeoutMS: expires.Sub(now).Milliseconds(), RequestID: r.id, CancelToken: token,

@@ -44,18 +44,19 @@ func (d *Dispatcher) serving(model string, ad *adapterRef) int {
 
 // holdState is a model with requests held for capacity here.
 type holdState struct {
-	since     time.Time // the first request held
-	announced time.Time // the last demand event
+	since     time.Time   // the first request held
+	announced time.Time   // the last demand event
+	adapter   *adapterRef // the model is this adapter (nil: a base model)
 }
 
 // heldLocked notes that a request for model is held for capacity; the
 // first one publishes the model's demand event at once (the sweep repeats
 // it every HoldBeat).
-func (d *Dispatcher) heldLocked(model string, now time.Time) {
+func (d *Dispatcher) heldLocked(model string, ad *adapterRef, now time.Time) {
 	if d.held[model] != nil {
 		return
 	}
-	d.held[model] = &holdState{since: now}
+	d.held[model] = &holdState{since: now, adapter: ad}
 	d.m.coldStarts.WithLabelValues("started").Inc()
 	d.log.Info("holding requests for capacity: no live worker serves the model", "model", model)
 	q := d.queues[model]
@@ -93,7 +94,7 @@ func (d *Dispatcher) holdSweepLocked(now time.Time) []beat {
 			continue
 		}
 		outcome := "served"
-		if !waiting && d.serving(model, nil) == 0 {
+		if !waiting && d.serving(model, h.adapter) == 0 {
 			outcome = "gave_up" // timed out, cancelled or refused before capacity came
 		}
 		d.m.coldStarts.WithLabelValues(outcome).Inc()
