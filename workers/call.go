@@ -23,6 +23,9 @@ type call struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	span   trace.Span // "generate <model>"; finish ends it
+	// released: its slot is freed and its done notice sent (Worker.release);
+	// only the goroutine serving it touches this.
+	released bool
 
 	adapterBase, adapterPath string // HdrAdapterBase, HdrAdapterPath: a LoRA adapter to load if the engine lacks it
 	cancelToken              string // HdrCancelToken: a cancel must carry it

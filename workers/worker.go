@@ -417,6 +417,11 @@ func (w *Worker) serve(c *call) {
 		}
 		w.m.requests.WithLabelValues("error").Inc()
 		e := schemas.AsError(err)
+		// The done notice (failed) goes out before the error frame: a
+		// client that sends the request again at once (a retry, a
+		// migration) must find its dispatcher told already, or a tenant's
+		// request would count twice against its key.
+		w.release(c)
 		c.sendError(e)
 		c.record("error", e, nil)
 		return
@@ -438,6 +443,16 @@ func (w *Worker) serve(c *call) {
 func (w *Worker) finish(c *call) {
 	c.span.End() // after the last frame
 	c.cancel(nil)
+	w.release(c)
+}
+
+// release frees c's slot and publishes its done notice, once: from finish,
+// or before the error frame of a failed call (serve).
+func (w *Worker) release(c *call) {
+	if c.released {
+		return
+	}
+	c.released = true
 	w.mu.Lock()
 	if w.inflight[c.key()] == c { // a call refused as a duplicate is not the one running
 		delete(w.inflight, c.key())
