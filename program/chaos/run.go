@@ -166,16 +166,25 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 	streamTime := time.Duration(cfg.Tokens) * cfg.Pace
 	limit := streamTime + 60*time.Second
 	cl := newClient(t.apiKey, cfg.Tokens, limit)
+	var refTokens []string
 	bases := make([]string, len(t.gateways))
 	metricsURLs := slices.Clone(t.dispMetrics)
 	for i, g := range t.gateways {
 		bases[i] = g.base
 		metricsURLs = append(metricsURLs, g.base+"/metrics")
 	}
-	// The reference: the same request, before any fault (also a warm-up).
-	ref := cl.run(ctx, bases[0], 0)
-	if ref.failed() || len(ref.tokens) != cfg.Tokens {
-		r.Err = fmt.Sprintf("reference stream: %q, %d tokens", ref.code, len(ref.tokens))
+	// The reference: the same request, before any fault (also a warm-up);
+	// with no worker at the start (a cold start), after the load.
+	reference := func() bool {
+		ref := cl.run(ctx, bases[0], 0)
+		if ref.failed() || len(ref.tokens) != cfg.Tokens {
+			r.Err = fmt.Sprintf("reference stream: %q, %d tokens", ref.code, len(ref.tokens))
+			return false
+		}
+		refTokens = ref.tokens
+		return true
+	}
+	if s.shape.workers > 0 && !reference() {
 		return r
 	}
 	cl.chunks.Store(0)
@@ -199,6 +208,9 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 	// The fault comes a third of the way in: by tokens received for a
 	// single round of streams, by time for a closed loop.
 	trigger := func() error {
+		if s.ready != nil {
+			return s.ready(t, cfg)
+		}
 		if s.closedLoop {
 			if time.Until(until) > cfg.Duration*2/3 {
 				return fmt.Errorf("not yet")
@@ -228,12 +240,15 @@ func runScenario(ctx context.Context, cfg Config, s scenario, dir, tb, nb string
 	r.Notes = append(r.Notes, t.notes...)
 	streams := <-loadDone
 	r.Probe = <-probeDone
+	if s.shape.workers == 0 && !reference() {
+		return r
+	}
 
 	for _, st := range streams {
 		r.Streams++
 		r.LongestStall = max(r.LongestStall, st.longestGap().Seconds())
 		r.SlowestStream = max(r.SlowestStream, st.end.Sub(st.start).Seconds())
-		lost, dup := tally(ref.tokens, st.tokens)
+		lost, dup := tally(refTokens, st.tokens)
 		if st.failed() {
 			r.Failed[st.code]++
 			if !st.shaped && !strings.HasPrefix(st.code, "conn_") && st.code != "client_timeout" {

@@ -20,6 +20,9 @@ type scenario struct {
 	// inject does the fault and returns the gateway the probe request goes
 	// to and what to do once the probe has been sent (a restart).
 	inject func(ctx context.Context, t *topology, cfg Config) (probeGW int, after func() error, err error)
+	// ready, if set, says when the fault is due instead of the tokens
+	// received (a third of them): for a load that has no token yet.
+	ready func(t *topology, cfg Config) error
 }
 
 var scenarios = []scenario{
@@ -48,6 +51,44 @@ var scenarios = []scenario{
 		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			t.dispatchers[0].kill9()
 			return 0, nil, nil
+		},
+	},
+	{
+		name: "cold-dispatcher", fault: "no worker: every stream held for capacity in 2 standalone dispatchers; kill -9 one, then start 3 workers",
+		shape: shape{natsNodes: 1, gateways: 1, embed: false, dispatchers: 2},
+		// The fault once every stream is held (no worker: no token).
+		ready: func(t *topology, cfg Config) error {
+			held, _ := gauges(t.dispMetrics, `tokenbus_dispatcher_capacity_waiting{model="`+model+`"}`)
+			if held < float64(cfg.Streams) {
+				return fmt.Errorf("%v of %d streams held", held, cfg.Streams)
+			}
+			return nil
+		},
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
+			held, _ := gauges(t.dispMetrics[:1], `tokenbus_dispatcher_capacity_waiting{model="`+model+`"}`)
+			t.dispatchers[0].kill9()
+			t.note(fmt.Sprintf("killed dispatcher0, which held %v of the %d streams", held, cfg.Streams))
+			return 0, func() error {
+				// Its streams' clients hear no beat and send them again:
+				// the other dispatcher holds them all (and the probe).
+				killed := time.Now()
+				if err := waitFor(ctx, 30*time.Second, "dispatcher1 holds every stream", func() error {
+					n, _ := gauges(t.dispMetrics[1:], `tokenbus_dispatcher_capacity_waiting{model="`+model+`"}`)
+					if n < float64(cfg.Streams) {
+						return fmt.Errorf("%v held", n)
+					}
+					return nil
+				}); err != nil {
+					return err
+				}
+				t.note(fmt.Sprintf("dispatcher1 held every stream %.1f s after the kill; 3 workers started then", time.Since(killed).Seconds()))
+				for range 3 {
+					if err := t.startWorker(); err != nil {
+						return err
+					}
+				}
+				return nil
+			}, nil
 		},
 	},
 	{

@@ -49,6 +49,7 @@ type topology struct {
 	workerIDs   []string
 	all         []*proc // start order; stopped in reverse
 	notes       []string
+	pace        time.Duration // the sim workers' decode step
 }
 
 // note keeps a fact about the fault for the report.
@@ -93,21 +94,11 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 	common := func(name string) []string {
 		return []string{"--nats-url", t.natsURLs(), "--redis-url", t.redisURL(), "--log-level", "warn"}
 	}
-	for i := range s.workers {
-		id := fmt.Sprintf("chaos-w%d", i)
-		mp, err := freeport.TCP()
-		if err != nil {
+	t.pace = pace
+	for range s.workers {
+		if err := t.startWorker(); err != nil {
 			return t, err
 		}
-		args := append([]string{"worker"}, common(id)...)
-		args = append(args, "--id", id, "--metrics", "127.0.0.1:"+strconv.Itoa(mp),
-			"--sim-decode-base", pace.String(), "--sim-max-num-seqs", "512")
-		p := t.newProc(id, tokenbus, args)
-		if err := p.start(); err != nil {
-			return t, err
-		}
-		t.workers = append(t.workers, p)
-		t.workerIDs = append(t.workerIDs, id)
 	}
 	for i := range s.dispatchers {
 		name := fmt.Sprintf("dispatcher%d", i)
@@ -147,6 +138,13 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 			return t, err
 		}
 	}
+	if s.workers == 0 {
+		// No worker registers the model: the admin API does, so that its
+		// requests are held for a worker rather than refused (404).
+		if err := t.adminJSON(t.gateways[0], http.MethodPost, "/models", map[string]any{"name": model}, nil); err != nil {
+			return t, fmt.Errorf("POST /models: %w", err)
+		}
+	}
 	for i, url := range t.dispMetrics {
 		want := fmt.Sprintf(`tokenbus_dispatcher_workers{model="%s"} %d`, model, len(t.workers))
 		if err := waitFor(ctx, 60*time.Second, t.dispatchers[i].name+" sees every worker", metricLine(url, want)); err != nil {
@@ -159,6 +157,25 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 		}
 	}
 	return t, nil
+}
+
+// startWorker starts one more sim worker, chaos-w<n>.
+func (t *topology) startWorker() error {
+	id := fmt.Sprintf("chaos-w%d", len(t.workers))
+	mp, err := freeport.TCP()
+	if err != nil {
+		return err
+	}
+	args := []string{"worker", "--nats-url", t.natsURLs(), "--redis-url", t.redisURL(), "--log-level", "warn",
+		"--id", id, "--metrics", "127.0.0.1:" + strconv.Itoa(mp),
+		"--sim-decode-base", t.pace.String(), "--sim-max-num-seqs", "512"}
+	p := t.newProc(id, t.tokenbus, args)
+	if err := p.start(); err != nil {
+		return err
+	}
+	t.workers = append(t.workers, p)
+	t.workerIDs = append(t.workerIDs, id)
+	return nil
 }
 
 func (t *topology) startNATS(ctx context.Context, bin string, n int) error {
@@ -378,6 +395,28 @@ func counters(urls []string, word string) (sum float64, ok bool) {
 			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
 				sum += v
 				ok = true
+			}
+		}
+	}
+	return sum, ok
+}
+
+// gauges sums the sample of series (a name with its labels, as /metrics
+// prints it) over the /metrics pages at urls; ok is false when none had it.
+func gauges(urls []string, series string) (sum float64, ok bool) {
+	for _, url := range urls {
+		resp, err := probeClient.Get(url)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.Lines(string(b)) {
+			if v, found := strings.CutPrefix(strings.TrimSpace(line), series+" "); found {
+				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
+					sum += f
+					ok = true
+				}
 			}
 		}
 	}
