@@ -68,7 +68,7 @@ type keptStream struct {
 	// again from the start, and the reader would join half an argument to
 	// a whole one. Such a stream is not migrated.
 	structured string
-	tmpl   []byte              // chat: the last content chunk, the shape of a continuation's chunks
+	tmpl       []byte // chat: the last content chunk, the shape of a continuation's chunks
 }
 
 // read goes through the kept chunks; why is "" or the reason the stream

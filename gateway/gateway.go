@@ -27,10 +27,10 @@ import (
 
 // Config tunes a Gateway. Zero values take the defaults shown.
 type Config struct {
-	BodyLimit       int           // bytes; past it 413. Default 8 MiB
-	RequestTimeout  time.Duration // whole-request deadline, also sent on the bus. Default 10m
-	ProbeInterval   time.Duration // how often a silent request checks its client is still there. Default 1s
-	StuckTimeout    time.Duration // a client that takes no bytes while frames wait this long is cut. Default 30s
+	BodyLimit      int           // bytes; past it 413. Default 8 MiB
+	RequestTimeout time.Duration // whole-request deadline, also sent on the bus. Default 10m
+	ProbeInterval  time.Duration // how often a silent request checks its client is still there. Default 1s
+	StuckTimeout   time.Duration // a client that takes no bytes while frames wait this long is cut. Default 30s
 	// HoldKeepalive: a stream whose request waits for capacity that is not
 	// up (a cold start, docs/capacity.md) commits its 200 after this long
 	// and gets an SSE comment line this often until its first token, so that
@@ -43,10 +43,10 @@ type Config struct {
 	// to ready gateways would otherwise turn away the very requests that
 	// start one.
 	ReadyWithoutWorkers bool
-	ShutdownTimeout time.Duration // Shutdown's grace when its context has no deadline. Default 10s
-	ReadTimeout     time.Duration // for reading a request's headers and body. Default 1m
-	IdleTimeout     time.Duration // keep-alive connections with no request. Default 2m
-	Version         string        // the tokenbus version, for /version and /ready
+	ShutdownTimeout     time.Duration // Shutdown's grace when its context has no deadline. Default 10s
+	ReadTimeout         time.Duration // for reading a request's headers and body. Default 1m
+	IdleTimeout         time.Duration // keep-alive connections with no request. Default 2m
+	Version             string        // the tokenbus version, for /version and /ready
 	// FlowFromUser: a request with no tenant (no API keys) belongs to the
 	// flow its "user" field names, so that flow control shares capacity
 	// fairly between an application's end users (docs/scheduling.md). Off
