@@ -223,20 +223,7 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 	finished, outcome := false, "done"
 	var streamErr error
 	defer func() {
-		if r := recover(); r != nil {
-			outcome = "panic"
-			streamErr = fmt.Errorf("stream writer panic: %v", r)
-			g.m.streamErrors.WithLabelValues(x.label, "internal_error").Inc()
-			g.log.Error("stream writer panic", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-		}
-		g.m.activeStreams.Dec()
-		d := time.Since(x.start)
-		g.m.duration.WithLabelValues(x.route, x.label).Observe(d.Seconds())
-		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome, tracing.TraceID(x.span))
-		if streamErr != nil {
-			tracing.Fail(x.span, streamErr)
-		}
-		endSpan(x.span, fiber.StatusOK, nil, outcome) // after the last frame
+		g.streamWriterEnd(recover(), x.id, x.route, x.model, x.label, x.start, x.span, outcome, streamErr)
 		x.end(finished)
 	}()
 
@@ -307,6 +294,26 @@ func (x *exchange) writeStream(s *httpstream.Stream, f schemas.Frame, firstAt ti
 			d.last = now
 		}
 	}
+}
+
+// streamWriterEnd ends a stream writer, chat's or a Responses stream's,
+// after its last frame: a panic it recovered (r) counted and logged, the
+// active-streams gauge, the duration, the request's log line and its span.
+func (g *Gateway) streamWriterEnd(r any, id, route, model, label string, start time.Time, span trace.Span, outcome string, streamErr error) {
+	if r != nil {
+		outcome = "panic"
+		streamErr = fmt.Errorf("stream writer panic: %v", r)
+		g.m.streamErrors.WithLabelValues(label, "internal_error").Inc()
+		g.log.Error("stream writer panic", "request_id", id, "trace_id", tracing.TraceID(span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+	}
+	g.m.activeStreams.Dec()
+	d := time.Since(start)
+	g.m.duration.WithLabelValues(route, label).Observe(d.Seconds())
+	g.logRequest(id, route, model, fiber.StatusOK, d, fiber.MethodPost, outcome, tracing.TraceID(span))
+	if streamErr != nil {
+		tracing.Fail(span, streamErr)
+	}
+	endSpan(span, fiber.StatusOK, nil, outcome)
 }
 
 // direct writes a stream's chunks from the goroutine that delivers them

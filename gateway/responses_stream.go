@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -185,20 +183,7 @@ func (x *respExchange) writeStream(s *httpstream.Stream, gen *responses.Gen, fir
 	finished, outcome := false, "done"
 	var streamErr error
 	defer func() {
-		if r := recover(); r != nil {
-			outcome = "panic"
-			streamErr = fmt.Errorf("stream writer panic: %v", r)
-			g.m.streamErrors.WithLabelValues(x.label, "internal_error").Inc()
-			g.log.Error("stream writer panic", "request_id", x.id, "trace_id", tracing.TraceID(x.span), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-		}
-		g.m.activeStreams.Dec()
-		d := time.Since(x.start)
-		g.m.duration.WithLabelValues(x.route, x.label).Observe(d.Seconds())
-		g.logRequest(x.id, x.route, x.model, fiber.StatusOK, d, fiber.MethodPost, outcome, tracing.TraceID(x.span))
-		if streamErr != nil {
-			tracing.Fail(x.span, streamErr)
-		}
-		endSpan(x.span, fiber.StatusOK, nil, outcome)
+		g.streamWriterEnd(recover(), x.id, x.route, x.model, x.label, x.start, x.span, outcome, streamErr)
 		x.end(finished)
 	}()
 	if !held { // held: observed when its first frame comes
