@@ -9,6 +9,11 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
+// maxRefResponses bounds the stored responses one request's item
+// references may name: each is a read of the store, and a body full of
+// references to distinct responses must not turn into thousands of them.
+const maxRefResponses = 64
+
 // resolveItemRefs puts in place of each item_reference of input the item it
 // names, from the tenant's stored response whose id the item id carries
 // (responses/itemref.go). An item that cannot be found (no store, another
@@ -27,6 +32,10 @@ func (g *Gateway) resolveItemRefs(c *fiber.Ctx, input []responses.Item) error {
 			return schemas.ErrItemNotFound.At(param, id)
 		}
 		rec := recs[respID]
+		if rec == nil && len(recs) >= maxRefResponses {
+			return schemas.ErrResponseInput.At(param, param,
+				fmt.Sprintf("item references name more than %d stored responses", maxRefResponses))
+		}
 		if rec == nil {
 			p, err := g.caller(c)
 			if err != nil {

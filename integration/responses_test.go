@@ -226,9 +226,12 @@ func TestResponsesTenancyAndErrors(t *testing.T) {
 		b, _ := io.ReadAll(res.Body)
 		return res.StatusCode, b
 	}
-	var r struct{ ID, Status string }
+	var r struct {
+		ID, Status string
+		Output     []struct{ ID string }
+	}
 	st, b := call("POST", "/v1/responses", acme, `{"model":"llama-8b","input":"hi","max_output_tokens":4}`)
-	if st != 200 || json.Unmarshal(b, &r) != nil || r.ID == "" {
+	if st != 200 || json.Unmarshal(b, &r) != nil || r.ID == "" || len(r.Output) == 0 {
 		t.Fatalf("create: %d %s", st, b)
 	}
 	type apiErr struct {
@@ -277,15 +280,24 @@ func TestResponsesTenancyAndErrors(t *testing.T) {
 	for _, tt := range []struct {
 		body, param string
 		status      int
+		asOther     bool // sent with the other tenant's key
 	}{
-		{`{"model":"llama-8b","input":"x","background":true,"store":false}`, "background", 400},
-		{`{"model":"llama-8b","input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]}`, "input[0].content[0].type", 400},
-		{`{"model":"llama-8b","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", 400},
-		{`{"model":"llama-8b"}`, "input", 400},
-		{`{"model":"nosuch","input":"x"}`, "model", 404},
-		{`{"model":"llama-8b","input":"x","previous_response_id":"resp_nosuch"}`, "previous_response_id", 404},
+		{`{"model":"llama-8b","input":"x","background":true,"store":false}`, "background", 400, false},
+		{`{"model":"llama-8b","input":[{"role":"user","content":[{"type":"input_image","image_url":"u"}]}]}`, "input[0].content[0].type", 400, false},
+		{`{"model":"llama-8b","input":"x","tools":[{"type":"web_search"}]}`, "tools[0].type", 400, false},
+		{`{"model":"llama-8b"}`, "input", 400, false},
+		{`{"model":"nosuch","input":"x"}`, "model", 404, false},
+		{`{"model":"llama-8b","input":"x","previous_response_id":"resp_nosuch"}`, "previous_response_id", 404, false},
+		// An item of a stored response by reference: an id no response
+		// made, and one of another tenant's response (other's request).
+		{`{"model":"llama-8b","input":[{"type":"item_reference","id":"msg_nosuch"}]}`, "input[0].id", 404, false},
+		{`{"model":"llama-8b","input":[{"type":"item_reference","id":"` + r.Output[0].ID + `"}]}`, "input[0].id", 404, true},
 	} {
-		st, b := call("POST", "/v1/responses", acme, tt.body)
+		key := acme
+		if tt.asOther {
+			key = other
+		}
+		st, b := call("POST", "/v1/responses", key, tt.body)
 		var e apiErr
 		if st != tt.status || json.Unmarshal(b, &e) != nil || e.Error.Param == nil || *e.Error.Param != tt.param {
 			t.Errorf("%s: %d %s, want %d with param %s", tt.body, st, b, tt.status, tt.param)
