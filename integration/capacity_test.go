@@ -286,16 +286,9 @@ func TestHeldRequestsSurviveDispatcherKill(t *testing.T) {
 	if _, err := store.PutBase(context.Background(), registry.Model{Name: "llama-8b"}); err != nil {
 		t.Fatal(err)
 	}
-	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
-	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort))
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	natsURL, httpPort := procNATS(t), testenv.FreePort(t)
 	common := []string{"--nats-url", natsURL, "--redis-url", rd.URL}
-	var nc *nats.Conn
-	testenv.WaitFor(t, 10*time.Second, func() (err error) {
-		nc, err = nats.Connect(natsURL)
-		return err
-	})
-	t.Cleanup(nc.Close)
+	nc := connectNATS(t, natsURL)
 	var mu sync.Mutex
 	waiting := map[string]int{} // by dispatcher: its latest demand event's count
 	if _, err := nc.Subscribe(schemas.DemandPrefix+">", func(m *nats.Msg) {
@@ -327,22 +320,7 @@ func TestHeldRequestsSurviveDispatcherKill(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "llama-8b", MaxTokens: openai.Int(8),
-				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("held %d", i))}})
-			tokens := 0
-			for st.Next() {
-				if ch := st.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
-					tokens++
-				}
-			}
-			errs[i] = st.Err()
-			if errs[i] == nil && tokens == 0 {
-				errs[i] = fmt.Errorf("no tokens")
-			}
-		}()
+		wg.Go(func() { errs[i] = streamSome(ctx, c, fmt.Sprintf("held %d", i)) })
 	}
 	held := func() (d1, d2 int) {
 		mu.Lock()
@@ -425,17 +403,8 @@ func TestWorkerKilledWhileWaking(t *testing.T) {
 	t.Parallel()
 	bin := tokenbusBinary(t)
 	rd := testenv.StartRedis(t)
-	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
-	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort))
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	natsURL, httpPort := procNATS(t), testenv.FreePort(t)
 	common := []string{"--nats-url", natsURL, "--redis-url", rd.URL}
-	testenv.WaitFor(t, 10*time.Second, func() error {
-		nc, err := nats.Connect(natsURL)
-		if err == nil {
-			nc.Close()
-		}
-		return err
-	})
 	hb := watchHeartbeats(t, natsURL)
 	ws := map[string]*proc{}
 	for _, id := range []string{"w1", "w2"} {
@@ -465,22 +434,7 @@ func TestWorkerKilledWhileWaking(t *testing.T) {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "llama-8b", MaxTokens: openai.Int(8),
-				Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(fmt.Sprintf("wake %d", i))}})
-			tokens := 0
-			for st.Next() {
-				if ch := st.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
-					tokens++
-				}
-			}
-			errs[i] = st.Err()
-			if errs[i] == nil && tokens == 0 {
-				errs[i] = fmt.Errorf("no tokens")
-			}
-		}()
+		wg.Go(func() { errs[i] = streamSome(ctx, c, fmt.Sprintf("wake %d", i)) })
 	}
 	// A worker that took some of them is waking up (its heartbeat says
 	// sleeping until the wake-up ends, with requests running): kill it
@@ -569,4 +523,41 @@ func TestHeldResponsesStream(t *testing.T) {
 	if took < 2*time.Second {
 		t.Fatalf("done after %v, before the worker started", took)
 	}
+}
+
+// streamSome streams a chat completion of 8 tokens of llama-8b through c:
+// nil when it ended well with content.
+func streamSome(ctx context.Context, c openai.Client, prompt string) error {
+	st := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "llama-8b", MaxTokens: openai.Int(8),
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}})
+	tokens := 0
+	for st.Next() {
+		if ch := st.Current(); len(ch.Choices) > 0 && ch.Choices[0].Delta.Content != "" {
+			tokens++
+		}
+	}
+	if err := st.Err(); err != nil {
+		return err
+	}
+	if tokens == 0 {
+		return fmt.Errorf("no tokens")
+	}
+	return nil
+}
+
+// procNATS starts nats-server as a process of its own on a port picked
+// now, and returns its URL once it takes connections.
+func procNATS(t *testing.T) string {
+	t.Helper()
+	port := testenv.FreePort(t)
+	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	testenv.WaitFor(t, 10*time.Second, func() error {
+		nc, err := nats.Connect(url)
+		if err == nil {
+			nc.Close()
+		}
+		return err
+	})
+	return url
 }

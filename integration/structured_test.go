@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -105,9 +104,7 @@ func TestToolCallStreamWorkerKilled(t *testing.T) {
 	t.Parallel()
 	bin := tokenbusBinary(t)
 	rd := testenv.StartRedis(t)
-	natsPort, httpPort := testenv.FreePort(t), testenv.FreePort(t)
-	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort))
-	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
+	natsURL, httpPort := procNATS(t), testenv.FreePort(t)
 	common := []string{"--nats-url", natsURL, "--redis-url", rd.URL}
 	var workers []*proc
 	for _, id := range []string{"w1", "w2"} { // a second worker to migrate to, were the stream migrated
