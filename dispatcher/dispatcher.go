@@ -906,8 +906,11 @@ func (d *Dispatcher) sweep(now time.Time) {
 	d.announceLocked(now, false)
 	for model, q := range d.queues {
 		cold := d.coldQueueLocked(model, q)
-		if cold {
+		if head := q.Peek(); cold && d.holdable(model, head.Value.(*queued).adapter) {
+			// Held from now on, whatever it queued as (behind busy workers,
+			// or before this dispatcher's registry knew the model).
 			d.goneColdLocked(q)
+			d.heldLocked(model, head.Value.(*queued).adapter, now)
 		}
 		q.Expire(now, func(it *scheduler.Item) {
 			e := it.Value.(*queued)

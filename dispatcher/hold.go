@@ -149,7 +149,8 @@ func (d *Dispatcher) coldQueueLocked(model string, q *scheduler.Queue) bool {
 
 // goneColdLocked gives the requests of q that queued while a worker served
 // their model (behind busy workers, or while its last worker switched away
-// or died) the hold's limit now that none does: ColdStartTimeout from when
+// or died), or before the registry said the model exists, the hold's limit
+// now that they are held: ColdStartTimeout from when
 // they queued, never past their deadline.
 func (d *Dispatcher) goneColdLocked(q *scheduler.Queue) {
 	q.Items(func(it *scheduler.Item) {

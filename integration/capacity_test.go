@@ -312,6 +312,7 @@ func TestHeldRequestsSurviveDispatcherKill(t *testing.T) {
 		"--admin", "", "--embed-dispatcher=false"}, common...)...)
 	base := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
 	waitPath(t, base, "/health")
+	waitDispatchers(t, natsURL, 2)
 
 	const n = 20
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -545,13 +546,15 @@ func streamSome(ctx context.Context, c openai.Client, prompt string) error {
 	return nil
 }
 
-// procNATS starts nats-server as a process of its own on a port picked
-// now, and returns its URL once it takes connections.
+// procNATS starts nats-server as a process of its own on ports picked
+// now, and returns its URL once it takes connections (its monitoring
+// endpoint: natsMonitor).
 func procNATS(t *testing.T) string {
 	t.Helper()
-	port := testenv.FreePort(t)
-	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(port))
+	port, mon := testenv.FreePort(t), testenv.FreePort(t)
+	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-m", strconv.Itoa(mon))
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	natsMonitors.Store(url, fmt.Sprintf("http://127.0.0.1:%d", mon))
 	testenv.WaitFor(t, 10*time.Second, func() error {
 		nc, err := nats.Connect(url)
 		if err == nil {
@@ -560,4 +563,45 @@ func procNATS(t *testing.T) string {
 		return err
 	})
 	return url
+}
+
+// natsMonitors: the monitoring endpoint of each nats-server procNATS
+// started, by its URL.
+var natsMonitors sync.Map
+
+// waitDispatchers waits until n dispatchers have subscribed to the request
+// subjects in their queue group on the nats-server at url (its /subsz):
+// before that, a request gets no_dispatcher.
+func waitDispatchers(t *testing.T, url string, n int) {
+	t.Helper()
+	mon, ok := natsMonitors.Load(url)
+	if !ok {
+		t.Fatalf("%s was not started by procNATS", url)
+	}
+	testenv.WaitFor(t, 15*time.Second, func() error {
+		resp, err := http.Get(mon.(string) + "/subsz?subs=1&test=" + schemas.ReqPrefix + "x")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var sz struct {
+			Subs []struct {
+				Subject string `json:"subject"`
+				Queue   string `json:"qgroup"`
+			} `json:"subscriptions_list"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&sz); err != nil {
+			return err
+		}
+		got := 0
+		for _, s := range sz.Subs {
+			if s.Subject == schemas.ReqPrefix+">" && s.Queue == schemas.DispatcherQueue {
+				got++
+			}
+		}
+		if got < n {
+			return fmt.Errorf("%d dispatchers subscribed, want %d", got, n)
+		}
+		return nil
+	})
 }
