@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -45,15 +46,18 @@ func TestBounceSpan(t *testing.T) {
 		t.Fatal("not bounced")
 	}
 
+	// The span ends once the bounce is published: it may end a moment
+	// after the message arrived here.
 	var span sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == "bounce m" {
-			span = s
+	testenv.WaitFor(t, 2*time.Second, func() error {
+		for _, s := range rec.Ended() {
+			if s.Name() == "bounce m" {
+				span = s
+				return nil
+			}
 		}
-	}
-	if span == nil {
-		t.Fatalf("no bounce span among %d", len(rec.Ended()))
-	}
+		return fmt.Errorf("no bounce span among %d", len(rec.Ended()))
+	})
 	attrs := map[string]string{}
 	for _, kv := range span.Attributes() {
 		attrs[string(kv.Key)] = kv.Value.Emit()
