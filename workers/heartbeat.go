@@ -79,6 +79,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Version:        w.cfg.Version,
 		IntervalMS:     int(w.cfg.HeartbeatInterval / time.Millisecond),
 		Seq:            w.hbSeq.Add(1),
+		Role:           w.cfg.Role,
 	}
 	w.sw.beat(&hb)
 	w.sleep.report(&hb)

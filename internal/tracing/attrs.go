@@ -20,6 +20,13 @@ const (
 	AttrPrefixPredicted = "tokenbus.prefix_cache.predicted_tokens"
 	AttrPrefixCached    = "tokenbus.prefix_cache.cached_tokens"
 	AttrErrorStatus     = "tokenbus.error.status" // the HTTP status of a tokenbus error
+	// Prefill/decode disaggregation: the prefill worker a dispatcher chose
+	// (dispatch span) and that ran the prefill (decode worker's "prefill"
+	// span), the remote engine whose KV blocks the decode took, and how the
+	// remote prefill went (ok, or why the request ran whole).
+	AttrPrefillWorker  = "tokenbus.prefill.worker.id"
+	AttrPrefillEngine  = "tokenbus.prefill.remote_engine_id"
+	AttrPrefillOutcome = "tokenbus.prefill.outcome"
 	AttrModel           = "gen_ai.request.model"
 	AttrOperation       = "gen_ai.operation.name" // chat or text_completion
 	AttrInputTokens     = "gen_ai.usage.input_tokens"
