@@ -79,12 +79,11 @@ func TestDisaggregationDecision(t *testing.T) {
 	h.Set(schemas.HdrRequestID, "r5")
 	h.Set(schemas.HdrKind, "chat")
 	h.Set(schemas.HdrPrefillWorker, "pre")
-	h.Set(schemas.HdrPrefill, "1")
 	if err := nc.PublishMsg(&nats.Msg{Subject: schemas.ReqSubject("m"), Reply: nats.NewInbox(), Header: h, Data: []byte(promptOf(40))}); err != nil {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, 2*time.Second, wantCount(dec, 5))
-	if m := last(); m.Header.Get(schemas.HdrPrefillWorker) != "" || m.Header.Get(schemas.HdrPrefill) != "" {
+	if m := last(); m.Header.Get(schemas.HdrPrefillWorker) != "" {
 		t.Fatalf("client's disaggregation headers forwarded: %v", m.Header)
 	}
 }

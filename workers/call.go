@@ -58,7 +58,7 @@ type call struct {
 	token string   // last token of the reply subject, for mux entries and local frames
 }
 
-func (w *Worker) newCall(m *nats.Msg) (*call, error) {
+func (w *Worker) newCall(m *nats.Msg, prefill bool) (*call, error) {
 	c := &call{w: w, reply: m.Reply, start: time.Now()}
 	c.local, c.token = w.localReceiver(m.Reply) // in memory: neither batched nor split
 	if c.local == nil && m.Header.Get(schemas.HdrMux) == "1" {
@@ -116,7 +116,7 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		return c, rerr
 	}
 	c.req.View = view
-	if err := c.readDisagg(h); err != nil {
+	if err := c.readDisagg(h, prefill); err != nil {
 		return c, err
 	}
 	w.mu.Lock()

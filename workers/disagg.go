@@ -24,7 +24,8 @@ import (
 // llm-d's routing sidecar, which also sits beside the decode instance):
 // the request with PrefillBody's changes (kv_transfer_params
 // do_remote_decode, stream false, max_tokens 1), over NATS to the prefill
-// worker's work subject, marked schemas.HdrPrefill. The answer's
+// worker's prefill subject (schemas.PrefillSubject: workers may publish
+// there, never to another worker's work subject). The answer's
 // kv_transfer_params go, untouched, with the original request to its own
 // engine, which takes the KV blocks from the prefill engine instead of
 // prefilling.
@@ -105,9 +106,12 @@ type remote struct {
 // readDisagg reads c's disaggregation headers and keeps kv_transfer_params
 // only on a prefill another worker sent: a client's are removed, so nobody
 // can point an engine at KV blocks, or make it hold them, at will.
-func (c *call) readDisagg(h nats.Header) *schemas.Error {
+func (c *call) readDisagg(h nats.Header, prefill bool) *schemas.Error {
 	c.prefillWorker = h.Get(schemas.HdrPrefillWorker)
-	c.prefillFor = h.Get(schemas.HdrPrefill) == "1"
+	c.prefillFor = prefill
+	if c.prefillFor {
+		c.prefillWorker = "" // a prefill is not disaggregated again
+	}
 	if c.req.View == nil || c.req.View.KVTransfer == nil || c.prefillFor {
 		return nil
 	}
@@ -245,7 +249,6 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 	h.Set(schemas.HdrKind, string(c.req.Kind))
 	h.Set(schemas.HdrModel, c.req.Model)
 	h.Set(schemas.HdrCancelToken, token)
-	h.Set(schemas.HdrPrefill, "1")
 	if !c.req.Deadline.IsZero() {
 		h.Set(schemas.HdrDeadline, schemas.FormatDeadline(c.req.Deadline))
 	}
@@ -253,10 +256,10 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 		h.Set(schemas.HdrBand, c.req.Band.String())
 	}
 	tracing.InjectSpan(span, h)
-	if err := w.nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject(pw), Reply: inbox, Header: h, Data: body}); err != nil {
+	if err := w.nc.PublishMsg(&nats.Msg{Subject: schemas.PrefillSubject(pw), Reply: inbox, Header: h, Data: body}); err != nil {
 		return nil, schemas.ErrPrefillFailed.New(pw, err.Error())
 	}
-	cancel := func() { _ = w.nc.Publish(schemas.CancelSubject(pw), schemas.CancelBody(c.req.ID, token)) }
+	cancel := func() { _ = w.nc.Publish(schemas.PrefillCancelSubject(pw), schemas.CancelBody(c.req.ID, token)) }
 	// A live worker answers within a keepalive interval (accepted at once,
 	// then a keepalive every interval of silence); two of silence and it is
 	// gone.
@@ -273,7 +276,7 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 		case err != nil:
 			cancel()
 			return nil, fmt.Errorf("%w: %s: no answer in %s", errPrefillLost, pw, silence)
-		case len(m.Data) == 0 && m.Header.Get("Status") == "503": // NATS: nobody subscribes to its work subject
+		case len(m.Data) == 0 && m.Header.Get("Status") == "503": // NATS: nobody subscribes to its prefill subject
 			return nil, fmt.Errorf("%w: %s: no such worker", errPrefillLost, pw)
 		}
 		f, ferr := schemas.ParseFrame(m.Data)

@@ -240,6 +240,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := sub(w.cancelSubject, w.onCancel); err != nil {
 		return err
 	}
+	if w.kvTransfer { // prefills for other workers (disagg.go)
+		if err := sub(schemas.PrefillSubject(w.cfg.ID), w.onPrefill); err != nil {
+			return err
+		}
+		if err := sub(schemas.PrefillCancelSubject(w.cfg.ID), w.onCancel); err != nil {
+			return err
+		}
+	}
 	if err := sub(schemas.CtlSubject(w.cfg.ID, "*"), w.onControl); err != nil {
 		return err
 	}
@@ -319,7 +327,13 @@ func (w *Worker) Take(m *nats.Msg) bool {
 	return true
 }
 
-func (w *Worker) onRequest(m *nats.Msg) {
+func (w *Worker) onRequest(m *nats.Msg) { w.take(m, false) }
+
+// onPrefill takes the prefill of another worker's disaggregated request
+// (disagg.go): a request like any other, whose kv_transfer_params are kept.
+func (w *Worker) onPrefill(m *nats.Msg) { w.take(m, true) }
+
+func (w *Worker) take(m *nats.Msg, prefill bool) {
 	if m.Reply == "" {
 		return // nobody to answer
 	}
@@ -332,7 +346,7 @@ func (w *Worker) onRequest(m *nats.Msg) {
 		w.bounce(m)
 		return
 	}
-	c, err := w.newCall(m)
+	c, err := w.newCall(m, prefill)
 	if err != nil {
 		c.sendError(schemas.AsError(err))
 		c.record("error", err, nil)
