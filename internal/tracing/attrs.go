@@ -27,19 +27,19 @@ const (
 	AttrPrefillWorker  = "tokenbus.prefill.worker.id"
 	AttrPrefillEngine  = "tokenbus.prefill.remote_engine_id"
 	AttrPrefillOutcome = "tokenbus.prefill.outcome"
-	AttrModel           = "gen_ai.request.model"
-	AttrOperation       = "gen_ai.operation.name" // chat or text_completion
-	AttrInputTokens     = "gen_ai.usage.input_tokens"
-	AttrOutputTokens    = "gen_ai.usage.output_tokens"
-	AttrMsgSystem       = "messaging.system" // nats
-	AttrMsgDest         = "messaging.destination.name"
-	AttrMsgOperation    = "messaging.operation.type"
-	AttrHTTPMethod      = "http.request.method"
-	AttrHTTPRoute       = "http.route"
-	AttrHTTPStatus      = "http.response.status_code"
-	AttrServerAddr      = "server.address"
-	AttrServerPort      = "server.port"
-	AttrURLFull         = "url.full"
+	AttrModel          = "gen_ai.request.model"
+	AttrOperation      = "gen_ai.operation.name" // chat or text_completion
+	AttrInputTokens    = "gen_ai.usage.input_tokens"
+	AttrOutputTokens   = "gen_ai.usage.output_tokens"
+	AttrMsgSystem      = "messaging.system" // nats
+	AttrMsgDest        = "messaging.destination.name"
+	AttrMsgOperation   = "messaging.operation.type"
+	AttrHTTPMethod     = "http.request.method"
+	AttrHTTPRoute      = "http.route"
+	AttrHTTPStatus     = "http.response.status_code"
+	AttrServerAddr     = "server.address"
+	AttrServerPort     = "server.port"
+	AttrURLFull        = "url.full"
 )
 
 // EventFirstToken is the span event a worker adds when the first chunk goes
