@@ -260,10 +260,10 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 		return nil, schemas.ErrPrefillFailed.New(pw, err.Error())
 	}
 	cancel := func() { _ = w.nc.Publish(schemas.PrefillCancelSubject(pw), schemas.CancelBody(c.req.ID, token)) }
-	// A live worker answers within a keepalive interval (accepted at once,
-	// then a keepalive every interval of silence); two of silence and it is
-	// gone.
-	silence := 2*w.cfg.KeepaliveInterval + 500*time.Millisecond
+	// A live prefill worker answers at once (accepted), then sends a
+	// keepalive every prefillKeepalive of silence: four of silence and it
+	// is gone (killed, partitioned), and the request runs whole here.
+	silence := prefillSilence
 	var parts []byte
 	for {
 		wctx, stop := context.WithTimeout(ctx, silence)
@@ -303,6 +303,15 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 		}
 	}
 }
+
+// prefillKeepalive is how often a prefill run for another worker gets a
+// keepalive while it is silent, and prefillSilence how long its decode
+// worker waits for a frame before it takes the prefill worker for dead:
+// short, since the request's first token waits on it.
+const (
+	prefillKeepalive = 250 * time.Millisecond
+	prefillSilence   = 4 * prefillKeepalive
+)
 
 // maxPrefillAnswer bounds a prefill answer (one token and the params).
 const maxPrefillAnswer = 4 << 20
