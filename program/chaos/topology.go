@@ -51,13 +51,13 @@ type topology struct {
 	dispMetrics []string // their /metrics URLs
 	workers     []*proc
 	workerIDs   []string
-	prefills    []*proc  // prefill workers (shape.prefill)
-	role        string   // the workers' --role ("": none given)
+	prefills    []*proc // prefill workers (shape.prefill)
+	role        string  // the workers' --role ("": none given)
 	// workerMetrics: the /metrics URLs of the workers, then the prefill workers.
 	workerMetrics []string
-	all         []*proc // start order; stopped in reverse
-	notes       []string
-	pace        time.Duration // the sim workers' decode step
+	all           []*proc // start order; stopped in reverse
+	notes         []string
+	pace          time.Duration // the sim workers' decode step
 }
 
 // note keeps a fact about the fault for the report.
