@@ -64,6 +64,16 @@ type request struct {
 	err       error
 	usage     schemas.Usage
 	response  []byte
+
+	// The KV-transfer handshake (disagg.go): hold the first sequence's
+	// blocks for a remote decode (held: the hold, once made; kvHost,
+	// kvPort: where they are served), take a remote prefill's (pull).
+	hold       bool
+	held       *heldKV
+	kvHost     string
+	kvPort     int
+	pull       *transferParams
+	promptHash uint64 // the first prompt's, with the model's root
 }
 
 // seq is one output sequence (one choice).
@@ -103,7 +113,8 @@ type seq struct {
 	lpOffset int
 	lpSeed   uint64
 
-	cached   int // prompt tokens found in the prefix cache at first admission
+	cached   int // prompt tokens found in the prefix cache (or transferred) at first admission
+	xfer     int // prompt tokens taken from a remote prefill (disagg.go): computed at admission; 0 after a preemption
 	admitted bool
 	roleSent bool
 }
@@ -285,6 +296,11 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			}
 		}
 	}
+	if b.KVTransfer != nil {
+		if err := r.readTransfer(b.KVTransfer, root); err != nil {
+			return nil, err
+		}
+	}
 	r.live = len(r.seqs)
 	r.remaining = len(r.seqs)
 	return r, nil
@@ -377,6 +393,9 @@ func (r *request) buildResponse() []byte {
 	}
 	b = append(b, `],"usage":`...)
 	b = schemas.AppendUsage(b, &r.usage)
+	if r.hold {
+		b = r.appendTransferParams(b)
+	}
 	return append(b, '}')
 }
 
