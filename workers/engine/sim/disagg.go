@@ -330,9 +330,18 @@ func jsonKind(r json.RawMessage) string {
 	return "a number"
 }
 
+// requestKV is a request's part in the handshake.
+type requestKV struct {
+	held       *heldKV // the hold, once made
+	host       string  // where it is served
+	port       int
+	pull       *transferParams // a remote prefill's blocks to take
+	promptHash uint64          // the first prompt's, with the model's root
+}
+
 // readTransfer sets what r does of the handshake: hold its blocks at the
 // end (a prefill for a remote decode; not for a stream, whose answer could
-// not say where), take a remote prefill's (r.pull), both or neither.
+// not say where), take a remote prefill's (r.kv.pull), both or neither.
 // root is the prompt's block hash root (the model's).
 func (r *request) readTransfer(raw []byte, root uint64) *schemas.Error {
 	p, err := parseTransferParams(raw)
@@ -340,11 +349,12 @@ func (r *request) readTransfer(raw []byte, root uint64) *schemas.Error {
 		return err
 	}
 	r.hold = p.remoteDecode && !r.stream
-	if p.pullable() {
-		r.pull = p
+	if !r.hold && !p.pullable() {
+		return nil
 	}
-	if r.hold || r.pull != nil {
-		r.promptHash = schemas.TokenBlockHash(root, r.prompts[0].ids)
+	r.kv = &requestKV{promptHash: schemas.TokenBlockHash(root, r.prompts[0].ids)}
+	if p.pullable() {
+		r.kv.pull = p
 	}
 	return nil
 }
@@ -357,9 +367,9 @@ func (e *Engine) beginTransfer(ctx context.Context, r *request) error {
 		if err != nil {
 			return err
 		}
-		r.kvHost, r.kvPort = host, port
+		r.kv.host, r.kv.port = host, port
 	}
-	if r.pull != nil {
+	if r.kv.pull != nil {
 		return e.pullKV(ctx, r)
 	}
 	return nil
@@ -368,12 +378,12 @@ func (e *Engine) beginTransfer(ctx context.Context, r *request) error {
 // pullKV takes the blocks of r's remote prefill, then waits for their
 // transfer; meanwhile r counts as waiting (vLLM's WAITING_FOR_REMOTE_KVS).
 func (e *Engine) pullKV(ctx context.Context, r *request) error {
-	p := r.pull
+	p := r.kv.pull
 	n := int64(len(r.seqs))
 	e.nWaiting.Add(n)
 	defer e.nWaiting.Add(-n) // Generate counts them again when it queues them
 	prompt := len(r.prompts[0].ids)
-	tokens, err := e.kvx.pull(ctx, p, prompt, r.promptHash)
+	tokens, err := e.kvx.pull(ctx, p, prompt, r.kv.promptHash)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -386,7 +396,7 @@ func (e *Engine) pullKV(ctx context.Context, r *request) error {
 		return err
 	}
 	for i := 0; i < r.n; i++ { // the first prompt's sequences
-		r.seqs[i].xfer = tokens
+		r.seqs[i].xfer = int32(tokens)
 	}
 	e.kvx.mRemote.Add(1)
 	return nil
@@ -406,14 +416,14 @@ func (e *Engine) holdKV(r *request) {
 		blocks: s.blocks,
 		tokens: s.computed,
 		prompt: len(s.prompt.ids),
-		hash:   r.promptHash,
+		hash:   r.kv.promptHash,
 	}
 	if !e.kvx.add(h, e.cfg.KVHoldTime, e.signal) {
 		s.blocks = e.kv.releaseAll(s.blocks) // closing
 		return
 	}
 	s.blocks = nil
-	r.held = h
+	r.kv.held = h
 }
 
 // add holds h for d; false once closed.
@@ -488,7 +498,7 @@ func (x *kvTransfer) dropHolds() {
 // appendTransferParams writes a prefill's answer's kv_transfer_params.
 func (r *request) appendTransferParams(b []byte) []byte {
 	b = append(b, `,"kv_transfer_params":`...)
-	h := r.held
+	h := r.kv.held // kv is set: the request holds
 	if h == nil {
 		return append(b, "null"...)
 	}
@@ -504,9 +514,9 @@ func (r *request) appendTransferParams(b []byte) []byte {
 	b = append(b, `,"remote_request_id":`...)
 	b = appendString(b, h.id)
 	b = append(b, `,"remote_host":`...)
-	b = appendString(b, r.kvHost)
+	b = appendString(b, r.kv.host)
 	b = append(b, `,"remote_port":`...)
-	b = strconv.AppendInt(b, int64(r.kvPort), 10)
+	b = strconv.AppendInt(b, int64(r.kv.port), 10)
 	return append(b, `,"tp_size":1}`...)
 }
 

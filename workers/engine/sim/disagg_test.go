@@ -250,6 +250,14 @@ func TestTransferRefused(t *testing.T) {
 			p.Close()
 			return params
 		}},
+		{name: "engine stuck", reason: "no answer from", kept: true, spoil: func(t *testing.T, p *Engine, params []byte) []byte {
+			old := kvPullTimeout
+			kvPullTimeout = 100 * time.Millisecond
+			t.Cleanup(func() { kvPullTimeout = old })
+			host, port, _ := net.SplitHostPort(testenv.SilentListener(t).Addr)
+			n, _ := strconv.Atoi(port)
+			return setParam(t, setParam(t, params, "remote_host", host), "remote_port", n)
+		}},
 		{name: "taken already", reason: "taken already", spoil: func(t *testing.T, p *Engine, params []byte) []byte {
 			d := newEngine(t, kvConfig())
 			if _, err := decodeRun(d, schemas.KindChat, pdChat, params, nil); err != nil {
@@ -462,4 +470,55 @@ func TestTransferDoesNotStall(t *testing.T) {
 			t.Fatalf("the running stream stalled %v at chunk %d (transfer %v, prefill step %v)", gap, i, cfg.KVTransferBase, cfg.PrefillBase)
 		}
 	}
+}
+
+// TestTransferCancelled: a client that goes away cancels either phase:
+// a prefill holds nothing, a decode waiting for its blocks leaves at once.
+func TestTransferCancelled(t *testing.T) {
+	t.Run("prefill", func(t *testing.T) {
+		cfg := kvConfig()
+		cfg.PrefillBase = 300 * time.Millisecond // a step is not cut short: the abort takes effect at its end
+		p := newEngine(t, cfg)
+		pb, _ := schemas.PrefillBody([]byte(pdChat))
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := p.Generate(ctx, &engine.Request{Kind: schemas.KindChat, Body: pb}, nil)
+			done <- err
+		}()
+		wantStats(t, p, func(st engine.Stats) bool { return st.Running == 1 })
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("error %v", err)
+		}
+		wantStats(t, p, func(st engine.Stats) bool { return st.Running == 0 && st.KVCacheUsage == 0 })
+		if st := p.KVTransferStats(); st.Prefills != 0 || st.HeldRequests != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+	})
+	t.Run("decode", func(t *testing.T) {
+		p := newEngine(t, kvConfig())
+		cfg := kvConfig()
+		cfg.KVTransferBase = time.Minute
+		d := newEngine(t, cfg)
+		_, params := prefillRun(t, p, schemas.KindChat, pdChat)
+		db, _ := schemas.DecodeBody([]byte(pdChat), params)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.Generate(ctx, &engine.Request{Kind: schemas.KindChat, Body: db}, nil)
+			done <- err
+		}()
+		wantStats(t, d, func(st engine.Stats) bool { return st.Waiting == 1 })
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("error %v", err)
+		}
+		if st := d.Stats(); st.Waiting != 0 || st.Running != 0 {
+			t.Fatalf("stats %+v", st)
+		}
+		if st := d.KVTransferStats(); st.Failed != 0 || st.RemotePrefills != 0 {
+			t.Fatalf("transfer stats %+v", st)
+		}
+	})
 }

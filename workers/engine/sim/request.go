@@ -41,6 +41,7 @@ type request struct {
 	includeUsage bool
 	keepText     bool // the text is kept: non-stream, or stop strings to look for
 	includeStop  bool
+	hold         bool // hold the first sequence's blocks for a remote decode (disagg.go)
 	stops        []string
 	maxStop      int // longest stop string
 	n            int
@@ -65,15 +66,7 @@ type request struct {
 	usage     schemas.Usage
 	response  []byte
 
-	// The KV-transfer handshake (disagg.go): hold the first sequence's
-	// blocks for a remote decode (held: the hold, once made; kvHost,
-	// kvPort: where they are served), take a remote prefill's (pull).
-	hold       bool
-	held       *heldKV
-	kvHost     string
-	kvPort     int
-	pull       *transferParams
-	promptHash uint64 // the first prompt's, with the model's root
+	kv *requestKV // the KV-transfer handshake (disagg.go); nil unless the request takes part
 }
 
 // seq is one output sequence (one choice).
@@ -113,8 +106,8 @@ type seq struct {
 	lpOffset int
 	lpSeed   uint64
 
-	cached   int // prompt tokens found in the prefix cache (or transferred) at first admission
-	xfer     int // prompt tokens taken from a remote prefill (disagg.go): computed at admission; 0 after a preemption
+	cached   int   // prompt tokens found in the prefix cache (or transferred) at first admission
+	xfer     int32 // prompt tokens taken from a remote prefill (disagg.go): computed at admission; 0 after a preemption
 	admitted bool
 	roleSent bool
 }

@@ -251,7 +251,7 @@ func (e *Engine) stepOnce() {
 		}
 		compute := total - hits*bs
 		if s.xfer > 0 { // taken from a remote prefill: nothing to prefill (disagg.go)
-			compute = total - max(hits*bs, s.xfer)
+			compute = total - max(hits*bs, int(s.xfer))
 		}
 		if admitted > 0 && prefill+compute > e.cfg.MaxNumBatchedTokens {
 			break
@@ -304,8 +304,8 @@ func (e *Engine) stepOnce() {
 			s.admitted = true
 			s.cached = hits * bs
 			if s.xfer > 0 {
-				s.cached = max(s.cached, s.xfer)
-				e.kvx.mXferTokens.Add(uint64(max(s.xfer-hits*bs, 0)))
+				s.cached = max(s.cached, int(s.xfer))
+				e.kvx.mXferTokens.Add(uint64(max(int(s.xfer)-hits*bs, 0)))
 			}
 			e.mPrompt.Add(uint64(len(s.prompt.ids)))
 			e.mQueries.Add(uint64(len(s.prompt.ids)))

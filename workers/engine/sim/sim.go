@@ -424,7 +424,7 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	if err != nil {
 		return nil, err
 	}
-	if r.hold || r.pull != nil {
+	if r.kv != nil {
 		if err := e.beginTransfer(ctx, r); err != nil { // disagg.go
 			return nil, err
 		}
