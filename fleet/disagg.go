@@ -53,8 +53,13 @@ func (f *Fleet) AcquirePrefill(model, exclude string, hashes []uint64) (id strin
 	return id, live, cached, true
 }
 
-// PrefillWorkers counts the live, healthy, non-draining prefill workers of model.
+// PrefillWorkers counts the live, healthy, non-draining prefill workers of
+// model. Until a prefill worker has ever been seen it returns 0 at once:
+// a dispatcher asks on every long prompt, and most fleets have none.
 func (f *Fleet) PrefillWorkers(model string) int {
+	if !f.prefillSeen.Load() {
+		return 0
+	}
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	n := 0

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -64,6 +65,8 @@ type Fleet struct {
 	blindAt time.Time
 
 	switches switchLog // model switches seen in heartbeats (capacity.go)
+	// prefillSeen: a prefill worker's heartbeat was ever observed (disagg.go).
+	prefillSeen atomic.Bool
 }
 
 // ReconnectGrace is how long after its owner's NATS connection is back a
@@ -151,6 +154,9 @@ func (f *Fleet) Observe(hb schemas.Heartbeat, now time.Time) bool {
 		f.switches.observeLocked(&w.hb, hb, now)
 	}
 	w.hb = hb
+	if hb.Role == schemas.RolePrefill {
+		f.prefillSeen.Store(true)
+	}
 	if w.prefix != nil {
 		w.prefix.resize(f.prefixCap(w))
 	}

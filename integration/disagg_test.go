@@ -167,8 +167,8 @@ func TestDisaggregatedRequests(t *testing.T) {
 			t.Errorf("%s%v = %v, want %v", m.metric, m.labels, got, m.want)
 		}
 	}
-	if n := metricSum(t, metrics, "tokenbus_worker_kv_transfer_seconds_count"); n != 5 {
-		t.Errorf("kv transfer observations %v, want 5", n)
+	if n := metricSum(t, metrics, "tokenbus_worker_kv_transfer_seconds_count"); n != 3 { // the streams
+		t.Errorf("kv transfer observations %v, want 3", n)
 	}
 
 	// One trace holds both workers: the decode worker's generate span, its

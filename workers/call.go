@@ -149,7 +149,7 @@ func (c *call) Chunks(b []byte) error {
 		c.prefill = time.Since(c.start)
 		c.w.m.ttft.Observe(c.prefill.Seconds())
 		c.span.AddEvent(tracing.EventFirstToken)
-		c.remoteFirstChunk()
+		c.remoteFirstChunk(true)
 	}
 	linger := c.w.cfg.ChunkLinger
 	c.mu.Lock()

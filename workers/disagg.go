@@ -196,14 +196,18 @@ func asError(v *schemas.Request, e *schemas.Error) (*schemas.Request, error) {
 	return v, nil
 }
 
-// remoteFirstChunk notes c's first chunk on transferred KV (Chunks).
-func (c *call) remoteFirstChunk() {
+// remoteFirstChunk notes c's first chunk on transferred KV (Chunks), or,
+// with chunk false, the end of a request without chunks (not streamed):
+// then there is no first-chunk time to observe.
+func (c *call) remoteFirstChunk(chunk bool) {
 	r := c.remote
 	if r == nil || r.counted {
 		return
 	}
 	r.counted = true
-	c.w.m.disagg.transfer.Observe(time.Since(r.genAt).Seconds())
+	if chunk {
+		c.w.m.disagg.transfer.Observe(time.Since(r.genAt).Seconds())
+	}
 	c.w.m.disagg.remote.WithLabelValues(prefillOK).Inc()
 	r.span.SetAttributes(attribute.String(tracing.AttrPrefillOutcome, prefillOK))
 	r.span.End()

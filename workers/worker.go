@@ -474,7 +474,7 @@ func (w *Worker) serve(c *call) {
 	if c.prefillFor {
 		w.m.disagg.served.WithLabelValues("ok").Inc()
 	}
-	c.remoteFirstChunk() // a non-streaming request on transferred KV has no chunk
+	c.remoteFirstChunk(false) // a non-streaming request on transferred KV has no chunk
 	payload := res.Response
 	if payload == nil {
 		var buf [256]byte

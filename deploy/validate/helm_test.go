@@ -490,9 +490,34 @@ func checkManifests(t *testing.T, variant string, ms []manifest) {
 			}
 		}
 	case "gpu":
-		if count("StatefulSet") != 2 || count("Deployment") != 3 {
-			t.Errorf("%d StatefulSets and %d Deployments, want 2 vLLM pools and gateway, dispatcher, one sim pool",
+		if count("StatefulSet") != 4 || count("Deployment") != 3 {
+			t.Errorf("%d StatefulSets and %d Deployments, want 4 vLLM pools (2 of them prefill and decode) and gateway, dispatcher, one sim pool",
 				count("StatefulSet"), count("Deployment"))
+		}
+		// The prefill and decode pools: their role, and vLLM's side
+		// channel at the pod's IP.
+		for _, m := range byKind["StatefulSet"] {
+			st := m.obj.(*appsv1.StatefulSet)
+			role := map[string]string{"tb-tokenbus-worker-llama-8b-prefill": "prefill", "tb-tokenbus-worker-llama-8b-decode": "decode"}[st.Name]
+			if role == "" {
+				role = "both"
+			}
+			var gotRole string
+			side := false
+			for _, c := range st.Spec.Template.Spec.Containers {
+				for _, e := range c.Env {
+					if e.Name == "TOKENBUS_ROLE" {
+						gotRole = e.Value
+					}
+					if e.Name == "VLLM_NIXL_SIDE_CHANNEL_HOST" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil &&
+						e.ValueFrom.FieldRef.FieldPath == "status.podIP" {
+						side = true
+					}
+				}
+			}
+			if gotRole != role || side != (role != "both") {
+				t.Errorf("%s: TOKENBUS_ROLE %q (want %q), side channel at the pod IP %v", st.Name, gotRole, role, side)
+			}
 		}
 	case "keda":
 		if count("ScaledObject") != 3 || count("ServiceMonitor") != 1 || count("PrometheusRule") != 1 {
@@ -749,6 +774,9 @@ func TestHelmRejects(t *testing.T) {
 	}{
 		"negative minReplicas": {`{"keda":{"enabled":true},"workers":{"pools":[{"name":"a","model":"a","autoscaling":{"minReplicas":-1}}]}}`, "minReplicas must be 0 or more"},
 		"unknown engine":       {`{"workers":{"pools":[{"name":"a","model":"a","engine":"tgi"}]}}`, "engine must be sim or vllm"},
+		"unknown role":         {`{"workers":{"pools":[{"name":"a","model":"a","role":"prefil"}]}}`, "role must be both, prefill or decode"},
+		"decode without a KV connector": {`{"workers":{"pools":[{"name":"a","model":"a","engine":"vllm","role":"decode"}]}}`,
+			"needs vLLM's KV connector"},
 		"pool without model":   {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
 		"creds without secret": {`{"nats":{"auth":{"mode":"creds"}}}`, "existingSecret"},
 		"tls without secret":   {`{"nats":{"tls":{"enabled":true}}}`, "nats.tls.secretName is required"},
