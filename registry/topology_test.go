@@ -80,6 +80,7 @@ var suite = []struct {
 	{"RecordBatchSumsAsSingles", testRecordBatchSumsAsSingles},
 	{"UsageAcrossShards", testUsageAcrossShards},
 	{"NotReplicated", testNotReplicated},
+	{"Migrate", testMigrate},
 }
 
 // TestTopologies runs the suite on a single node, on a Sentinel-watched
