@@ -19,7 +19,7 @@ import (
 type DispatcherConfig struct {
 	NATS       natsconn.Options
 	Redis      registry.Topology // the model registry; none configured: none (unknown models then get 404)
-	Metrics    string // listen address of /metrics; "" off
+	Metrics    string            // listen address of /metrics; "" off
 	Dispatcher dispatcher.Config
 	Limits     LimitsConfig // tenant requests' admission: the Redis breaker, fail open or closed, reservations
 	Log        *slog.Logger // gets the dispatcher's lines, with component=dispatcher: give it none of its own

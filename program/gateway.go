@@ -104,9 +104,9 @@ func DefaultLimits() LimitsConfig {
 
 // GatewayConfig configures a gateway program.
 type GatewayConfig struct {
-	NATS     natsconn.Options
-	Redis    registry.Topology // registry, API keys, limits and usage; none configured: no Redis (then Auth off and Admin "")
-	HTTP     HTTPConfig
+	NATS  natsconn.Options
+	Redis registry.Topology // registry, API keys, limits and usage; none configured: no Redis (then Auth off and Admin "")
+	HTTP  HTTPConfig
 	// EmbedDispatcher routes requests with a dispatcher inside the gateway,
 	// straight to workers; Dispatcher configures it (it runs Embedded).
 	// Without it the gateway publishes to standalone dispatchers.

@@ -22,9 +22,9 @@ type WorkerConfig struct {
 	// NATS: an empty Inbox is schemas.WorkerInboxPrefix, the workers' own
 	// namespace, so NATS permissions can let workers read their replies (the
 	// start-up ping) without reading any client's inbox.
-	NATS     natsconn.Options
-	Redis    registry.Topology // when configured, the worker registers its models there
-	Metrics  string // listen address of /metrics; "" off
+	NATS    natsconn.Options
+	Redis   registry.Topology // when configured, the worker registers its models there
+	Metrics string            // listen address of /metrics; "" off
 	// Worker: an empty ID is the host name and a random suffix; Version and
 	// Metrics are set by the program.
 	Worker  workers.Config
