@@ -348,7 +348,7 @@ func TestMigratedTenantRequestCountsOnce(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(strings.TrimSuffix(rd.URL, "/0"), "redis://")})
 	defer rdb.Close()
 	counted := func() (requests, tokens int) {
-		v, err := rdb.HMGet(ctx, "{tokenbus}:rl:"+key.ID, "r", "t").Result()
+		v, err := rdb.HMGet(ctx, "tokenbus:key:{"+key.ID+"}:rl", "r", "t").Result()
 		if err != nil {
 			t.Fatal(err)
 		}
