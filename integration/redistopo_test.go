@@ -2,12 +2,14 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -228,5 +230,58 @@ func limitsHold(t *testing.T, d *dev, rpmSecret, tpmSecret string) {
 	const tpm, reservation = 200, 120/4 + 50
 	if !refused || served > tpm+reservation {
 		t.Fatalf("TPM 200 after the failover: %d tokens served, refused: %v", served, refused)
+	}
+}
+
+// The roles as processes of the built binary, named Redis by
+// --redis-sentinel and by --redis-cluster: the worker registers its model,
+// an API key made on the gateway's admin API serves a request, and its
+// usage arrives.
+func TestProcessesOnRedisTopologies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: separate processes of the built binary")
+	}
+	t.Parallel()
+	bin := tokenbusBinary(t)
+	for _, tc := range []struct {
+		flag  string
+		start func(t *testing.T) string
+	}{
+		{"--redis-sentinel", func(t *testing.T) string { return testenv.StartSentinel(t, testenv.RedisServer, 2).URL }},
+		{"--redis-cluster", func(t *testing.T) string { return testenv.StartCluster(t, testenv.RedisServer, 3, 6).URL }},
+	} {
+		t.Run(tc.flag, func(t *testing.T) {
+			t.Parallel()
+			redisURL := tc.start(t)
+			natsPort := testenv.FreePort(t)
+			startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(natsPort), "-js", "-sd", t.TempDir())
+			common := []string{"--nats-url", fmt.Sprintf("nats://127.0.0.1:%d", natsPort), tc.flag, redisURL, "--log-level", "warn"}
+			startProc(t, "worker", bin, append([]string{"worker", "--id", "w1"}, common...)...)
+			httpAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			adminAddr := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+			startProc(t, "gateway", bin, append([]string{"gateway", "--http", httpAddr, "--admin", adminAddr,
+				"--admin-token", limitsAdminToken}, common...)...)
+			base := "http://" + httpAddr
+			waitReady(t, base)
+			var key struct{ ID, Key string }
+			admin := []string{"Authorization", "Bearer " + limitsAdminToken}
+			if st, b, err := httpJSON("POST", "http://"+adminAddr+"/keys", "application/json",
+				strings.NewReader(`{"name":"p","tenant":"acme","rpm":100}`), nil, admin...); err != nil || st != 201 || json.Unmarshal(b, &key) != nil {
+				t.Fatalf("POST /keys: %d %s %v", st, b, err)
+			}
+			if r := post(t, base, "/v1/completions", `{"model":"llama-8b","max_tokens":3,"prompt":"hi"}`, "Authorization", "Bearer "+key.Key); r.Status != 200 {
+				t.Fatalf("request: %d %s", r.Status, r.Body)
+			}
+			testenv.WaitFor(t, 20*time.Second, func() error {
+				var u struct {
+					Data []struct{ Requests int64 } `json:"data"`
+				}
+				st, b, err := httpJSON("GET", "http://"+adminAddr+"/usage?key_id="+key.ID, "", nil, &u, admin...)
+				if err != nil || st != 200 || len(u.Data) != 1 || u.Data[0].Requests != 1 {
+					return fmt.Errorf("usage: %d %s %v", st, b, err)
+				}
+				return nil
+			})
+		})
 	}
 }
