@@ -318,6 +318,10 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 			log.Warn("Redis holds a registry in the layout before Redis Cluster support and none in today's: its API keys, models and usage are not seen; copy them with `tokenbus redis migrate` (docs/redis.md)",
 				"redis", cfg.Redis.String())
 		}
+		if addr, have, err := store.ReplicasShort(ctx); err == nil && addr != "" {
+			log.Warn("a Redis master has fewer replicas than --redis-min-replicas: usage records of the API keys it holds wait in JetStream, and API keys cannot be created, until it has them (docs/redis.md)",
+				"master", addr, "replicas", have, "min_replicas", cfg.Redis.Replicas())
+		}
 		gw.store = store
 		cache = registry.NewCache(store, log)
 		_ = cache.Refresh(ctx)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -119,4 +122,43 @@ func (s *Store) waitReplicas(ctx context.Context, c *redis.Conn) error {
 		return notReplicated(int(n), s.replicas)
 	}
 	return nil
+}
+
+// ReplicasShort reports a master with fewer connected replicas than the
+// store's writes wait for (Topology.MinReplicas): its address and how many
+// it has ("" when every master has enough, or none are waited for). Until
+// it has them, usage records of the keys it holds wait in JetStream and API
+// keys cannot be created: a gateway logs it at start.
+func (s *Store) ReplicasShort(ctx context.Context) (addr string, have int, err error) {
+	if s.replicas == 0 {
+		return "", 0, nil
+	}
+	check := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "replication").Result()
+		if err != nil {
+			return err
+		}
+		n := 0
+		for _, line := range strings.Split(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "connected_slaves:"); ok {
+				n, _ = strconv.Atoi(v)
+			}
+		}
+		if n < s.replicas && addr == "" {
+			addr, have = c.Options().Addr, n
+		}
+		return nil
+	}
+	switch c := s.rdb.(type) {
+	case *redis.ClusterClient:
+		var mu sync.Mutex
+		err = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return check(ctx, m)
+		})
+	case *redis.Client:
+		err = check(ctx, c)
+	}
+	return addr, have, storeErr(err)
 }

@@ -253,6 +253,12 @@ func testNotReplicated(t *testing.T, b *backend) {
 			t.Fatalf("status %d", e.Status)
 		}
 	}
+	if addr, have, err := g.ReplicasShort(ctx); err != nil || addr == "" || have >= 5 {
+		t.Fatalf("ReplicasShort of a store that waits for 5: %q %d %v", addr, have, err)
+	}
+	if addr, _, err := s.ReplicasShort(ctx); err != nil || addr != "" {
+		t.Fatalf("ReplicasShort of a store that waits for what there is: %q %v", addr, err)
+	}
 	if br.State() != registry.BreakerClosed {
 		t.Fatalf("breaker %s after replicas did not confirm: it must count Redis down only", br.State())
 	}
