@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenbus/tokenbus/fleet"
@@ -103,6 +104,8 @@ type Config struct {
 	// event.
 	ColdStartTimeout time.Duration
 	HoldBeat         time.Duration
+	// Disagg is the prefill/decode disaggregation policy (disagg.go).
+	Disagg DisaggConfig
 }
 
 // LocalWorkers takes requests for the workers that run in this process
@@ -446,8 +449,13 @@ func (d *Dispatcher) parse(m *nats.Msg, model string) (*request, *schemas.Error)
 	if r.adapter != nil && r.attempt == 0 {
 		d.demand.observe(r.model, r.adapter, time.Now())
 	}
-	if k := schemas.Kind(h.Get(schemas.HdrKind)); !d.cfg.NoPrefixRouting && (k == schemas.KindChat || k == schemas.KindCompletion) {
-		r.hashes, r.text = promptKey(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
+	if k := schemas.Kind(h.Get(schemas.HdrKind)); k == schemas.KindChat || k == schemas.KindCompletion {
+		switch {
+		case !d.cfg.NoPrefixRouting:
+			r.hashes, r.text = promptKey(nil, r.model, m.Data, d.cfg.PrefixBlockBytes)
+		case d.cfg.Disagg.MinPromptTokens > 0: // disaggregation decides on the prompt's length
+			r.text = len(schemas.PromptSpan(m.Data))
+		}
 	}
 	return r, nil
 }
@@ -593,6 +601,10 @@ func (d *Dispatcher) onBounce(m *nats.Msg) {
 	m.Header.Set(schemas.HdrAttempt, strconv.Itoa(r.attempt))
 	d.startSpan(r)
 	from := m.Header.Get(schemas.HdrWorker)
+	if pw := m.Header.Get(schemas.HdrPrefillWorker); pw != "" {
+		d.fleet.Release(pw) // the decode worker bounced it before sending the prefill
+		m.Header.Del(schemas.HdrPrefillWorker)
+	}
 	if from != "" {
 		d.fleet.MarkFull(from)
 		d.mu.Lock()
@@ -636,9 +648,10 @@ func (d *Dispatcher) route(r *request, exclude string) {
 	}
 	id, serving, cached, ok := d.acquire(r.model, r.adapter, r.hashes, exclude)
 	if ok {
+		pw := d.choosePrefill(prompt{r.model, r.adapter, r.msg.Header, r.hashes, r.text}, cached, exclude)
 		d.chargedLocked(id, r.id, charge{model: r.model, at: time.Now()}) // its service time counts for the capacity estimate
 		d.mu.Unlock()
-		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text))
+		d.forward(r.msg, id, r.adapter, r.span, d.predict(cached, r.hashes, r.text), pw)
 		return
 	}
 	if serving == 0 && exclude == "" && !d.warmingLocked(time.Now()) && !d.holdable(r.model, r.adapter) {
@@ -782,6 +795,7 @@ func (d *Dispatcher) drain(models []string) {
 		adapter *adapterRef
 		span    trace.Span
 		pred    prediction
+		prefill string
 	}
 	var out []fwd
 	now := time.Now()
@@ -809,7 +823,8 @@ func (d *Dispatcher) drain(models []string) {
 			delete(d.byID, e.id)
 			d.chargedLocked(id, e.reqID, charge{model: e.model, tenant: e.item.Flow, band: e.item.Band, cost: e.item.Cost, at: now,
 				expires: e.item.Expires})
-			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text)})
+			pw := d.choosePrefill(prompt{e.model, e.adapter, e.msg.Header, e.hashes, e.text}, cached, "")
+			out = append(out, fwd{e.msg, id, e.adapter, e.span, d.predict(cached, e.hashes, e.text), pw})
 			waited := now.Sub(e.enqueued()).Seconds()
 			d.m.queueWait.Observe(waited)
 			if e.cold {
@@ -820,7 +835,7 @@ func (d *Dispatcher) drain(models []string) {
 	}
 	d.mu.Unlock()
 	for _, f := range out {
-		d.forward(f.msg, f.worker, f.adapter, f.span, f.pred)
+		d.forward(f.msg, f.worker, f.adapter, f.span, f.pred, f.prefill)
 	}
 }
 
@@ -829,10 +844,20 @@ func (d *Dispatcher) drain(models []string) {
 // those headers removed (only the registry may name weights to load). The
 // traceparent header is rewritten to the dispatch span, which ends here. A
 // request routed by prefix carries the prediction of what the worker holds
-// of its prompt (HdrPrefixCached); any other has that header removed.
-func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span trace.Span, pred prediction) {
+// of its prompt (HdrPrefixCached); any other has that header removed. A
+// disaggregated request carries its prefill worker (HdrPrefillWorker,
+// disagg.go); any other has that header removed.
+func (d *Dispatcher) forward(m *nats.Msg, worker string, ad *adapterRef, span trace.Span, pred prediction, prefill string) {
 	m.Header.Set(schemas.HdrBounce, schemas.BounceSubject(d.cfg.ID))
 	m.Header.Set(schemas.HdrWorker, worker)
+	if prefill != "" {
+		m.Header.Set(schemas.HdrPrefillWorker, prefill)
+		if span != nil {
+			span.SetAttributes(attribute.String(tracing.AttrPrefillWorker, prefill))
+		}
+	} else {
+		m.Header.Del(schemas.HdrPrefillWorker)
+	}
 	pred.setHeader(m.Header)
 	if ad != nil {
 		m.Header.Set(schemas.HdrAdapterBase, ad.base)

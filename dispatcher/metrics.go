@@ -36,6 +36,8 @@ type metrics struct {
 	// switchRequests counts the model switches this dispatcher asked of
 	// workers (switch.go), by outcome: accepted, refused, error.
 	switchRequests *prometheus.CounterVec
+	// disagg counts the disaggregation decisions (disagg.go) by reason.
+	disagg *prometheus.CounterVec
 
 	// Flow control (flow.go), by band and tenant; tenants beyond the first
 	// maxTenantLabels seen share the label "other" (bounded cardinality).
@@ -131,6 +133,9 @@ func newMetrics() *metrics {
 		}
 		m.flowTokens.WithLabelValues(b.String(), "none")
 	}
+	for _, r := range disaggReasons {
+		m.disagg.WithLabelValues(r)
+	}
 	for _, o := range []string{"accepted", "refused", "error"} {
 		m.switchRequests.WithLabelValues(o)
 	}
@@ -143,6 +148,7 @@ func newMetrics() *metrics {
 
 func newCollectors() *metrics {
 	return &metrics{
+		disagg: newDisaggCounter(),
 		routed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tokenbus_dispatcher_routed_total", Help: "Requests forwarded to a worker."}),
 		adapterPlaced: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -222,7 +228,7 @@ func (d *Dispatcher) register(reg prometheus.Registerer) {
 		return
 	}
 	m := d.m
-	reg.MustRegister(m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
+	reg.MustRegister(m.disagg, m.routed, m.adapterRouted, m.adapterPlaced, m.bounces, m.rejected, m.queueWait, m.joined, m.lost, m.cancelsIgnored, m.admitFailOpen,
 		m.prefixHits, m.prefixMisses, m.prefixPrompt, m.prefixPredicted, m.kvEvents, m.flowWait, m.flowRefused, m.flowTokens, m.settled,
 		m.coldStarts, m.coldStartSeconds, m.capacityWait, m.switchRequests, modelCollector{d})
 }

@@ -34,7 +34,7 @@ func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string
 	bestScore := -1e300
 	f.rr++
 	for wid, w := range f.workers {
-		if _, yes := w.models[model]; !yes || w.hb.Draining || !w.hb.Healthy {
+		if _, yes := w.models[model]; !yes || w.hb.Draining || !w.hb.Healthy || w.prefillOnly() {
 			continue
 		}
 		serving++
@@ -186,7 +186,7 @@ func (f *Fleet) AcquireAdapterPrefix(adapter, base, exclude string, hashes []uin
 		for wid, w := range f.workers {
 			_, hasBase := w.models[base]
 			_, hasSelf := w.models[adapter]
-			if !hasBase && !hasSelf || w.hb.Draining || !w.hb.Healthy {
+			if !hasBase && !hasSelf || w.hb.Draining || !w.hb.Healthy || w.prefillOnly() {
 				continue
 			}
 			if !asleep {
@@ -342,7 +342,7 @@ func (f *Fleet) ServingAdapter(adapter, base string) int {
 	for _, w := range f.workers {
 		_, hasBase := w.models[base]
 		_, hasSelf := w.models[adapter]
-		if (hasBase || hasSelf) && !w.hb.Draining && w.hb.Healthy {
+		if (hasBase || hasSelf) && !w.hb.Draining && w.hb.Healthy && !w.prefillOnly() {
 			n++
 		}
 	}

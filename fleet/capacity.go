@@ -17,7 +17,7 @@ func (f *Fleet) Switchable(model string) int {
 	defer f.mu.RUnlock()
 	n := 0
 	for _, w := range f.workers {
-		if w.hb.Draining || !w.hb.Healthy {
+		if w.hb.Draining || !w.hb.Healthy || w.prefillOnly() {
 			continue
 		}
 		if _, serves := w.models[model]; serves {
@@ -40,7 +40,7 @@ func (f *Fleet) Asleep(model string) int {
 	defer f.mu.RUnlock()
 	n := 0
 	for _, w := range f.workers {
-		if _, serves := w.models[model]; serves && w.hb.Sleeping && !w.hb.Draining {
+		if _, serves := w.models[model]; serves && w.hb.Sleeping && !w.hb.Draining && !w.prefillOnly() {
 			n++
 		}
 	}

@@ -47,13 +47,14 @@ func (f *Fleet) Workers() []Worker {
 	return out
 }
 
-// Serving reports how many live, non-draining workers serve model.
+// Serving reports how many live, non-draining workers serve model (prefill
+// workers, which take no request whole, not counted).
 func (f *Fleet) Serving(model string) int {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	n := 0
 	for _, w := range f.workers {
-		if _, yes := w.models[model]; yes && !w.hb.Draining && w.hb.Healthy {
+		if _, yes := w.models[model]; yes && !w.hb.Draining && w.hb.Healthy && !w.prefillOnly() {
 			n++
 		}
 	}

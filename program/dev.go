@@ -22,6 +22,7 @@ import (
 	"github.com/tokenbus/tokenbus/internal/embedded"
 	"github.com/tokenbus/tokenbus/internal/natsconn"
 	"github.com/tokenbus/tokenbus/registry"
+	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers"
 	"github.com/tokenbus/tokenbus/workers/engine"
 )
@@ -36,6 +37,10 @@ type DevConfig struct {
 	// SimWorkers is the number of workers with the sim engine; with another
 	// engine one worker fronts it.
 	SimWorkers int
+	// PrefillWorkers: this many more sim workers, of role prefill
+	// (dev-prefill-1...), and the SimWorkers of role decode: prefill/decode
+	// disaggregation in one process (docs/disaggregation.md). Sim only.
+	PrefillWorkers int
 	// Adapters are LoRA adapters registered on the first served model, as
 	// name=path.
 	Adapters   []string
@@ -155,7 +160,11 @@ func (d *Dev) start(ctx context.Context) error {
 	d.nWorkers = cfg.SimWorkers
 	if cfg.Engine.Kind != "sim" {
 		d.nWorkers = 1 // one worker fronts the one engine
+		if cfg.PrefillWorkers > 0 {
+			return fmt.Errorf("--prefill-workers goes with --engine sim")
+		}
 	}
+	d.nWorkers += cfg.PrefillWorkers
 	cfg.Engine.SleepMode = cfg.Worker.SleepAfter > 0
 	for range d.nWorkers {
 		eng, err := newEngine(ctx, cfg.Engine, componentLog(cfg.Log, "engine"))
@@ -204,6 +213,12 @@ func (d *Dev) start(ctx context.Context) error {
 		wh.engine, d.engines[i] = d.engines[i], nil // the worker closes it
 		wcfg := cfg.Worker
 		wcfg.ID = fmt.Sprintf("dev-worker-%d", i+1)
+		if cfg.PrefillWorkers > 0 {
+			wcfg.Role = schemas.RoleDecode
+			if n := i - (d.nWorkers - cfg.PrefillWorkers); n >= 0 {
+				wcfg.ID, wcfg.Role = fmt.Sprintf("dev-prefill-%d", n+1), schemas.RolePrefill
+			}
+		}
 		w, err := startWorker(ctx, WorkerConfig{Worker: wcfg, Version: cfg.Version, Log: cfg.Log}, wh)
 		if err != nil {
 			return err

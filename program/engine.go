@@ -51,6 +51,11 @@ type EngineConfig struct {
 	// routes (a VLLMCmd gets VLLM_SERVER_DEV_MODE=1 and must have
 	// --enable-sleep-mode), checked at start.
 	SleepMode bool
+
+	// KVTransfer: the worker has a disaggregation role (prefill or decode):
+	// vllm must have a KV connector (--kv-transfer-config, checked in a
+	// command); the sim always speaks the handshake; openai cannot.
+	KVTransfer bool
 }
 
 // DefaultEngine is the sim serving llama-8b.
@@ -93,7 +98,7 @@ func newEngine(ctx context.Context, c EngineConfig, log *slog.Logger) (engine.En
 			return newSwitchingVLLM(ctx, c, hc)
 		}
 		e, err := vllm.New(vllm.Config{Config: hc, MaxLoras: c.MaxLoras, KVEvents: c.KVEvents, KVEventsTopic: c.KVEventsTopic,
-			PriorityBands: c.PriorityBands, SleepMode: c.SleepMode})
+			PriorityBands: c.PriorityBands, SleepMode: c.SleepMode, KVTransfer: c.KVTransfer})
 		if err != nil {
 			return nil, err
 		}

@@ -153,7 +153,8 @@ func DefaultQuotas() registry.Quotas {
 // DefaultDispatcherConfig is a dispatcher's configuration as the tokenbus command
 // has it.
 func DefaultDispatcherConfig() dispatcher.Config {
-	return dispatcher.Config{QueueSize: 1024, QueueTimeout: 60 * time.Second, ColdStartTimeout: 5 * time.Minute, ReplyPrefixes: []string{"_INBOX."}}
+	return dispatcher.Config{QueueSize: 1024, QueueTimeout: 60 * time.Second, ColdStartTimeout: 5 * time.Minute, ReplyPrefixes: []string{"_INBOX."},
+		Disagg: dispatcher.DisaggConfig{MinPromptTokens: 1024}}
 }
 
 // DefaultGateway is `tokenbus gateway` with no flags.

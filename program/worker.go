@@ -87,6 +87,7 @@ func (p *Worker) start(ctx context.Context, h host) error {
 	var err error
 	if p.eng == nil {
 		p.cfg.Engine.SleepMode = p.cfg.Worker.SleepAfter > 0
+		p.cfg.Engine.KVTransfer = p.cfg.Worker.Role != schemas.RoleBoth
 		if p.eng, err = newEngine(ctx, p.cfg.Engine, componentLog(p.cfg.Log, "engine")); err != nil {
 			p.eng = nil // newEngine closed it
 			return err

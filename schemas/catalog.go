@@ -328,6 +328,16 @@ var (
 		Message: "The %s engine is asleep (sleep mode): wake it up first.",
 		When: "A request reached a sim engine (or `tokenbus sim-server`) in sleep mode. A worker never sends one: it wakes " +
 			"its engine first."})
+	ErrKVTransferFailed = def(secEngine, ErrorDef{Code: "kv_transfer_failed", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The %s engine could not take the prefilled KV cache of engine %s: %s.",
+		When: "A decode engine of a disaggregated request (docs/disaggregation.md) could not pull the KV blocks its prefill " +
+			"engine computed: they expired, that engine restarted or cannot be reached. The worker runs the request " +
+			"again with its own prefill before anything is streamed, so a client sees this only from an engine called " +
+			"directly (the sim-server)."})
+	ErrPrefillFailed = def(secBus, ErrorDef{Code: "prefill_failed", Status: s503, Type: TypeOverloaded, RetryAfter: 1,
+		Message: "The remote prefill of this request on worker %s failed: %s.",
+		When: "A worker asked another for the prefill of a disaggregated request and got an error or no answer. The " +
+			"worker then prefills the request itself, so a client sees this only in logs and traces."})
 	ErrAdapterLoadFailed = def(secEngine, ErrorDef{Code: "adapter_load_failed", Status: http.StatusInternalServerError, Type: TypeServer, Param: "model",
 		Message: "Cannot load LoRA adapter `%s`%s on worker %s: %s.",
 		When:    "The engine refused to load the adapter (no weights at its path...): retrying does not help."})

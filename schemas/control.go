@@ -64,6 +64,32 @@ type Heartbeat struct {
 	Switching string   `json:"switching,omitempty"`
 	LoadedAt  int64    `json:"loaded_at,omitempty"`
 	HoldMS    int      `json:"hold_ms,omitempty"`
+
+	// Role is the worker's part in prefill/decode disaggregation
+	// (docs/disaggregation.md): RolePrefill workers run only the prefills
+	// of disaggregated requests, RoleDecode workers take requests as every
+	// worker does, prefilled elsewhere when a dispatcher so decides; ""
+	// (RoleBoth) is a worker of neither pool, which takes every request
+	// whole.
+	Role string `json:"role,omitempty"`
+}
+
+// Worker roles (Heartbeat.Role).
+const (
+	RoleBoth    = ""
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+)
+
+// ParseRole reads a role as flags spell it: prefill, decode or both.
+func ParseRole(s string) (string, bool) {
+	switch s {
+	case "both", "":
+		return RoleBoth, true
+	case RolePrefill, RoleDecode:
+		return s, true
+	}
+	return "", false
 }
 
 // DoneNotice is published on DoneSubject when a worker finishes a request, so

@@ -65,6 +65,17 @@ const (
 	// worker sets it against the cached tokens its engine reports.
 	HdrPrefixCached = "Tb-Prefix-Cached"
 
+	// Prefill/decode disaggregation (docs/disaggregation.md).
+	// HdrPrefillWorker is set by a dispatcher that disaggregates a request
+	// (and removed from every other): the worker that is to run its
+	// prefill. The decode worker it is forwarded to sends that worker the
+	// prefill, on its PrefillSubject, and streams the request itself with
+	// the KV-transfer params of the answer. Only a prefill so received may
+	// carry kv_transfer_params to an engine: a worker removes them from any
+	// other request, so no client can point an engine at KV blocks of its
+	// choosing.
+	HdrPrefillWorker = "Tb-Prefill-Worker"
+
 	// Flow control (docs/scheduling.md). HdrBand is the request's priority
 	// band (a Band's name; default interactive), HdrWeight its tenant's
 	// fair-share weight in that band (1..MaxWeight; default 1), HdrMaxQueue
@@ -117,7 +128,7 @@ func DispatcherOnly(name string, tenant bool) bool {
 var tenantSet = [...]string{HdrTenant, HdrBand, HdrWeight, HdrMaxQueue}
 
 var dispatcherOnly = [...]string{HdrBounce, HdrAttempt, HdrWorker, HdrAdapterBase, HdrAdapterPath,
-	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken, HdrPrefixCached}
+	HdrKeyID, HdrReserved, HdrWindow, HdrCancelToken, HdrPrefixCached, HdrPrefillWorker}
 
 // FormatPrefixCached writes the HdrPrefixCached value: cached of total bytes.
 // One allocation (the string): a dispatcher writes it on every request it

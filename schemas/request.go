@@ -94,6 +94,11 @@ type Request struct {
 	// ReasoningEffort is chat's reasoning_effort ("low", "medium"...), ""
 	// when absent or null.
 	ReasoningEffort string
+	// KVTransfer is "kv_transfer_params" (chat and completions), the raw
+	// JSON object of vLLM's KV-transfer handshake between a prefill and a
+	// decode instance (disagg.go, docs/disaggregation.md); nil when absent
+	// or null. Its members are the engines' to read and pass on untouched.
+	KVTransfer []byte
 }
 
 // ResponseFormat is a request's response_format.
@@ -194,6 +199,7 @@ const (
 	fLogprobs
 	fTopLogprobs
 	fReasoningEffort
+	fKVTransferParams
 	nFields // the number of fields; seen's bits and nulls' entries
 )
 
@@ -206,13 +212,14 @@ var fieldNames = [...]string{
 	fDimensions: "dimensions", fAddGenerationPrompt: "add_generation_prompt", fReturnTokenStrs: "return_token_strs",
 	fTokens: "tokens", fResponseFormat: "response_format", fTools: "tools", fToolChoice: "tool_choice",
 	fParallelToolCalls: "parallel_tool_calls", fLogprobs: "logprobs", fTopLogprobs: "top_logprobs",
-	fReasoningEffort: "reasoning_effort",
+	fReasoningEffort: "reasoning_effort", fKVTransferParams: "kv_transfer_params",
 }
 
 // Bit sets of the fields each kind reads (bit f for field f).
 const (
 	generateFields = 1<<fModel | 1<<fStream | 1<<fStreamOptions | 1<<fMaxTokens | 1<<fMinTokens | 1<<fN |
-		1<<fSeed | 1<<fStop | 1<<fIgnoreEOS | 1<<fIncludeStopStr | 1<<fPriority | 1<<fUser | 1<<fResponseFormat | 1<<fLogprobs
+		1<<fSeed | 1<<fStop | 1<<fIgnoreEOS | 1<<fIncludeStopStr | 1<<fPriority | 1<<fUser | 1<<fResponseFormat | 1<<fLogprobs |
+		1<<fKVTransferParams
 	chatFields = generateFields | 1<<fMessages | 1<<fMaxCompletionTokens | 1<<fContinueFinalMessage | 1<<fTools |
 		1<<fToolChoice | 1<<fParallelToolCalls | 1<<fTopLogprobs | 1<<fReasoningEffort
 	completionFields = generateFields | 1<<fPrompt
@@ -310,6 +317,8 @@ func lookupField(kind Kind, raw []byte) (field, bool) {
 		f = fTopLogprobs
 	case "reasoning_effort":
 		f = fReasoningEffort
+	case "kv_transfer_params":
+		f = fKVTransferParams
 	default:
 		return 0, false
 	}
@@ -462,6 +471,11 @@ func ReadRequest(kind Kind, body []byte, defaultModel string) (*Request, *Error)
 			return r.integer(f, &req.TopLogprobs, nil)
 		case fReasoningEffort:
 			return r.str(f, &req.ReasoningEffort)
+		case fKVTransferParams:
+			if r.null(f) {
+				return true
+			}
+			return r.rawObject(func() string { return name }, 1, &req.KVTransfer)
 		}
 		return r.s.skip(1)
 	})

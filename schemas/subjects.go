@@ -28,6 +28,11 @@ const (
 	KVEventsPrefix = Prefix + ".kv."
 	// CancelPrefix + <worker-id>: body = CancelBody; the worker aborts it.
 	CancelPrefix = Prefix + ".cancel."
+	// PrefillPrefix + <worker-id>: the prefill of a disaggregated request,
+	// sent by its decode worker (docs/disaggregation.md); + ".cancel": its
+	// cancellation (CancelBody). Workers publish here, and to no other
+	// worker's work or cancel subject.
+	PrefillPrefix = Prefix + ".prefill."
 	// CtlPrefix + <worker-id> + "." + <op>: request/reply control of one worker.
 	CtlPrefix = Prefix + ".ctl."
 	// BouncePrefix + <dispatcher-id>: a worker that is full hands a forwarded
@@ -108,6 +113,13 @@ func KVEventsSubject(workerID string) string { return KVEventsPrefix + workerID 
 
 // CancelSubject is where worker id takes cancellations.
 func CancelSubject(workerID string) string { return CancelPrefix + workerID }
+
+// PrefillSubject is where worker id takes the prefills of other workers'
+// disaggregated requests.
+func PrefillSubject(workerID string) string { return PrefillPrefix + workerID }
+
+// PrefillCancelSubject is where worker id takes cancellations of those prefills.
+func PrefillCancelSubject(workerID string) string { return PrefillPrefix + workerID + ".cancel" }
 
 // CtlSubject is the control subject for operation op on worker id.
 func CtlSubject(workerID, op string) string { return CtlPrefix + workerID + "." + op }

@@ -31,6 +31,12 @@ type call struct {
 	cancelToken              string // HdrCancelToken: a cancel must carry it
 	usage                    usageMark
 	prefix                   prefixPrediction // HdrPrefixCached: what the dispatcher predicts the engine holds of the prompt
+	// Disaggregation (disagg.go): prefillWorker (HdrPrefillWorker) is to
+	// run this request's prefill; prefillFor (HdrPrefill): this is another
+	// worker's prefill; remote is set once the prefill's params are in.
+	prefillWorker string
+	prefillFor    bool
+	remote        *remote
 
 	start      time.Time     // admission
 	firstChunk bool          // a chunk was sent (for TTFT)
@@ -52,7 +58,7 @@ type call struct {
 	token string   // last token of the reply subject, for mux entries and local frames
 }
 
-func (w *Worker) newCall(m *nats.Msg) (*call, error) {
+func (w *Worker) newCall(m *nats.Msg, prefill bool) (*call, error) {
 	c := &call{w: w, reply: m.Reply, start: time.Now()}
 	c.local, c.token = w.localReceiver(m.Reply) // in memory: neither batched nor split
 	if c.local == nil && m.Header.Get(schemas.HdrMux) == "1" {
@@ -110,6 +116,9 @@ func (w *Worker) newCall(m *nats.Msg) (*call, error) {
 		return c, rerr
 	}
 	c.req.View = view
+	if err := c.readDisagg(h, prefill); err != nil {
+		return c, err
+	}
 	w.mu.Lock()
 	if _, dup := w.inflight[c.key()]; dup {
 		w.mu.Unlock()
@@ -140,6 +149,7 @@ func (c *call) Chunks(b []byte) error {
 		c.prefill = time.Since(c.start)
 		c.w.m.ttft.Observe(c.prefill.Seconds())
 		c.span.AddEvent(tracing.EventFirstToken)
+		c.remoteFirstChunk()
 	}
 	linger := c.w.cfg.ChunkLinger
 	c.mu.Lock()

@@ -79,6 +79,7 @@ func (w *Worker) Heartbeat() schemas.Heartbeat {
 		Version:        w.cfg.Version,
 		IntervalMS:     int(w.cfg.HeartbeatInterval / time.Millisecond),
 		Seq:            w.hbSeq.Add(1),
+		Role:           w.cfg.Role,
 	}
 	w.sw.beat(&hb)
 	w.sleep.report(&hb)
@@ -127,7 +128,7 @@ func (w *Worker) publishHeartbeat() []string {
 // prefill, queued in the engine), so the client tells a slow worker from a
 // dead one. One ticker for all streams, not a timer per stream.
 func (w *Worker) keepaliveLoop(stop <-chan struct{}) {
-	t := time.NewTicker(w.cfg.KeepaliveInterval / 2)
+	t := time.NewTicker(min(w.cfg.KeepaliveInterval, prefillKeepalive) / 2)
 	defer t.Stop()
 	var calls []*call
 	lastForget := time.Now()
@@ -147,7 +148,11 @@ func (w *Worker) keepaliveLoop(stop <-chan struct{}) {
 			}
 			w.mu.Unlock()
 			for _, c := range calls {
-				c.keepalive(now, w.cfg.KeepaliveInterval)
+				d := w.cfg.KeepaliveInterval
+				if c.prefillFor { // its decode worker tells a dead prefill worker by silence (disagg.go)
+					d = prefillKeepalive
+				}
+				c.keepalive(now, d)
 			}
 		}
 	}

@@ -22,6 +22,7 @@ type metrics struct {
 	// would not take; each fails its request.
 	publishErrors prometheus.Counter
 	prefix        prefixMetrics // predicted against actual cached prompt tokens (prefixcache.go)
+	disagg        disaggMetrics // prefill/decode disaggregation (disagg.go)
 }
 
 // Latency buckets for LLM serving, the gateway's (gateway/metrics.go,
@@ -48,6 +49,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 			Name: "tokenbus_worker_cancels_ignored_total",
 			Help: "Cancels ignored: a wrong or missing cancel token, or a request not (or no longer) running here."}),
 		prefix: newPrefixMetrics(),
+		disagg: newDisaggMetrics(),
 	}
 	for _, o := range []string{"ok", "error", "cancelled", "bounced"} {
 		m.requests.WithLabelValues(o) // each from start-up, at 0
@@ -64,6 +66,7 @@ func (w *Worker) registerMetrics(reg prometheus.Registerer) {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, f)
 	}
 	reg.MustRegister(m.prefix.collectors()...)
+	reg.MustRegister(m.disagg.collectors()...)
 	reg.MustRegister(w.sw.collectors()...)
 	reg.MustRegister(m.requests, m.ttft, m.e2e, m.cancelsIgnored, m.publishErrors,
 		gauge("tokenbus_worker_running", "Requests admitted and not finished.", func() float64 { return float64(w.Running()) }),

@@ -61,6 +61,12 @@ type Config struct {
 	// engine.Sleeper. SleepTimeout bounds one sleep or wake-up; default 5m.
 	SleepAfter   time.Duration
 	SleepTimeout time.Duration
+
+	// Role is the worker's part in prefill/decode disaggregation
+	// (disagg.go): schemas.RoleBoth (""), RolePrefill or RoleDecode. A
+	// prefill or decode worker needs an engine that speaks vLLM's KV
+	// transfer (engine.KVTransferer).
+	Role string
 }
 
 func (c *Config) defaults() {
@@ -110,6 +116,8 @@ type Worker struct {
 	sw       switcher      // model switches (switch.go)
 	sleep    *sleeper      // nil: the engine never sleeps (sleep.go)
 	usage    UsageSink
+	// kvTransfer: the engine speaks vLLM's KV-transfer handshake (disagg.go).
+	kvTransfer bool
 
 	running  atomic.Int64
 	draining atomic.Bool
@@ -161,6 +169,13 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 	var err error
 	if w.sleep, err = newSleeper(w); err != nil {
 		return nil, err
+	}
+	if _, ok := schemas.ParseRole(cfg.Role); !ok {
+		return nil, fmt.Errorf("worker role %q: want prefill, decode or both", cfg.Role)
+	}
+	w.kvTransfer = kvTransfer(eng)
+	if cfg.Role != schemas.RoleBoth && !w.kvTransfer {
+		return nil, fmt.Errorf("a %s worker needs an engine that speaks vLLM's KV transfer (the sim; vllm with --kv-transfer-config); the %s engine does not", cfg.Role, eng.Name())
 	}
 	w.setPartSize(nc.MaxPayload())
 	w.usage = cfg.Usage
@@ -224,6 +239,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	if err := sub(w.cancelSubject, w.onCancel); err != nil {
 		return err
+	}
+	if w.kvTransfer { // prefills for other workers (disagg.go)
+		if err := sub(schemas.PrefillSubject(w.cfg.ID), w.onPrefill); err != nil {
+			return err
+		}
+		if err := sub(schemas.PrefillCancelSubject(w.cfg.ID), w.onCancel); err != nil {
+			return err
+		}
 	}
 	if err := sub(schemas.CtlSubject(w.cfg.ID, "*"), w.onControl); err != nil {
 		return err
@@ -304,7 +327,13 @@ func (w *Worker) Take(m *nats.Msg) bool {
 	return true
 }
 
-func (w *Worker) onRequest(m *nats.Msg) {
+func (w *Worker) onRequest(m *nats.Msg) { w.take(m, false) }
+
+// onPrefill takes the prefill of another worker's disaggregated request
+// (disagg.go): a request like any other, whose kv_transfer_params are kept.
+func (w *Worker) onPrefill(m *nats.Msg) { w.take(m, true) }
+
+func (w *Worker) take(m *nats.Msg, prefill bool) {
 	if m.Reply == "" {
 		return // nobody to answer
 	}
@@ -317,7 +346,7 @@ func (w *Worker) onRequest(m *nats.Msg) {
 		w.bounce(m)
 		return
 	}
-	c, err := w.newCall(m)
+	c, err := w.newCall(m, prefill)
 	if err != nil {
 		c.sendError(schemas.AsError(err))
 		c.record("error", err, nil)
@@ -398,7 +427,11 @@ func (w *Worker) serve(c *call) {
 	}
 	var res *engine.Result
 	if err == nil {
+		w.prefillRemote(c) // a disaggregated request's prefill, on its prefill worker (disagg.go)
 		res, err = w.eng.Generate(c.ctx, &c.req, c)
+		if err != nil && w.decodeRefused(c, err) {
+			res, err = w.eng.Generate(c.ctx, &c.req, c)
+		}
 		// The engine is done with the adapter. It is released before the
 		// last frame: a client that sends its next request as soon as it
 		// has this one's end must find the adapter no longer in use, or a
@@ -409,6 +442,14 @@ func (w *Worker) serve(c *call) {
 	if err != nil {
 		if cause := context.Cause(c.ctx); cause != nil && c.ctx.Err() != nil {
 			err = cause
+		}
+		if c.remote != nil && !c.remote.counted { // failed on transferred KV before its first chunk
+			c.remote.counted = true
+			tracing.Fail(c.remote.span, err)
+			c.remote.span.End()
+		}
+		if c.prefillFor {
+			w.m.disagg.served.WithLabelValues(servedOutcome(err)).Inc()
 		}
 		if errors.Is(err, context.Canceled) {
 			w.m.requests.WithLabelValues("cancelled").Inc()
@@ -428,6 +469,10 @@ func (w *Worker) serve(c *call) {
 	}
 	w.m.requests.WithLabelValues("ok").Inc()
 	w.m.e2e.Observe(time.Since(c.start).Seconds())
+	if c.prefillFor {
+		w.m.disagg.served.WithLabelValues("ok").Inc()
+	}
+	c.remoteFirstChunk() // a non-streaming request on transferred KV has no chunk
 	payload := res.Response
 	if payload == nil {
 		var buf [256]byte

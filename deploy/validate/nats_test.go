@@ -561,6 +561,18 @@ func TestNATSPermissions(t *testing.T) {
 			_ = w.Publish(subj, []byte("x"))
 			w.violation(t, "publish", subj)
 		}
+		// Disaggregation (docs/disaggregation.md): a decode worker sends a
+		// prefill, and its cancel, to a prefill worker's prefill subjects.
+		pw := connect(t, ns, "worker-prefill", nats.UserInfo("worker", testPasswords["NATS_WORKER_PASSWORD"]))
+		if _, err := pw.SubscribeSync("tokenbus.v1.prefill.w2"); err != nil {
+			t.Fatal(err)
+		}
+		_, _ = pw.SubscribeSync("tokenbus.v1.prefill.w2.cancel")
+		for _, subj := range []string{"tokenbus.v1.prefill.w2", "tokenbus.v1.prefill.w2.cancel"} {
+			_ = w.Publish(subj, []byte("x"))
+		}
+		w.noErrors(t)
+		pw.noErrors(t)
 		// A dispatcher takes requests only in the dispatchers' queue group
 		// (no copy of every request).
 		d := connect(t, ns, "dispatcher-x", nats.UserInfo("dispatcher", testPasswords["NATS_DISPATCHER_PASSWORD"]))

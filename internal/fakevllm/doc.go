@@ -55,5 +55,14 @@
 // for the client to go: the request id is sent on Cancelled), "burst" (every
 // event in one write).
 //
+// vLLM's KV-transfer handshake (prefill/decode disaggregation, disagg.go):
+// a stream:false request whose kv_transfer_params have "do_remote_decode":
+// true answers with vLLM's kv_transfer_params at the top level (the
+// server's EngineID, block ids, its own host and port); a request whose
+// params have "do_remote_prefill": true is recorded (TransferParams,
+// LastTransferParams, RemotePrefills) and answered as usual, or with
+// SetRefuseTransfer(true) refused with a 503 kv_transfer_failed. Nothing
+// is held or pulled.
+//
 // Tokenbus imports: schemas.
 package fakevllm

@@ -29,6 +29,9 @@ type Server struct {
 	MaxModelLen int
 	// Default scripts the requests whose body has no x_fake.
 	Default Script
+	// EngineID is the remote_engine_id of its prefills' answers (vLLM's
+	// KV-transfer handshake, disagg.go); New makes one per server.
+	EngineID string
 
 	healthy   atomic.Bool
 	metrics   atomic.Value // string
@@ -44,6 +47,12 @@ type Server struct {
 	sent     map[string][]string // request id → chunk JSON sent
 	models   int                 // GET /v1/models answered
 	cut      map[string]bool     // request ids whose stream was cut (Script.CutAfter)
+
+	// The KV-transfer handshake (disagg.go).
+	refuseKV  atomic.Bool
+	prefills  int      // answered with kv_transfer_params
+	nextBlock int      // the next block id a prefill names
+	transfers [][]byte // the params of the decodes received
 }
 
 // Request is one completion request as the fake received it.
@@ -54,10 +63,12 @@ type Request struct {
 	Body   []byte
 }
 
+var engines atomic.Int64 // fakes made: their engine ids
+
 // New makes a healthy fake with no adapters.
 func New() *Server {
 	s := &Server{Base: []string{"base"}, MaxModelLen: 8192, Cancelled: make(chan string, 100), loaded: map[string]string{},
-		byID: map[string]int{}, sent: map[string][]string{}}
+		byID: map[string]int{}, sent: map[string][]string{}, EngineID: fmt.Sprintf("fakevllm-%d", engines.Add(1))}
 	s.healthy.Store(true)
 	s.metrics.Store(DefaultMetrics)
 	return s

@@ -71,6 +71,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 		writeError(w, 404, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", view.Model), &param)
 		return
 	}
+	prefill, decode := transferRole(view.KVTransfer)
+	if decode && !s.takeTransfer(w, view.KVTransfer) {
+		return
+	}
 	a := answer{s: s, id: id, view: view, script: f, chunks: f.Chunks, ids: x.ReturnTokenIDs, prompt: promptTokens(view)}
 	a.start = startAt(a.prompt)
 	a.finish = `"length"`
@@ -95,6 +99,9 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request) {
 	if view.Stream {
 		a.stream(w, r)
 	} else {
+		if prefill {
+			a.kvParams = s.prefillParams(r, a.prefix+id, len(a.prompt))
+		}
 		a.whole(w, r)
 	}
 }
@@ -120,6 +127,8 @@ type answer struct {
 	start  int    // the position of the first content token
 	cut    int    // end the stream after this many content chunks (CutAfter)
 	finish string // of the last content chunk: "length", or "stop" (StopAt)
+	// kvParams are a prefill's answer's kv_transfer_params (disagg.go).
+	kvParams string
 }
 
 func (a *answer) usage() string {
@@ -186,8 +195,12 @@ func (a *answer) whole(w http.ResponseWriter, r *http.Request) {
 	if a.chat {
 		object = "chat.completion"
 	}
-	writeJSON(w, 200, fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[%s],"usage":%s,"x_extra":{"kept":true}}`,
-		a.prefix, a.id, object, a.view.Model, strings.Join(choices, ","), a.usage()))
+	params := ""
+	if a.kvParams != "" {
+		params = `,"kv_transfer_params":` + a.kvParams
+	}
+	writeJSON(w, 200, fmt.Sprintf(`{"id":"%s%s","object":%q,"created":1,"model":%q,"choices":[%s],"usage":%s,"x_extra":{"kept":true}%s}`,
+		a.prefix, a.id, object, a.view.Model, strings.Join(choices, ","), a.usage(), params))
 }
 
 // stream answers stream:true with server-sent events.

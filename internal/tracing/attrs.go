@@ -20,19 +20,26 @@ const (
 	AttrPrefixPredicted = "tokenbus.prefix_cache.predicted_tokens"
 	AttrPrefixCached    = "tokenbus.prefix_cache.cached_tokens"
 	AttrErrorStatus     = "tokenbus.error.status" // the HTTP status of a tokenbus error
-	AttrModel           = "gen_ai.request.model"
-	AttrOperation       = "gen_ai.operation.name" // chat or text_completion
-	AttrInputTokens     = "gen_ai.usage.input_tokens"
-	AttrOutputTokens    = "gen_ai.usage.output_tokens"
-	AttrMsgSystem       = "messaging.system" // nats
-	AttrMsgDest         = "messaging.destination.name"
-	AttrMsgOperation    = "messaging.operation.type"
-	AttrHTTPMethod      = "http.request.method"
-	AttrHTTPRoute       = "http.route"
-	AttrHTTPStatus      = "http.response.status_code"
-	AttrServerAddr      = "server.address"
-	AttrServerPort      = "server.port"
-	AttrURLFull         = "url.full"
+	// Prefill/decode disaggregation: the prefill worker a dispatcher chose
+	// (dispatch span) and that ran the prefill (decode worker's "prefill"
+	// span), the remote engine whose KV blocks the decode took, and how the
+	// remote prefill went (ok, or why the request ran whole).
+	AttrPrefillWorker  = "tokenbus.prefill.worker.id"
+	AttrPrefillEngine  = "tokenbus.prefill.remote_engine_id"
+	AttrPrefillOutcome = "tokenbus.prefill.outcome"
+	AttrModel          = "gen_ai.request.model"
+	AttrOperation      = "gen_ai.operation.name" // chat or text_completion
+	AttrInputTokens    = "gen_ai.usage.input_tokens"
+	AttrOutputTokens   = "gen_ai.usage.output_tokens"
+	AttrMsgSystem      = "messaging.system" // nats
+	AttrMsgDest        = "messaging.destination.name"
+	AttrMsgOperation   = "messaging.operation.type"
+	AttrHTTPMethod     = "http.request.method"
+	AttrHTTPRoute      = "http.route"
+	AttrHTTPStatus     = "http.response.status_code"
+	AttrServerAddr     = "server.address"
+	AttrServerPort     = "server.port"
+	AttrURLFull        = "url.full"
 )
 
 // EventFirstToken is the span event a worker adds when the first chunk goes

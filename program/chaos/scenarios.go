@@ -92,6 +92,27 @@ var scenarios = []scenario{
 		},
 	},
 	{
+		name: "prefill-worker", fault: "disaggregated: kill -9 one of 2 prefill workers while prefills run (3 decode workers)",
+		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3, prefill: 2},
+		// Every stream's prefill is over before a third of the tokens: the
+		// fault must find prefills under way.
+		closedLoop: true,
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
+			running, _ := gauges(t.workerMetrics[len(t.workers):len(t.workers)+1], "tokenbus_worker_running")
+			t.prefills[0].kill9()
+			t.note(fmt.Sprintf("killed chaos-p0 with %v prefills running", running))
+			return 0, nil, nil
+		},
+	},
+	{
+		name: "decode-worker", fault: "disaggregated: kill -9 one of 3 decode workers mid-stream (2 prefill workers)",
+		shape: shape{natsNodes: 1, gateways: 1, embed: true, workers: 3, prefill: 2},
+		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
+			t.workers[0].kill9()
+			return 0, nil, nil
+		},
+	},
+	{
 		name: "nats-node", fault: "kill -9 the busiest node of a 3-node NATS cluster",
 		shape: shape{natsNodes: 3, gateways: 1, embed: true, workers: 3},
 		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {

@@ -29,6 +29,10 @@ type shape struct {
 	dispatchers int  // standalone dispatchers
 	workers     int
 	auth        bool // gateways require API keys (usage is counted per key)
+	// prefill: this many prefill workers (worker --role prefill), the
+	// workers of role decode, and gateways that disaggregate every request
+	// (docs/disaggregation.md).
+	prefill int
 }
 
 // topology is a running set of processes for one scenario.
@@ -47,9 +51,13 @@ type topology struct {
 	dispMetrics []string // their /metrics URLs
 	workers     []*proc
 	workerIDs   []string
-	all         []*proc // start order; stopped in reverse
-	notes       []string
-	pace        time.Duration // the sim workers' decode step
+	prefills    []*proc // prefill workers (shape.prefill)
+	role        string  // the workers' --role ("": none given)
+	// workerMetrics: the /metrics URLs of the workers, then the prefill workers.
+	workerMetrics []string
+	all           []*proc // start order; stopped in reverse
+	notes         []string
+	pace          time.Duration // the sim workers' decode step
 }
 
 // note keeps a fact about the fault for the report.
@@ -95,8 +103,16 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 		return []string{"--nats-url", t.natsURLs(), "--redis-url", t.redisURL(), "--log-level", "warn"}
 	}
 	t.pace = pace
+	if s.prefill > 0 {
+		t.role = "decode"
+	}
 	for range s.workers {
 		if err := t.startWorker(); err != nil {
+			return t, err
+		}
+	}
+	for range s.prefill {
+		if err := t.startPrefillWorker(); err != nil {
 			return t, err
 		}
 	}
@@ -125,6 +141,9 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 		args = append(args, "--http", "127.0.0.1:"+strconv.Itoa(ports[0]), "--admin", "127.0.0.1:"+strconv.Itoa(ports[1]),
 			"--auth="+strconv.FormatBool(s.auth), "--embed-dispatcher="+strconv.FormatBool(s.embed),
 			"--shutdown-timeout", "1s")
+		if s.prefill > 0 { // every prompt (the same one: no prefix record, or it would be "cached")
+			args = append(args, "--disagg-min-prompt-tokens", "1", "--no-prefix-routing")
+		}
 		p := t.newProc(name, tokenbus, args, "TOKENBUS_ADMIN_TOKEN="+t.adminToken)
 		if err := p.start(); err != nil {
 			return t, err
@@ -134,7 +153,7 @@ func startTopology(ctx context.Context, dir, tokenbus, natsBin string, s shape, 
 			admin: "http://127.0.0.1:" + strconv.Itoa(ports[1])})
 	}
 	for _, g := range t.gateways {
-		if err := waitFor(ctx, 60*time.Second, g.name+" sees every worker", t.seesWorkers(g, len(t.workers))); err != nil {
+		if err := waitFor(ctx, 60*time.Second, g.name+" sees every worker", t.seesWorkers(g, len(t.workers)+len(t.prefills))); err != nil {
 			return t, err
 		}
 	}
@@ -169,14 +188,42 @@ func (t *topology) startWorker() error {
 	args := []string{"worker", "--nats-url", t.natsURLs(), "--redis-url", t.redisURL(), "--log-level", "warn",
 		"--id", id, "--metrics", "127.0.0.1:" + strconv.Itoa(mp),
 		"--sim-decode-base", t.pace.String(), "--sim-max-num-seqs", "512"}
+	if t.role != "" {
+		args = append(args, "--role", t.role)
+	}
 	p := t.newProc(id, t.tokenbus, args)
 	if err := p.start(); err != nil {
 		return err
 	}
 	t.workers = append(t.workers, p)
 	t.workerIDs = append(t.workerIDs, id)
+	t.workerMetrics = append(t.workerMetrics, "http://127.0.0.1:"+strconv.Itoa(mp)+"/metrics")
 	return nil
 }
+
+// startPrefillWorker starts one more prefill worker, chaos-p<n>, whose
+// prefills take prefillTime: a fault finds some under way.
+func (t *topology) startPrefillWorker() error {
+	id := fmt.Sprintf("chaos-p%d", len(t.prefills))
+	mp, err := freeport.TCP()
+	if err != nil {
+		return err
+	}
+	args := []string{"worker", "--nats-url", t.natsURLs(), "--redis-url", t.redisURL(), "--log-level", "warn",
+		"--id", id, "--metrics", "127.0.0.1:" + strconv.Itoa(mp), "--role", "prefill",
+		"--sim-prefill-base", prefillTime.String(), "--sim-max-num-seqs", "512"}
+	p := t.newProc(id, t.tokenbus, args)
+	if err := p.start(); err != nil {
+		return err
+	}
+	t.prefills = append(t.prefills, p)
+	t.workerMetrics = append(t.workerMetrics, "http://127.0.0.1:"+strconv.Itoa(mp)+"/metrics")
+	return nil
+}
+
+// prefillTime is a chaos prefill worker's prefill step: long enough that a
+// kill finds prefills under way.
+const prefillTime = 150 * time.Millisecond
 
 func (t *topology) startNATS(ctx context.Context, bin string, n int) error {
 	ports, err := freePorts(3 * n)

@@ -24,6 +24,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	rf := registerRedis(fs, &cfg.Redis, "use this Redis instead of the embedded store", true)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, `JetStream storage directory (files, batches, usage records), kept across restarts; "" is `+devStateDir+` in the current directory (remove it to start clean); "temp": a temporary directory removed at exit`)
 	fs.IntVar(&cfg.SimWorkers, "sim-workers", cfg.SimWorkers, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
+	fs.IntVar(&cfg.PrefillWorkers, "prefill-workers", cfg.PrefillWorkers, "this many more sim workers, of role prefill, and the --sim-workers of role decode: prefill/decode disaggregation in one process (docs/disaggregation.md; the policy: --disagg-min-prompt-tokens)")
 	fs.IntVar(&cfg.Worker.MaxConcurrency, "max-concurrency", cfg.Worker.MaxConcurrency, "per-worker cap on requests in flight")
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on Ctrl-C, how long in-flight requests may run before they are cancelled (also before a model switch)")
 	fs.DurationVar(&cfg.Worker.SleepAfter, "sleep-after", cfg.Worker.SleepAfter, "put each worker's engine to sleep after this long with no request; the next request wakes it (sim: --sim-wake-time; docs/capacity.md). 0: never")

@@ -29,6 +29,7 @@ func registerDispatcher(fs *pflag.FlagSet, c *dispatcher.Config) {
 	fs.DurationVar(&c.Placement.MinInterval, "adapter-placement-interval", cmp.Or(c.Placement.MinInterval, 30*time.Second), "adapter placement: least time between two changes of one adapter's replicas")
 	fs.Float64Var(&c.PromptTokenCost, "prompt-token-cost", cmp.Or(c.PromptTokenCost, 1.0/32), "flow control: what a prompt token costs, in output tokens, in a request's estimated engine time (docs/scheduling.md)")
 	fs.IntVar(&c.DefaultOutputTokens, "default-output-tokens", cmp.Or(c.DefaultOutputTokens, 256), "flow control: the output a request with no max_tokens is charged for until its real usage settles it")
+	fs.IntVar(&c.Disagg.MinPromptTokens, "disagg-min-prompt-tokens", c.Disagg.MinPromptTokens, "prefill/decode disaggregation: a prompt with at least this many tokens (estimated: text bytes / 4) not already cached on the decode worker chosen is prefilled on a prefill worker (worker --role prefill), when one has room (docs/disaggregation.md); 0: never")
 	fs.IntVar(&c.PrefixBlockBytes, "prefix-block-bytes", cmp.Or(c.PrefixBlockBytes, 64), "prefix-aware routing: bytes of prompt text per hashed block (about 16 tokens at 64); must match the workers' KV events")
 }
 

@@ -8,5 +8,5 @@
 // component: the program names its components itself, once per line.
 //
 // Tokenbus imports: bench, dispatcher, internal/flagenv, program/natsusers,
-// internal/tracing/otlp, program, registry, workers/engine/httpengine, workers/engine/sim.
+// internal/tracing/otlp, program, registry, schemas, workers/engine/httpengine, workers/engine/sim.
 package cli

@@ -71,6 +71,7 @@ func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, 
 	fs.BoolVar(&cfg.LegacyErrors, "legacy-errors", false, "answer errors in vLLM's flat pre-0.10.1 shape {\"object\":\"error\",...}")
 	fs.BoolVar(&cfg.GPUCacheMetric, "gpu-cache-metric", false, "also export vllm:gpu_cache_usage_perc (the KV-cache gauge's name before vLLM 0.10)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "on SIGTERM, how long open requests may go on")
+	kvTransfer := fs.String("kv-transfer-config", "", `vLLM's KV connector JSON, e.g. '{"kv_connector":"NixlConnector","kv_role":"kv_both"}': accepted for vLLM compatibility, the sim always speaks the KV-transfer handshake (its endpoint: --sim-kv-transfer-addr, else VLLM_NIXL_SIDE_CHANNEL_HOST and _PORT)`)
 	fs.StringVar(&cfg.KVEvents, "kv-events-config", "", `vLLM's KV cache events, its JSON: e.g. '{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","topic":"kv-events"}' publishes the sim's prefix cache stores and evictions in vLLM's format over ZMQ`)
 	var lopts logOptions
 	lopts.register(fs)
@@ -104,6 +105,23 @@ func simServerConfig(args []string, stdout io.Writer) (program.SimServerConfig, 
 		if o.v > 0 {
 			*o.dst = o.v
 		}
+	}
+	if *kvTransfer != "" {
+		var kc map[string]any
+		if err := json.Unmarshal([]byte(*kvTransfer), &kc); err != nil {
+			return cfg, lopts, fmt.Errorf("--kv-transfer-config: not a JSON object: %v", err)
+		}
+	}
+	// vLLM's NixlConnector serves its blocks' side channel there: the sim
+	// its KV-transfer endpoint, unless told where.
+	if h, p := os.Getenv("VLLM_NIXL_SIDE_CHANNEL_HOST"), os.Getenv("VLLM_NIXL_SIDE_CHANNEL_PORT"); !fs.Changed("sim-kv-transfer-addr") && (h != "" || p != "") {
+		if h == "" || h == "localhost" {
+			h = "127.0.0.1"
+		}
+		if p == "" {
+			p = "5600" // vLLM's default
+		}
+		cfg.Sim.KVTransferAddr = net.JoinHostPort(h, p)
 	}
 	if len(cfg.APIKeys) == 0 && os.Getenv("VLLM_API_KEY") != "" {
 		cfg.APIKeys = []string{os.Getenv("VLLM_API_KEY")}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenbus/tokenbus/program"
 )
@@ -156,5 +157,48 @@ func TestSimServerBadFlags(t *testing.T) {
 		if err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// TestSimServerKVTransfer: the flags and vLLM's settings of the KV-transfer
+// handshake (prefill/decode disaggregation).
+func TestSimServerKVTransfer(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		env       map[string]string
+		args      []string
+		addr      string
+		hold      time.Duration
+		base, per time.Duration
+		bad       bool
+	}{
+		{name: "defaults", addr: "127.0.0.1:0", hold: 30 * time.Second, base: time.Millisecond, per: 500 * time.Nanosecond},
+		{name: "flags", args: []string{"--sim-kv-hold", "5s", "--sim-kv-transfer-base", "2ms", "--sim-kv-transfer-per-token", "2.6us",
+			"--sim-kv-transfer-addr", "127.0.0.1:7001"}, addr: "127.0.0.1:7001", hold: 5 * time.Second, base: 2 * time.Millisecond, per: 2600 * time.Nanosecond},
+		{name: "vLLM's side channel", env: map[string]string{"VLLM_NIXL_SIDE_CHANNEL_PORT": "5601"}, addr: "127.0.0.1:5601"},
+		{name: "vLLM's side channel host", env: map[string]string{"VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.2"}, addr: "10.0.0.2:5600"},
+		{name: "the flag wins", env: map[string]string{"VLLM_NIXL_SIDE_CHANNEL_PORT": "5601"}, args: []string{"--sim-kv-transfer-addr", "127.0.0.1:7002"}, addr: "127.0.0.1:7002"},
+		{name: "kv-transfer-config", args: []string{"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`}, addr: "127.0.0.1:0"},
+		{name: "bad kv-transfer-config", args: []string{"--kv-transfer-config", `NixlConnector`}, bad: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT"} {
+				t.Setenv(k, tc.env[k])
+			}
+			cfg, _, err := simServerConfig(tc.args, io.Discard)
+			if tc.bad {
+				if err == nil {
+					t.Fatal("no error")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := cfg.Sim
+			if s.KVTransferAddr != tc.addr || (tc.hold != 0 && (s.KVHoldTime != tc.hold || s.KVTransferBase != tc.base || s.KVTransferPerToken != tc.per)) {
+				t.Fatalf("config %v %v %v %v", s.KVTransferAddr, s.KVHoldTime, s.KVTransferBase, s.KVTransferPerToken)
+			}
+		})
 	}
 }

@@ -203,3 +203,17 @@ type Sleeper interface {
 	// or waking up): the engine's own last word, no I/O.
 	Sleeping() bool
 }
+
+// KVTransferer is implemented by engines that speak vLLM's KV-transfer
+// handshake (docs/disaggregation.md): given "kv_transfer_params" with
+// do_remote_decode, a non-streaming request with max_tokens 1 is a prefill
+// whose answer carries the params a decode engine needs (Result.Response's
+// "kv_transfer_params"); given the params of such an answer, a request
+// skips its prefill and takes the prompt's KV blocks from the prefill
+// engine, or fails with schemas.ErrKVTransferFailed before its first chunk
+// when it cannot (the worker then runs it again with its own prefill). The
+// worker gives such requests only to an engine whose KVTransfer is true
+// (the sim always; vLLM when its server runs with a KV connector).
+type KVTransferer interface {
+	KVTransfer() bool
+}

@@ -3,7 +3,8 @@ import {h, table, ago} from "../dom.js";
 
 // fleet: the live worker table, every 2 s, with a drain button per worker;
 // for workers of several models, what each holds and can switch to, and
-// the switches lately (docs/capacity.md).
+// the switches lately (docs/capacity.md); each worker's role in
+// prefill/decode disaggregation (docs/disaggregation.md).
 export async function fleet(ctx) {
   const body = h("div");
   const recent = h("div");
@@ -18,6 +19,7 @@ export async function fleet(ctx) {
     }
     const rows = list.data.map((w) => [
       h("strong", null, w.worker),
+      w.role || "both",
       w.engine + (w.version ? " " + w.version : ""),
       models(w),
       [(w.adapters || []).join(", "), (w.loading || []).length ? h("span", {class: "warn"}, ` loading ${w.loading.join(", ")}`) : null],
@@ -27,7 +29,7 @@ export async function fleet(ctx) {
       ago(w.last_seen),
       h("button", {type: "button", class: "danger", disabled: w.draining, "aria-label": `Drain ${w.worker}`, onclick: () => drain(w.worker)}, "Drain"),
     ]);
-    body.replaceChildren(table("workers", "Workers", ["Worker", "Engine", "Models", "Adapters", {name: "Running / waiting", num: true},
+    body.replaceChildren(table("workers", "Workers", ["Worker", "Role", "Engine", "Models", "Adapters", {name: "Running / waiting", num: true},
       {name: "KV cache", num: true}, "State", "Last heartbeat", "Actions"], rows, "No worker is heartbeating."));
     // Shown once some worker can switch models, or has.
     if (!switches.data.length && !list.data.some((w) => (w.can_serve || []).length)) {

@@ -23,7 +23,9 @@
 //	base + PrefillPerToken × (tokens prefilled in the step, cache hits excluded)
 //	     + DecodePerSeq × (sequences decoding in the step)
 //
-// where base is PrefillBase if the step admits anything, else DecodeBase.
+// where base is PrefillBase if the step prefills anything, else DecodeBase
+// (a sequence admitted with its prompt's KV taken from a remote prefill
+// prefills nothing).
 // With all four durations zero the engine runs as fast as the CPU allows.
 //
 // Output text is drawn from a list of common English words, each one
@@ -63,6 +65,23 @@
 // A streaming request gets one Sink.Chunks call per step with a chunk for
 // each of its sequences that produced text, made by the scheduler goroutine;
 // a Sink error or a done context aborts the request within one step.
+//
+// Prefill/decode disaggregation (engine.KVTransferer, disagg.go,
+// kvserver.go): the sim speaks vLLM's KV-transfer handshake, the
+// NixlConnector's. A stream:false request whose kv_transfer_params say
+// do_remote_decode is a prefill: its first sequence's KV blocks are held
+// (counted in the KV cache, never evicted) for KVHoldTime or until a decode
+// engine takes them, and its answer carries the kv_transfer_params a decode
+// needs: this engine's id (new at every start), the block ids, the hold's
+// id, and the host and port of the KV-transfer endpoint the engine serves
+// (KVTransferAddr, an HTTP listener opened at the first prefill). A request
+// with those params (do_remote_prefill) is a decode: it asks that endpoint
+// for the blocks (the prefill engine frees them, or refuses: not held,
+// another engine id, another prompt; or it is gone), fails with
+// kv_transfer_failed before any chunk when it cannot have them, else waits
+// KVTransferBase + KVTransferPerToken × prompt tokens outside the step loop
+// and joins the batch with its prompt computed: its first step is a decode
+// step. KVTransferStats counts both sides.
 //
 // With Config.Models it can serve several models, one loaded at a time as
 // on a GPU: Switch loads another in SwitchTime (engine.Switcher, switch.go);

@@ -41,6 +41,7 @@ type request struct {
 	includeUsage bool
 	keepText     bool // the text is kept: non-stream, or stop strings to look for
 	includeStop  bool
+	hold         bool // hold the first sequence's blocks for a remote decode (disagg.go)
 	stops        []string
 	maxStop      int // longest stop string
 	n            int
@@ -64,6 +65,8 @@ type request struct {
 	err       error
 	usage     schemas.Usage
 	response  []byte
+
+	kv *requestKV // the KV-transfer handshake (disagg.go); nil unless the request takes part
 }
 
 // seq is one output sequence (one choice).
@@ -103,7 +106,8 @@ type seq struct {
 	lpOffset int
 	lpSeed   uint64
 
-	cached   int // prompt tokens found in the prefix cache at first admission
+	cached   int   // prompt tokens found in the prefix cache (or transferred) at first admission
+	xfer     int32 // prompt tokens taken from a remote prefill (disagg.go): computed at admission; 0 after a preemption
 	admitted bool
 	roleSent bool
 }
@@ -285,6 +289,11 @@ func (e *Engine) newRequest(ctx context.Context, req *engine.Request, sink engin
 			}
 		}
 	}
+	if b.KVTransfer != nil {
+		if err := r.readTransfer(b.KVTransfer, root); err != nil {
+			return nil, err
+		}
+	}
 	r.live = len(r.seqs)
 	r.remaining = len(r.seqs)
 	return r, nil
@@ -377,6 +386,9 @@ func (r *request) buildResponse() []byte {
 	}
 	b = append(b, `],"usage":`...)
 	b = schemas.AppendUsage(b, &r.usage)
+	if r.hold {
+		b = r.appendTransferParams(b)
+	}
 	return append(b, '}')
 }
 

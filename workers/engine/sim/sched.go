@@ -18,6 +18,9 @@ func (e *Engine) run() {
 		default:
 		}
 		e.takeIncoming()
+		if e.kvx.hasFree.Load() {
+			e.freeHeld() // holds taken by decode engines or expired (disagg.go)
+		}
 		if e.abortsPending.Swap(0) > 0 {
 			e.sweep()
 			e.publishKV()
@@ -116,11 +119,13 @@ func (e *Engine) sweep() {
 // drop forgets a sequence that has left the batch (finished or aborted) and
 // ends its request when it was the last one.
 func (e *Engine) drop(s *seq) {
-	s.blocks = e.kv.releaseAll(s.blocks)
+	r := s.req
+	if !r.hold || s.index != 0 || s.finish != "length" {
+		s.blocks = e.kv.releaseAll(s.blocks)
+	} // else kept for a remote decode: finishRequest holds or frees them (holdKV)
 	if s.finish == "" {
 		e.mAbort.Add(1)
 	}
-	r := s.req
 	r.remaining--
 	if r.remaining == 0 && !r.finished {
 		e.finishRequest(r)
@@ -132,7 +137,7 @@ func (e *Engine) drop(s *seq) {
 func (e *Engine) preempt(s *seq) {
 	e.mPreempt.Add(1)
 	s.blocks = e.kv.releaseAll(s.blocks)
-	s.computed = 0
+	s.computed, s.xfer = 0, 0 // a transferred prompt is recomputed too
 	if !s.state.CompareAndSwap(stRunning, stWaiting) {
 		e.drop(s) // aborted meanwhile
 		return
@@ -148,6 +153,9 @@ func (e *Engine) finishRequest(r *request) {
 		if r.err = r.ctx.Err(); r.err == nil {
 			r.err = context.Canceled
 		}
+	}
+	if r.hold {
+		e.holdKV(r) // before the answer, which says where the blocks are
 	}
 	if r.err == nil {
 		if !r.includeUsage { // else done when the usage chunk was sent
@@ -242,6 +250,9 @@ func (e *Engine) stepOnce() {
 			hits++
 		}
 		compute := total - hits*bs
+		if s.xfer > 0 { // taken from a remote prefill: nothing to prefill (disagg.go)
+			compute = total - max(hits*bs, int(s.xfer))
+		}
 		if admitted > 0 && prefill+compute > e.cfg.MaxNumBatchedTokens {
 			break
 		}
@@ -292,12 +303,19 @@ func (e *Engine) stepOnce() {
 		if !s.admitted {
 			s.admitted = true
 			s.cached = hits * bs
+			if s.xfer > 0 {
+				s.cached = max(s.cached, int(s.xfer))
+				e.kvx.mXferTokens.Add(uint64(max(int(s.xfer)-hits*bs, 0)))
+			}
 			e.mPrompt.Add(uint64(len(s.prompt.ids)))
 			e.mQueries.Add(uint64(len(s.prompt.ids)))
 			e.mHits.Add(uint64(hits * bs))
 		}
 		s.computed = total
 		prefill += compute
+		if compute == 0 {
+			nDecode++ // its prompt was transferred: it decodes in this step
+		}
 		admitted++
 		e.running = append(e.running, s)
 	}
@@ -309,7 +327,7 @@ func (e *Engine) stepOnce() {
 
 	// 3. The step's simulated duration: one wait for the whole batch.
 	var cost time.Duration
-	if admitted > 0 {
+	if prefill > 0 { // a sequence admitted with its prompt transferred prefills nothing: a decode step
 		cost = e.cfg.PrefillBase + time.Duration(prefill)*e.cfg.PrefillPerToken
 	} else {
 		cost = e.cfg.DecodeBase

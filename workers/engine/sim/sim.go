@@ -59,6 +59,23 @@ type Config struct {
 	// BlockEvents records the cache's stores and evictions as vLLM's KV
 	// cache events name them, for DrainBlockEvents (blockevents.go).
 	BlockEvents bool
+
+	// Prefill/decode disaggregation: vLLM's KV-transfer handshake
+	// (disagg.go). A prefill's KV blocks are held for a remote decode
+	// KVHoldTime at most (0: the default, 30s; vLLM's is
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480s, made for real networks);
+	// a decode that takes them waits KVTransferBase +
+	// KVTransferPerToken × prompt tokens (default 1ms + 0.5µs a token:
+	// 128 KiB of KV a token for an 8B model such as Llama 3 8B, bf16,
+	// at about 260 GB/s, NVLink between two GPUs of one host; RDMA
+	// between hosts, 400 Gb/s, is about 2.6µs a token). KVTransferAddr
+	// is where the engine serves its held blocks to decode engines
+	// (kvserver.go), a TCP address listened on at the first prefill
+	// (default 127.0.0.1:0: loopback, any port).
+	KVHoldTime         time.Duration
+	KVTransferBase     time.Duration
+	KVTransferPerToken time.Duration
+	KVTransferAddr     string
 }
 
 // DefaultConfig is a small model on one GPU: about 15-20 ms to the first
@@ -84,6 +101,10 @@ func DefaultConfig() Config {
 		SleepTime:           50 * time.Millisecond,
 		WakeTime:            200 * time.Millisecond,
 		EmbeddingDims:       DefaultEmbeddingDims,
+		KVHoldTime:          DefaultKVHoldTime,
+		KVTransferBase:      time.Millisecond,
+		KVTransferPerToken:  500 * time.Nanosecond,
+		KVTransferAddr:      DefaultKVTransferAddr,
 	}
 }
 
@@ -99,7 +120,8 @@ type Metrics struct {
 }
 
 // Engine is the sim engine. It implements engine.Engine, engine.Adapters,
-// engine.ContextLengths, engine.Switcher and engine.Sleeper.
+// engine.ContextLengths, engine.Switcher, engine.Sleeper and
+// engine.KVTransferer.
 type Engine struct {
 	cfg      Config
 	cur      atomic.Pointer[loaded] // the base model served now (switch.go)
@@ -134,6 +156,8 @@ type Engine struct {
 	mPrompt, mGen, mQueries, mHits, mPreempt, mSteps atomic.Uint64
 	mStop, mLength, mAbort                           atomic.Uint64
 
+	kvx kvTransfer // prefill/decode disaggregation (disagg.go, kvserver.go)
+
 	// owned by the scheduler goroutine
 	waiting []*seq
 	wHead   int
@@ -158,6 +182,7 @@ var (
 	_ engine.ContextLengths = (*Engine)(nil)
 	_ engine.Switcher       = (*Engine)(nil)
 	_ engine.Sleeper        = (*Engine)(nil)
+	_ engine.KVTransferer   = (*Engine)(nil)
 )
 
 // New checks cfg, fills its zero sizes with defaults and starts the scheduler.
@@ -195,8 +220,12 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("sim: KVEventBytes %d < 8", cfg.KVEventBytes)
 	}
 	if cfg.PrefillBase < 0 || cfg.PrefillPerToken < 0 || cfg.DecodeBase < 0 || cfg.DecodePerSeq < 0 || cfg.AdapterLoadTime < 0 ||
-		cfg.SwitchTime < 0 || cfg.SleepTime < 0 || cfg.WakeTime < 0 {
+		cfg.SwitchTime < 0 || cfg.SleepTime < 0 || cfg.WakeTime < 0 || cfg.KVHoldTime < 0 || cfg.KVTransferBase < 0 ||
+		cfg.KVTransferPerToken < 0 {
 		return nil, fmt.Errorf("sim: negative duration in config")
+	}
+	if err := checkKVTransfer(&cfg); err != nil {
+		return nil, err
 	}
 	if cfg.MaxEOS < cfg.MinEOS {
 		return nil, fmt.Errorf("sim: MaxEOS %d < MinEOS %d", cfg.MaxEOS, cfg.MinEOS)
@@ -220,6 +249,7 @@ func New(cfg Config) (*Engine, error) {
 		e.kv.evictedHash = &e.blockEv.removing
 	}
 	e.cur.Store(e.newLoaded(cfg.Model))
+	e.kvx.init()
 	e.nextID.Store(uint64(time.Now().UnixNano()))
 	codec() // load the vocabulary now rather than in the first request
 	go e.run()
@@ -320,6 +350,7 @@ func (e *Engine) Close() error {
 	}
 	e.closed = true
 	e.mu.Unlock()
+	e.kvx.close() // decode engines are refused from now on
 	close(e.quit)
 	<-e.exit
 	return nil
@@ -392,6 +423,11 @@ func (e *Engine) Generate(ctx context.Context, req *engine.Request, sink engine.
 	r, err := e.newRequest(ctx, req, sink)
 	if err != nil {
 		return nil, err
+	}
+	if r.kv != nil {
+		if err := e.beginTransfer(ctx, r); err != nil { // disagg.go
+			return nil, err
+		}
 	}
 	e.mu.Lock()
 	if e.closed {

@@ -128,6 +128,7 @@ func (e *Engine) dropCache() {
 	kv := newKVCache(e.cfg.NumBlocks)
 	kv.evicted, kv.evictedHash = e.kv.evicted, e.kv.evictedHash
 	e.kv = kv
+	e.kvx.dropHolds() // the blocks held for decode engines are gone too
 	e.kvEv.flush()
 	e.kvEv.lose()
 	e.blockEv.flush()

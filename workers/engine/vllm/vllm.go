@@ -56,6 +56,11 @@ type Config struct {
 	SleepMode    bool
 	SleepLevel   int
 	SleepTimeout time.Duration
+
+	// KVTransfer: the server has a KV connector (--kv-transfer-config) and
+	// takes part in prefill/decode disaggregation (disagg.go); a Command
+	// must have the flag.
+	KVTransfer bool
 }
 
 // EnvRuntimeLoRA is what the child process gets in its environment, so that
@@ -110,6 +115,9 @@ func New(cfg Config) (*Engine, error) {
 		cfg.MetricsInterval = time.Second
 	}
 	if err := sleepConfig(&cfg); err != nil {
+		return nil, err
+	}
+	if err := kvTransferConfig(&cfg); err != nil {
 		return nil, err
 	}
 	kvEndpoint, err := kvEventsConfig(&cfg) // before the child starts: it may add a flag

@@ -33,6 +33,13 @@
 // scheduler). A client that goes away cancels the request's context, which
 // aborts the sim request within one step.
 //
+// Prefill/decode disaggregation: the sim's KV-transfer handshake (vLLM's
+// NixlConnector's, package sim) goes through as is: a prefill's JSON answer
+// carries "kv_transfer_params", a decode takes them and streams, and a
+// decode refused its blocks is a 503 (schemas.ErrKVTransferFailed) in
+// vLLM's error shape before any event. The blocks travel between the
+// engines' own KV-transfer endpoints, not this server.
+//
 // KV cache events: with a KVPublisher (sim-server --kv-events-config, vLLM's
 // JSON) the sim's prefix cache stores and evictions go out as vLLM
 // publishes them, over ZMQ PUB in msgspec's msgpack (kvevents.go).

@@ -28,6 +28,17 @@ const (
 	mTTFT        = "vllm:time_to_first_token_seconds"
 	mITL         = "vllm:inter_token_latency_seconds"
 	mE2E         = "vllm:e2e_request_latency_seconds"
+
+	// Prefill/decode disaggregation (sim/disagg.go): vLLM's NixlConnector
+	// metrics where vLLM has one, tokenbus_sim_* where it has none.
+	mKVExpired      = "vllm:nixl_num_kv_expired_reqs_total"     // prefill side: holds freed with no pull
+	mKVFailed       = "vllm:nixl_num_failed_transfers_total"    // decode side: requests whose KV could not be taken
+	mPromptBySource = "vllm:prompt_tokens_by_source_total"      // {source=local_compute|local_cache_hit|external_kv_transfer}
+	mKVPrefills     = "tokenbus_sim_kv_transfer_prefills_total" // prefill side: answered with kv_transfer_params
+	mKVPulls        = "tokenbus_sim_kv_transfer_pulls_total"    // prefill side: {outcome=taken|refused}
+	mRemotePrefills = "tokenbus_sim_remote_prefills_total"      // decode side: requests that took a remote prefill's KV
+	mKVHeldRequests = "tokenbus_sim_kv_held_requests"           // prefill side: holds now
+	mKVHeldBlocks   = "tokenbus_sim_kv_held_blocks"             // prefill side: KV blocks held now for decode engines
 )
 
 // vLLM's buckets.
@@ -65,9 +76,11 @@ func (s *Server) initMetrics() {
 
 // simCollector reads the sim's Stats and Metrics at every scrape.
 type simCollector struct {
-	s                                                       *Server
-	running, waiting, kv, gpu, lora                         *prometheus.Desc
-	prompt, generation, success, queries, hits, preemptions *prometheus.Desc
+	s                                                        *Server
+	running, waiting, kv, gpu, lora                          *prometheus.Desc
+	prompt, generation, success, queries, hits, preemptions  *prometheus.Desc
+	kvExpired, kvFailed, promptBySource, kvPrefills, kvPulls *prometheus.Desc
+	remotePrefills, kvHeldRequests, kvHeldBlocks             *prometheus.Desc
 }
 
 func newSimCollector(s *Server, labels prometheus.Labels) *simCollector {
@@ -87,11 +100,21 @@ func newSimCollector(s *Server, labels prometheus.Labels) *simCollector {
 		queries:     d(mQueries, "Prefix cache queries, in terms of number of queried tokens."),
 		hits:        d(mHits, "Prefix cache hits, in terms of number of cached tokens."),
 		preemptions: d(mPreemptions, "Cumulative number of preemption from the engine."),
+
+		kvExpired:      d(mKVExpired, "Number of requests that had their KV expire. NOTE: This metric is tracked on the P instance."),
+		kvFailed:       d(mKVFailed, "Number of failed NIXL KV Cache transfers."),
+		promptBySource: d(mPromptBySource, "Number of prompt tokens by source.", "source"),
+		kvPrefills:     d(mKVPrefills, "Prefills for a remote decode answered with kv_transfer_params (their KV blocks held)."),
+		kvPulls:        d(mKVPulls, "Pulls of held KV blocks by decode engines, by outcome: taken or refused.", "outcome"),
+		remotePrefills: d(mRemotePrefills, "Requests that took the KV blocks of a remote prefill."),
+		kvHeldRequests: d(mKVHeldRequests, "Prefills whose KV blocks are held now for a remote decode."),
+		kvHeldBlocks:   d(mKVHeldBlocks, "KV blocks held now for remote decodes (counted in the KV-cache usage)."),
 	}
 }
 
 func (c *simCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kv, c.lora, c.prompt, c.generation, c.success, c.queries, c.hits, c.preemptions} {
+	for _, d := range []*prometheus.Desc{c.running, c.waiting, c.kv, c.lora, c.prompt, c.generation, c.success, c.queries, c.hits, c.preemptions,
+		c.kvExpired, c.kvFailed, c.promptBySource, c.kvPrefills, c.kvPulls, c.remotePrefills, c.kvHeldRequests, c.kvHeldBlocks} {
 		ch <- d
 	}
 	if c.s.cfg.GPUCacheMetric {
@@ -122,6 +145,19 @@ func (c *simCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.queries, m.PrefixCacheQueries)
 	counter(c.hits, m.PrefixCacheHits)
 	counter(c.preemptions, m.Preemptions)
+	x := c.s.eng.KVTransferStats()
+	counter(c.kvExpired, x.Expired)
+	counter(c.kvFailed, x.Failed)
+	local := max(int64(m.PromptTokens)-int64(m.PrefixCacheHits)-int64(x.TransferredTokens), 0)
+	counter(c.promptBySource, uint64(local), "local_compute")
+	counter(c.promptBySource, m.PrefixCacheHits, "local_cache_hit")
+	counter(c.promptBySource, x.TransferredTokens, "external_kv_transfer")
+	counter(c.kvPrefills, x.Prefills)
+	counter(c.kvPulls, x.Pulls, "taken")
+	counter(c.kvPulls, x.PullsRefused, "refused")
+	counter(c.remotePrefills, x.RemotePrefills)
+	gauge(c.kvHeldRequests, float64(x.HeldRequests))
+	gauge(c.kvHeldBlocks, float64(x.HeldBlocks))
 	maxLora := strconv.Itoa(st.MaxLoras)
 	for l, t := range c.s.loraInfo() {
 		gauge(c.lora, t, maxLora, l.waiting, l.running)
