@@ -178,9 +178,9 @@ func failoverUnderLoad(t *testing.T, f failoverSetup) {
 	if v := metricValue(t, d.URL, "tokenbus_usage_dropped_total"); v != 0 {
 		t.Fatalf("%v usage records dropped", v)
 	}
-	t.Logf("%d streams at once: %d requests (%d while the master was down, %d after the promotion), 0 failed; "+
+	t.Logf("%s: %d streams at once: %d requests (%d while the master was down, %d after the promotion), 0 failed; "+
 		"master %s killed, replica promoted after %s; usage of all %d requests in Redis once, %s after the kill (%d+%d tokens)",
-		clients, total, duringFailover, afterFailover.Load(), old, failover.Round(time.Millisecond), got[0],
+		f.topo.Kind(), clients, total, duringFailover, afterFailover.Load(), old, failover.Round(time.Millisecond), got[0],
 		caughtUp.Round(time.Millisecond), got[1], got[2])
 
 	limitsHold(t, d, rpmSecret, tpmSecret)
