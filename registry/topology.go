@@ -117,20 +117,20 @@ func (t Topology) String() string {
 	switch t.Kind() {
 	case KindSingle:
 		if o, err := redis.ParseURL(t.URL); err == nil {
-			return "redis " + o.Addr
+			return "Redis at " + o.Addr
 		}
 	case KindSentinel:
 		if o, err := redis.ParseFailoverURL(t.Sentinel); err == nil {
-			return fmt.Sprintf("sentinel master %q via %s", o.MasterName, strings.Join(o.SentinelAddrs, ","))
+			return fmt.Sprintf("Redis master %q of the sentinels at %s", o.MasterName, strings.Join(o.SentinelAddrs, ","))
 		}
 	case KindCluster:
 		if o, err := redis.ParseClusterURL(t.Cluster); err == nil {
-			return "cluster " + strings.Join(o.Addrs, ",")
+			return "Redis Cluster at " + strings.Join(o.Addrs, ",")
 		}
 	case KindNone:
-		return "no redis"
+		return "no Redis"
 	}
-	return t.Kind() + " (unparsable URL)"
+	return "Redis (" + t.Kind() + ", a URL that does not parse)"
 }
 
 // The tuning every client gets, unless its URL says otherwise: bounded
@@ -218,7 +218,7 @@ func OpenTopology(ctx context.Context, t Topology) (*Store, error) {
 	defer cancel()
 	if err := ping(pctx, rdb); err != nil {
 		_ = rdb.Close()
-		return nil, fmt.Errorf("redis (%s): %w", t, err)
+		return nil, fmt.Errorf("%s: %w", t, err)
 	}
 	return &Store{rdb: rdb, replicas: t.Replicas(), replicaWait: t.replicaTimeout()}, nil
 }

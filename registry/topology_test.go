@@ -313,7 +313,7 @@ func TestTopologyCheck(t *testing.T) {
 		}
 	}
 	// Passwords stay out of what is logged.
-	if s := (registry.Topology{Cluster: "redis://u:secret@h1:7000?addr=h2:7001"}).String(); strings.Contains(s, "secret") || s != "cluster h1:7000,h2:7001" {
+	if s := (registry.Topology{Cluster: "redis://u:secret@h1:7000?addr=h2:7001"}).String(); strings.Contains(s, "secret") || s != "Redis Cluster at h1:7000,h2:7001" {
 		t.Errorf("String = %q", s)
 	}
 }
