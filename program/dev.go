@@ -144,9 +144,12 @@ func (d *Dev) start(ctx context.Context) error {
 	}
 	d.storeTopo = cfg.Redis
 	if !d.storeTopo.Configured() {
-		if d.mr, d.storeTopo.URL, err = embedded.Redis(); err != nil {
+		// The embedded store has no replicas to wait for (nor WAIT).
+		var url string
+		if d.mr, url, err = embedded.Redis(); err != nil {
 			return err
 		}
+		d.storeTopo = registry.Topology{URL: url}
 	}
 	if d.store, err = registry.OpenTopology(ctx, d.storeTopo); err != nil {
 		return err

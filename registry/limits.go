@@ -363,9 +363,9 @@ func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (
 	period := now.UnixMilli() / UsageSeenTTL.Milliseconds()
 	// One script per API key: its groups, then its records.
 	type perKey struct {
-		groups []int // indexes into groups
-		at     map[int]int
-		recs   []int
+		groups []int       // indexes into groups
+		at     map[int]int // index into groups -> the group's number in the key's script (from 1)
+		recs   []int       // indexes into recs
 	}
 	var order []string
 	keys := map[string]*perKey{}
