@@ -100,15 +100,15 @@ func TestThirdPartySimDisaggregated(t *testing.T) {
 	}
 	t.Logf("disaggregated over llm-d-inference-sim: TTFT %v, %q", ttft.Round(time.Millisecond), text.String())
 	// The prefill instance answered a prefill for a remote decode...
-	if v := simMetric(t, prefillURL, `vllm:request_success_total{finish_reason="remote_decode",model_name="`+model+`"}`); v != 1 {
+	if v := metricValue(t, prefillURL, `vllm:request_success_total{finish_reason="remote_decode",model_name="`+model+`"}`); v != 1 {
 		t.Errorf("prefill instance's remote_decode requests: %v, want 1", v)
 	}
 	// ...and the decode instance took the remote prefill: its time to
 	// first token is the transfer latency, not its prefill time.
-	if n := simMetric(t, decodeURL, `vllm:time_to_first_token_seconds_count{model_name="`+model+`"}`); n != 1 {
+	if n := metricValue(t, decodeURL, `vllm:time_to_first_token_seconds_count{model_name="`+model+`"}`); n != 1 {
 		t.Fatalf("decode instance's TTFT count %v, want 1", n)
 	}
-	if s := simMetric(t, decodeURL, `vllm:time_to_first_token_seconds_sum{model_name="`+model+`"}`); s < 0.6 {
+	if s := metricValue(t, decodeURL, `vllm:time_to_first_token_seconds_sum{model_name="`+model+`"}`); s < 0.6 {
 		t.Errorf("decode instance's TTFT %v s: not the 0.7 s KV-transfer latency of a remote prefill", s)
 	}
 	if ttft < 700*time.Millisecond+200*time.Millisecond {
@@ -118,6 +118,3 @@ func TestThirdPartySimDisaggregated(t *testing.T) {
 		t.Errorf("remote prefills ok: %v", v)
 	}
 }
-
-// simMetric reads one series from a server's /metrics (-1 when absent).
-func simMetric(t *testing.T, base, series string) float64 { t.Helper(); return metricValue(t, base, series) }

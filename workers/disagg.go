@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -237,12 +239,11 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 	if !ok {
 		return nil, schemas.ErrPrefillFailed.New(pw, "the request body is not an object")
 	}
-	inbox := w.nc.NewRespInbox()
-	sub, err := w.nc.SubscribeSync(inbox)
+	inbox, frames, err := w.prefills.open()
 	if err != nil {
 		return nil, schemas.ErrPrefillFailed.New(pw, err.Error())
 	}
-	defer func() { _ = sub.Unsubscribe() }()
+	defer w.prefills.close(inbox)
 	token := schemas.NewCancelToken()
 	h := nats.Header{}
 	h.Set(schemas.HdrRequestID, c.req.ID)
@@ -265,17 +266,21 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 	// is gone (killed, partitioned), and the request runs whole here.
 	silence := prefillSilence
 	var parts []byte
+	quiet := time.NewTimer(silence)
+	defer quiet.Stop()
 	for {
-		wctx, stop := context.WithTimeout(ctx, silence)
-		m, err := sub.NextMsgWithContext(wctx)
-		stop()
-		switch {
-		case err != nil && ctx.Err() != nil:
+		var m *nats.Msg
+		select {
+		case <-ctx.Done():
 			cancel()
 			return nil, ctx.Err()
-		case err != nil:
+		case <-quiet.C:
 			cancel()
 			return nil, fmt.Errorf("%w: %s: no answer in %s", errPrefillLost, pw, silence)
+		case m = <-frames:
+			quiet.Reset(silence)
+		}
+		switch {
 		case len(m.Data) == 0 && m.Header.Get("Status") == "503": // NATS: nobody subscribes to its prefill subject
 			return nil, fmt.Errorf("%w: %s: no such worker", errPrefillLost, pw)
 		}
@@ -303,6 +308,63 @@ func (w *Worker) askPrefill(ctx context.Context, c *call, pw string, span trace.
 		}
 	}
 }
+
+// prefillReplies takes the answers to a worker's remote prefills on one
+// wildcard subscription (its inbox prefix + ".*"), not one subscription per
+// prefill: no subscribe and unsubscribe on the way to each first token.
+type prefillReplies struct {
+	nc     *nats.Conn
+	mu     sync.Mutex
+	prefix string                    // "<inbox>." once subscribed
+	sub    *nats.Subscription        // nil until the first prefill
+	open_  map[string]chan *nats.Msg // by reply subject
+}
+
+// open returns a new reply subject and the channel its frames arrive on.
+func (r *prefillReplies) open() (string, <-chan *nats.Msg, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.sub == nil {
+		prefix := r.nc.NewRespInbox() + "."
+		sub, err := r.nc.Subscribe(prefix+"*", r.deliver)
+		if err != nil {
+			return "", nil, err
+		}
+		_ = sub.SetPendingLimits(1<<20, 1<<30)
+		r.sub, r.prefix, r.open_ = sub, prefix, map[string]chan *nats.Msg{}
+	}
+	subject := r.prefix + nuid.Next()
+	ch := make(chan *nats.Msg, prefillFrames)
+	r.open_[subject] = ch
+	return subject, ch, nil
+}
+
+// close forgets a reply subject: frames still coming to it are dropped.
+func (r *prefillReplies) close(subject string) {
+	r.mu.Lock()
+	delete(r.open_, subject)
+	r.mu.Unlock()
+}
+
+// deliver hands a frame to its prefill. A prefill sends a few frames
+// (accepted, keepalives, parts, done) and its reader takes each at once;
+// one that overflows the channel is dropped, and the prefill then ends in
+// silence (lost: the request runs whole), never blocking the others.
+func (r *prefillReplies) deliver(m *nats.Msg) {
+	r.mu.Lock()
+	ch := r.open_[m.Subject]
+	r.mu.Unlock()
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- m:
+	default:
+	}
+}
+
+// prefillFrames bounds the frames waiting for one prefill's reader.
+const prefillFrames = 64
 
 // prefillKeepalive is how often a prefill run for another worker gets a
 // keepalive while it is silent, and prefillSilence how long its decode

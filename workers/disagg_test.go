@@ -3,6 +3,7 @@ package workers
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tokenbus/tokenbus/internal/testenv"
 	"github.com/tokenbus/tokenbus/schemas"
+	"github.com/tokenbus/tokenbus/workers/engine"
 	"github.com/tokenbus/tokenbus/workers/engine/sim"
 )
 
@@ -23,6 +25,11 @@ type disaggPair struct {
 }
 
 func startDisaggPair(t testing.TB, prefill func(*sim.Config), pcfg Config) *disaggPair {
+	return startDisaggPairWith(t, prefill, nil, pcfg)
+}
+
+// startDisaggPairWith is startDisaggPair with the decode engine's config too.
+func startDisaggPairWith(t testing.TB, prefill, decode func(*sim.Config), pcfg Config) *disaggPair {
 	t.Helper()
 	ns := testenv.NATS(t)
 	nc := testenv.Connect(t, ns)
@@ -39,7 +46,7 @@ func startDisaggPair(t testing.TB, prefill func(*sim.Config), pcfg Config) *disa
 		t.Cleanup(func() { e.Close() })
 		return e
 	}
-	pp := &disaggPair{nc: nc, pEng: newSim(prefill), dEng: newSim(nil)}
+	pp := &disaggPair{nc: nc, pEng: newSim(prefill), dEng: newSim(decode)}
 	start := func(id, role string, eng *sim.Engine, cfg Config) *Worker {
 		cfg.ID, cfg.Role = id, role
 		w, err := New(cfg, testenv.Connect(t, ns), eng, nil)
@@ -94,4 +101,127 @@ func TestRemotePrefillCancelled(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// BenchmarkDisaggTTFT is what disaggregation adds to a request's time to
+// first token on the bus path: the decode worker's prefill request to the
+// prefill worker and its answer over NATS, the bodies rewritten, and the
+// sims' own work at zero simulated cost (each tokenizes the prompt; the
+// decode pulls the "KV blocks" from the prefill engine over loopback HTTP,
+// its stand-in for NIXL). whole is the same request run on the decode
+// worker alone. ttft-p50-µs is the median from publishing the request to
+// its first chunk frame; ns/op is a whole request.
+func BenchmarkDisaggTTFT(b *testing.B) {
+	zero := func(c *sim.Config) {
+		c.PrefillBase, c.PrefillPerToken, c.DecodeBase, c.DecodePerSeq = 0, 0, 0, 0
+		c.KVTransferBase, c.KVTransferPerToken = 0, 0
+	}
+	for _, words := range []int{64, 4000} {
+		for _, mode := range []string{"whole", "disaggregated"} {
+			b.Run(fmt.Sprintf("prompt=%d/%s", words, mode), func(b *testing.B) {
+				pp := startDisaggPairWith(b, zero, zero, Config{})
+				ttftBench(b, pp.nc, []byte(longChat(words, true)), mode == "disaggregated")
+				if mode == "disaggregated" {
+					if st := pp.dEng.KVTransferStats(); st.RemotePrefills == 0 {
+						b.Fatalf("no remote prefill: %+v", st)
+					}
+				}
+			})
+		}
+	}
+}
+
+// handshakeEngine answers at once: a prefill (do_remote_decode) with fixed
+// kv_transfer_params, anything else with one chunk. It has no tokenizer
+// and no KV cache: with it, BenchmarkDisaggBusPath measures the bus path
+// alone.
+type handshakeEngine struct{ gateEngine }
+
+func (e *handshakeEngine) KVTransfer() bool { return true }
+
+func (e *handshakeEngine) Generate(ctx context.Context, req *engine.Request, sink engine.Sink) (*engine.Result, error) {
+	if req.View != nil && req.View.KVTransfer != nil && !req.View.Stream {
+		return &engine.Result{Response: []byte(`{"id":"x","object":"chat.completion","choices":[],` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2,3],` +
+			`"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`)}, nil
+	}
+	if err := sink.Chunks([]byte(`{"n":1}`)); err != nil {
+		return nil, err
+	}
+	return &engine.Result{Usage: schemas.Usage{CompletionTokens: 1}}, nil
+}
+
+// BenchmarkDisaggBusPath is the handshake's own cost on the way to the
+// first token: the decode worker's prefill request to the prefill worker
+// over NATS, its frames back, the bodies rewritten and read again, with
+// engines that answer at once (handshakeEngine). whole: the same request on the
+// decode worker alone. ttft-p50-µs: publishing the request to its first
+// chunk frame.
+func BenchmarkDisaggBusPath(b *testing.B) {
+	for _, words := range []int{64, 4000} {
+		for _, mode := range []string{"whole", "disaggregated"} {
+			b.Run(fmt.Sprintf("prompt=%d/%s", words, mode), func(b *testing.B) {
+				ns := testenv.NATS(b)
+				nc := testenv.Connect(b, ns)
+				for _, w := range []struct{ id, role string }{{"p", schemas.RolePrefill}, {"d", schemas.RoleDecode}} {
+					wk, err := New(Config{ID: w.id, Role: w.role}, testenv.Connect(b, ns), &handshakeEngine{}, nil)
+					if err != nil {
+						b.Fatal(err)
+					}
+					ctx, cancel := context.WithCancel(context.Background())
+					done := make(chan error, 1)
+					go func() { done <- wk.Run(ctx) }()
+					<-wk.Ready()
+					b.Cleanup(func() { cancel(); <-done })
+				}
+				ttftBench(b, nc, []byte(longChat(words, true)), mode == "disaggregated")
+			})
+		}
+	}
+}
+
+// ttftBench sends requests to worker d one at a time and reports the
+// median time to the first chunk frame.
+func ttftBench(b *testing.B, nc *nats.Conn, body []byte, disagg bool) {
+	var ttfts []time.Duration
+	i := 0
+	for b.Loop() {
+		i++
+		inbox := nats.NewInbox()
+		sub, err := nc.SubscribeSync(inbox)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h := nats.Header{schemas.HdrRequestID: {fmt.Sprintf("r%d", i)}, schemas.HdrKind: {"chat"}, schemas.HdrModel: {"m"},
+			schemas.HdrCancelToken: {schemas.NewCancelToken()}}
+		if disagg {
+			h.Set(schemas.HdrPrefillWorker, "p")
+		}
+		start := time.Now()
+		if err := nc.PublishMsg(&nats.Msg{Subject: schemas.WorkSubject("d"), Reply: inbox, Header: h, Data: body}); err != nil {
+			b.Fatal(err)
+		}
+		first := true
+		for {
+			m, err := sub.NextMsg(10 * time.Second)
+			if err != nil {
+				b.Fatal(err)
+			}
+			f, _ := schemas.ParseFrame(m.Data)
+			if f.Type == schemas.FrameChunk && first {
+				first = false
+				ttfts = append(ttfts, time.Since(start))
+			}
+			if f.Type == schemas.FrameError {
+				b.Fatalf("error frame %s", f.Payload)
+			}
+			if f.Type.Terminal() {
+				break
+			}
+		}
+		_ = sub.Unsubscribe()
+	}
+	b.StopTimer()
+	slices.Sort(ttfts)
+	b.ReportMetric(float64(ttfts[len(ttfts)/2].Microseconds()), "ttft-p50-µs")
 }

@@ -118,6 +118,7 @@ type Worker struct {
 	usage    UsageSink
 	// kvTransfer: the engine speaks vLLM's KV-transfer handshake (disagg.go).
 	kvTransfer bool
+	prefills   prefillReplies // answers to this worker's remote prefills (disagg.go)
 
 	running  atomic.Int64
 	draining atomic.Bool
@@ -174,6 +175,7 @@ func New(cfg Config, nc *nats.Conn, eng engine.Engine, log *slog.Logger) (*Worke
 		return nil, fmt.Errorf("worker role %q: want prefill, decode or both", cfg.Role)
 	}
 	w.kvTransfer = kvTransfer(eng)
+	w.prefills.nc = nc
 	if cfg.Role != schemas.RoleBoth && !w.kvTransfer {
 		return nil, fmt.Errorf("a %s worker needs an engine that speaks vLLM's KV transfer (the sim; vllm with --kv-transfer-config); the %s engine does not", cfg.Role, eng.Name())
 	}

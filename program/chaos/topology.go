@@ -469,3 +469,28 @@ func gauges(urls []string, series string) (sum float64, ok bool) {
 	}
 	return sum, ok
 }
+
+// sumCounters sums the samples whose line begins with prefix (a metric
+// name and its first labels, e.g. `x_total{outcome="lost"`) on the
+// /metrics pages at urls.
+func sumCounters(urls []string, prefix string) (sum float64, ok bool) {
+	for _, url := range urls {
+		resp, err := probeClient.Get(url)
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for line := range strings.Lines(string(b)) {
+			if !strings.HasPrefix(line, prefix) {
+				continue
+			}
+			_, v, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if f, err := strconv.ParseFloat(v, 64); err == nil {
+				sum += f
+				ok = true
+			}
+		}
+	}
+	return sum, ok
+}
