@@ -128,7 +128,7 @@ func keyedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, keyI
 	t.Helper()
 	rd := testenv.StartRedis(t)
 	d = startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
 		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 	}}, configure...)...)
 	var key struct{ ID, Key string }
@@ -182,7 +182,7 @@ func TestPoisonBatchFailsBounded(t *testing.T) {
 func secondGateway(t *testing.T, d *dev, redisURL string) {
 	t.Helper()
 	gcfg := program.DefaultGateway()
-	gcfg.NATS.URL, gcfg.RedisURL = d.NATSURL, redisURL
+	gcfg.NATS.URL, gcfg.Redis.URL = d.NATSURL, redisURL
 	gcfg.HTTP.Listen, gcfg.HTTP.Admin, gcfg.HTTP.Auth = "127.0.0.1:0", "", redisURL != ""
 	gw, err := program.StartGateway(context.Background(), gcfg)
 	if err != nil {
@@ -200,7 +200,7 @@ func TestCancelValidatingBatch(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, abuseAdminToken
 		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.HTTP.Batch.Runner = false
 	})

@@ -98,7 +98,7 @@ func TestScaleFromZero(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL = rd.URL
+		c.Redis.URL = rd.URL
 		c.SimWorkers = 0 // dev registers the sim's model all the same
 	})
 	const model = "llama-8b"
@@ -209,7 +209,7 @@ func TestScaleFromZero(t *testing.T) {
 	// The first worker, 10 s after the first request.
 	<-time.After(time.Until(start.Add(coldStartDelay))) // the scenario's delay, not a wait for a condition
 	wc := program.DefaultWorker()
-	wc.NATS.URL, wc.RedisURL, wc.Worker.ID = d.NATSURL, rd.URL, "late-worker"
+	wc.NATS.URL, wc.Redis.URL, wc.Worker.ID = d.NATSURL, rd.URL, "late-worker"
 	wc.Worker.MaxConcurrency = 64
 	w, err := program.StartWorker(context.Background(), wc)
 	if err != nil {
@@ -370,7 +370,7 @@ func TestHeldStreamTimesOut(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.SimWorkers = rd.URL, 0
+		c.Redis.URL, c.SimWorkers = rd.URL, 0
 		c.Dispatcher.ColdStartTimeout = 1500 * time.Millisecond
 		c.HTTP.HoldKeepalive = 300 * time.Millisecond
 	})
@@ -473,7 +473,7 @@ func TestHeldResponsesStream(t *testing.T) {
 	t.Parallel()
 	rd := testenv.StartRedis(t)
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.SimWorkers = rd.URL, 0
+		c.Redis.URL, c.SimWorkers = rd.URL, 0
 		c.HTTP.HoldKeepalive = 300 * time.Millisecond
 	})
 	// Byte for byte: only events and comments before the first token.
@@ -494,7 +494,7 @@ func TestHeldResponsesStream(t *testing.T) {
 	go func() { // the worker, once the stream has begun
 		<-time.After(2 * time.Second)
 		wc := program.DefaultWorker()
-		wc.NATS.URL, wc.RedisURL, wc.Worker.ID = d.NATSURL, rd.URL, "late-responses"
+		wc.NATS.URL, wc.Redis.URL, wc.Worker.ID = d.NATSURL, rd.URL, "late-responses"
 		w, err := program.StartWorker(context.Background(), wc)
 		if err != nil {
 			t.Error(err)

@@ -137,7 +137,7 @@ func TestRedisOutage(t *testing.T) {
 	t.Parallel()
 	const adminToken = "outage-admin-token"
 	rd := testenv.StartRedis(t)
-	d := startDev(t, func(c *program.DevConfig) { c.RedisURL, c.HTTP.AdminToken = rd.URL, adminToken })
+	d := startDev(t, func(c *program.DevConfig) { c.Redis.URL, c.HTTP.AdminToken = rd.URL, adminToken })
 	stream := `{"model":"llama-8b","stream":true,"max_tokens":6,"messages":[{"role":"user","content":"hi"}]}`
 	checkStream(t, post(t, d.URL, "/v1/chat/completions", stream), true, 1, false)
 

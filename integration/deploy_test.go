@@ -174,7 +174,7 @@ func startDeployStack(t *testing.T, url, redisURL string) *deployStack {
 	}
 	s.metrics = startDispatcherWorker(t, url, redisURL, logFor)
 	gcfg := program.DefaultGateway()
-	gcfg.NATS, gcfg.RedisURL, gcfg.Log = deployLogin(url, "gateway"), redisURL, logFor("gateway")
+	gcfg.NATS, gcfg.Redis.URL, gcfg.Log = deployLogin(url, "gateway"), redisURL, logFor("gateway")
 	gcfg.EmbedDispatcher = false
 	gcfg.HTTP.Listen, gcfg.HTTP.Admin, gcfg.HTTP.AdminToken = "127.0.0.1:0", "127.0.0.1:0", deployAdminToken
 	gw, err := program.StartGateway(ctx, gcfg)
@@ -199,7 +199,7 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 	t.Helper()
 	ctx := context.Background()
 	dcfg := program.DefaultDispatcher()
-	dcfg.NATS, dcfg.RedisURL, dcfg.Log = deployLogin(url, "dispatcher"), redisURL, logFor("dispatcher")
+	dcfg.NATS, dcfg.Redis.URL, dcfg.Log = deployLogin(url, "dispatcher"), redisURL, logFor("dispatcher")
 	dcfg.Metrics = "127.0.0.1:0"
 	disp, err := program.StartDispatcher(ctx, dcfg)
 	if err != nil {
@@ -207,7 +207,7 @@ func startDispatcherWorker(t *testing.T, url, redisURL string, logFor func(strin
 	}
 	t.Cleanup(func() { _ = disp.Close() })
 	wcfg := program.DefaultWorker()
-	wcfg.NATS, wcfg.RedisURL, wcfg.Log = deployLogin(url, "worker"), redisURL, logFor("worker")
+	wcfg.NATS, wcfg.Redis.URL, wcfg.Log = deployLogin(url, "worker"), redisURL, logFor("worker")
 	wcfg.Worker.ID, wcfg.Metrics = "w1", "127.0.0.1:0"
 	wcfg.Engine.Model = "llama-8b"
 	// Slow enough that a background response can be cancelled in flight.
@@ -599,7 +599,7 @@ func TestDeployFeatureOffSaysWhy(t *testing.T) {
 	l := &componentLog{t: t}
 	gcfg := program.DefaultGateway()
 	gcfg.NATS = natsconn.Options{URL: ns.ClientURL(), User: "gateway", Password: deployPasswords["NATS_GATEWAY_PASSWORD"]}
-	gcfg.RedisURL, gcfg.HTTP.Auth, gcfg.HTTP.Admin, gcfg.HTTP.Listen = "", false, "", "127.0.0.1:0"
+	gcfg.Redis.URL, gcfg.HTTP.Auth, gcfg.HTTP.Admin, gcfg.HTTP.Listen = "", false, "", "127.0.0.1:0"
 	gcfg.Log = l.logger()
 	gw, err := program.StartGateway(context.Background(), gcfg)
 	if err != nil {

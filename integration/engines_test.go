@@ -226,7 +226,7 @@ func TestVLLMEngineLoRA(t *testing.T) {
 		}
 	}
 	eng := startSimServer(t, func(c *program.SimServerConfig) { c.Sim.MaxLoras, c.Sim.AdapterLoadTime = 1, 200*time.Millisecond })
-	d := startDev(t, vllmEngine(eng.URL()), func(c *program.DevConfig) { c.RedisURL, c.Engine.MaxLoras = rd.URL, 1 })
+	d := startDev(t, vllmEngine(eng.URL()), func(c *program.DevConfig) { c.Redis.URL, c.Engine.MaxLoras = rd.URL, 1 })
 	beats := logBeats(t, d.NATSURL)
 	served := func() string {
 		resp, err := http.Get(eng.URL() + "/v1/models")

@@ -32,7 +32,7 @@ func flowDev(t *testing.T) *dev {
 	t.Helper()
 	rd := testenv.StartRedis(t)
 	return startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
 		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.SimWorkers = 1
 		c.Worker.MaxConcurrency = 8
@@ -310,7 +310,7 @@ func twoGateways(t *testing.T) (a, b string, admin *dev, stopA func()) {
 	url := ns.ClientURL()
 	rd := testenv.StartRedis(t)
 	wcfg := program.DefaultWorker()
-	wcfg.NATS, wcfg.RedisURL = natsconn.Options{URL: url}, rd.URL
+	wcfg.NATS, wcfg.Redis.URL = natsconn.Options{URL: url}, rd.URL
 	wcfg.Worker.ID, wcfg.Worker.MaxConcurrency = "w1", 8
 	wcfg.Engine.Model, wcfg.Engine.Sim.MaxNumSeqs = "llama-8b", 8
 	wcfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -322,7 +322,7 @@ func twoGateways(t *testing.T) (a, b string, admin *dev, stopA func()) {
 	var urls [2]string
 	for i := range urls {
 		gcfg := program.DefaultGateway()
-		gcfg.NATS, gcfg.RedisURL = natsconn.Options{URL: url}, rd.URL
+		gcfg.NATS, gcfg.Redis.URL = natsconn.Options{URL: url}, rd.URL
 		gcfg.HTTP.Listen, gcfg.HTTP.Auth, gcfg.HTTP.AdminToken = "127.0.0.1:0", true, limitsAdminToken
 		gcfg.HTTP.Admin = ""
 		if i == 0 {

@@ -215,7 +215,7 @@ func TestVLLMKVEventsLoRA(t *testing.T) {
 		c.KVEvents = fmt.Sprintf(`{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:%d","topic":"kv-events"}`, port)
 	})
 	d := startDev(t, vllmEngine(ss.URL()), func(c *program.DevConfig) {
-		c.RedisURL, c.Engine.KVEvents = rd.URL, fmt.Sprintf("tcp://127.0.0.1:%d", port)
+		c.Redis.URL, c.Engine.KVEvents = rd.URL, fmt.Sprintf("tcp://127.0.0.1:%d", port)
 	})
 	kv := watchKVEvents(t, d.NATSURL)
 	chain := func(model string) func(schemas.KVEvents) bool {

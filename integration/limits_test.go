@@ -42,7 +42,7 @@ func limitsDevBounded(t *testing.T, timeout time.Duration, args ...string) (*dev
 	t.Helper()
 	rd := testenv.StartRedis(t, args...)
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
 		c.HTTP.Limits.Breaker.Timeout = timeout
 	})
 	return d, rd

@@ -81,7 +81,7 @@ func TestListingReadsOnlyOwnTenant(t *testing.T) {
 		}
 	}
 	gcfg := program.DefaultGateway()
-	gcfg.NATS, gcfg.RedisURL = natsconn.Options{URL: url}, ""
+	gcfg.NATS, gcfg.Redis.URL = natsconn.Options{URL: url}, ""
 	gcfg.HTTP.Listen, gcfg.HTTP.Admin, gcfg.HTTP.Auth = "127.0.0.1:0", "", false
 	gcfg.HTTP.Batch.Runner = false // no runner reading the batches meanwhile
 	gcfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))

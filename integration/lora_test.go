@@ -98,7 +98,7 @@ func TestLoRAAdapters(t *testing.T) {
 	}
 	// A load takes long enough for its heartbeat (Loading) to be seen.
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 1
+		c.Redis.URL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 1
 		c.Engine.Sim.AdapterLoadTime, c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 300*time.Millisecond, time.Millisecond, time.Millisecond
 	})
 	beats := logBeats(t, d.NATSURL)

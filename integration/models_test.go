@@ -51,7 +51,7 @@ func TestModelList(t *testing.T) {
 	srv := httptest.NewServer(fake)
 	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
 	wcfg := program.DefaultWorker()
-	wcfg.NATS, wcfg.RedisURL = natsconn.Options{URL: d.NATSURL}, d.StoreURL()
+	wcfg.NATS, wcfg.Redis.URL = natsconn.Options{URL: d.NATSURL}, d.StoreURL()
 	wcfg.Worker.ID, wcfg.Engine.Kind, wcfg.Engine.URL = "fake-vllm", "vllm", srv.URL
 	wcfg.Log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx := context.Background()

@@ -30,7 +30,7 @@ func TestAdapterPlacement(t *testing.T) {
 		}
 	}
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 3, 4
+		c.Redis.URL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 3, 4
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
 		c.Dispatcher.Placement = dispatcher.PlacementConfig{On: true, Every: 100 * time.Millisecond, HalfLife: time.Second,
 			Up: 2, Down: 0.5, MinInterval: 300 * time.Millisecond}
@@ -99,7 +99,7 @@ func TestAdapterEvictionByDemand(t *testing.T) {
 		}
 	}
 	d := startDev(t, func(c *program.DevConfig) {
-		c.RedisURL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 2
+		c.Redis.URL, c.SimWorkers, c.Engine.Sim.MaxLoras = rd.URL, 2, 2
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = time.Millisecond, time.Millisecond
 	})
 	beats := logBeats(t, d.NATSURL)

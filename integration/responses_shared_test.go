@@ -121,7 +121,7 @@ func sharedDev(t *testing.T, configure ...func(*program.DevConfig)) (d *dev, rd 
 	t.Helper()
 	rd = testenv.StartRedis(t)
 	d = startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, limitsAdminToken
 		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 		c.Engine.Sim.DecodeBase, c.Engine.Sim.PrefillBase = 20*time.Millisecond, time.Millisecond
 	}}, configure...)...)

@@ -202,7 +202,7 @@ func TestThreatModel(t *testing.T) {
 	// The real dispatcher and worker, as their deploy users.
 	dcfg := program.DefaultDispatcher()
 	dcfg.NATS = natsconn.Options{URL: url, User: "dispatcher", Password: threatPasswords["NATS_DISPATCHER_PASSWORD"]}
-	dcfg.RedisURL = rd.URL
+	dcfg.Redis.URL = rd.URL
 	disp, err := program.StartDispatcher(ctx, dcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +222,7 @@ func TestThreatModel(t *testing.T) {
 	// stream TOKENBUS_USAGE, where the worker's records go) into Redis.
 	gcfg := program.DefaultGateway()
 	gcfg.NATS = natsconn.Options{URL: url, User: "gateway", Password: threatPasswords["NATS_GATEWAY_PASSWORD"]}
-	gcfg.RedisURL = rd.URL
+	gcfg.Redis.URL = rd.URL
 	gcfg.HTTP.Listen, gcfg.HTTP.Admin = "127.0.0.1:0", ""
 	gw, err := program.StartGateway(ctx, gcfg)
 	if err != nil {

@@ -92,7 +92,7 @@ func devWithKeys(t *testing.T, tenants []string, configure ...func(*program.DevC
 	t.Helper()
 	rd, store := startStore(t)
 	d := startDev(t, append([]func(*program.DevConfig){func(c *program.DevConfig) {
-		c.RedisURL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, "admin-secret"
+		c.Redis.URL, c.HTTP.Auth, c.HTTP.AdminToken = rd.URL, true, "admin-secret"
 		c.HTTP.Limits.Breaker.Timeout = patientBreaker
 	}}, configure...)...)
 	keys := map[string]string{}

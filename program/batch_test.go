@@ -371,7 +371,7 @@ func TestBatchLeaseTakeover(t *testing.T) {
 
 	// Another gateway, with a runner, on dev's NATS.
 	gcfg := DefaultGateway()
-	gcfg.NATS.URL, gcfg.RedisURL = d.NATSURL(), ""
+	gcfg.NATS.URL, gcfg.Redis.URL = d.NATSURL(), ""
 	gcfg.HTTP.Listen, gcfg.HTTP.Admin, gcfg.HTTP.Auth = "127.0.0.1:0", "", false
 	gw, err := StartGateway(context.Background(), gcfg)
 	if err != nil {

@@ -190,7 +190,7 @@ func TestNATSNodeLossUnderLoad(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = w.Close() })
 			dc := DefaultDispatcher()
-			dc.NATS.URL, dc.RedisURL = urls(nodes, 1), ""
+			dc.NATS.URL, dc.Redis.URL = urls(nodes, 1), ""
 			d, err := StartDispatcher(context.Background(), dc)
 			if err != nil {
 				t.Fatal(err)

@@ -1,6 +1,7 @@
 package program
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -43,9 +44,9 @@ type DevConfig struct {
 	// Adapters are LoRA adapters registered on the first served model, as
 	// name=path.
 	Adapters   []string
-	NATSListen string // where the embedded NATS server listens ("host:port"; port -1: any free port)
-	RedisURL   string // a Redis to use instead of the embedded store
-	DataDir    string // JetStream storage ("" : a temporary directory, removed at the end)
+	NATSListen string            // where the embedded NATS server listens ("host:port"; port -1: any free port)
+	Redis      registry.Topology // a Redis to use instead of the embedded store (none configured: the embedded one)
+	DataDir    string            // JetStream storage ("" : a temporary directory, removed at the end)
 	Version    string
 	Log        *slog.Logger // gets every line, each with its component (dev, gateway, dispatcher, worker, engine): give it none of its own
 
@@ -101,16 +102,16 @@ type Dev struct {
 	cfg DevConfig
 	log *slog.Logger
 
-	dir      string // the temporary data directory, removed at the end
-	ns       *server.Server
-	mr       *miniredis.Miniredis
-	storeURL string
-	store    *registry.Store
-	nc       *nats.Conn      // dev's own: model registration and the model cache
-	engines  []engine.Engine // not yet handed to a worker
-	served   []string
-	adapters []string
-	nWorkers int
+	dir       string // the temporary data directory, removed at the end
+	ns        *server.Server
+	mr        *miniredis.Miniredis
+	storeTopo registry.Topology
+	store     *registry.Store
+	nc        *nats.Conn      // dev's own: model registration and the model cache
+	engines   []engine.Engine // not yet handed to a worker
+	served    []string
+	adapters  []string
+	nWorkers  int
 
 	dispatcher *Dispatcher
 	workers    []*Worker
@@ -141,13 +142,16 @@ func (d *Dev) start(ctx context.Context) error {
 	if d.ns, err = embedded.NATS(cfg.NATSListen, dir); err != nil {
 		return err
 	}
-	d.storeURL = cfg.RedisURL
-	if d.storeURL == "" {
-		if d.mr, d.storeURL, err = embedded.Redis(); err != nil {
+	d.storeTopo = cfg.Redis
+	if !d.storeTopo.Configured() {
+		// The embedded store has no replicas to wait for (nor WAIT).
+		var url string
+		if d.mr, url, err = embedded.Redis(); err != nil {
 			return err
 		}
+		d.storeTopo = registry.Topology{URL: url}
 	}
-	if d.store, err = registry.Open(ctx, d.storeURL); err != nil {
+	if d.store, err = registry.OpenTopology(ctx, d.storeTopo); err != nil {
 		return err
 	}
 	dial := dialInProcess(d.ns)
@@ -316,9 +320,16 @@ func (d *Dev) AdminToken() string { return d.cfg.HTTP.AdminToken }
 // NATSURL is the embedded NATS server's client URL.
 func (d *Dev) NATSURL() string { return d.ns.ClientURL() }
 
-// StoreURL is the Redis URL of the store: the configured one, or the
-// embedded store's.
-func (d *Dev) StoreURL() string { return d.storeURL }
+// StoreURL is the Redis URL of the store: the configured one (whichever
+// of the topology's URLs is set), or the embedded store's.
+func (d *Dev) StoreURL() string {
+	t := d.storeTopo
+	return cmp.Or(t.URL, t.Sentinel, t.Cluster)
+}
+
+// Store is the Redis the store is on: the configured topology, or the
+// embedded store's URL.
+func (d *Dev) Store() registry.Topology { return d.storeTopo }
 
 // Models are the base models the engines serve (the configured model when
 // there is no worker).

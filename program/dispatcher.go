@@ -18,8 +18,8 @@ import (
 // and gateways without an embedded dispatcher.
 type DispatcherConfig struct {
 	NATS       natsconn.Options
-	RedisURL   string // the model registry; "" none (unknown models then get 404)
-	Metrics    string // listen address of /metrics; "" off
+	Redis      registry.Topology // the model registry; none configured: none (unknown models then get 404)
+	Metrics    string            // listen address of /metrics; "" off
 	Dispatcher dispatcher.Config
 	Limits     LimitsConfig // tenant requests' admission: the Redis breaker, fail open or closed, reservations
 	Log        *slog.Logger // gets the dispatcher's lines, with component=dispatcher: give it none of its own
@@ -29,7 +29,7 @@ type DispatcherConfig struct {
 func DefaultDispatcher() DispatcherConfig {
 	return DispatcherConfig{
 		NATS:       natsconn.Options{URL: nats.DefaultURL},
-		RedisURL:   "redis://127.0.0.1:6379/0",
+		Redis:      registry.Topology{URL: "redis://127.0.0.1:6379/0"},
 		Dispatcher: DefaultDispatcherConfig(),
 		Limits:     DefaultLimits(),
 	}
@@ -120,8 +120,8 @@ func (p *dispatcherRun) start(ctx context.Context, h host, ms *metricsServer, re
 	p.watch.watch(p.nc)
 	var models dispatcher.Registry
 	cache := h.cache
-	if cache == nil && p.cfg.RedisURL != "" {
-		if p.store, err = registry.Open(ctx, p.cfg.RedisURL); err != nil {
+	if cache == nil && p.cfg.Redis.Configured() {
+		if p.store, err = registry.OpenTopology(ctx, p.cfg.Redis); err != nil {
 			return err
 		}
 		cache = registry.NewCache(p.store, log)

@@ -32,7 +32,7 @@ func startEdgeWorld(t testing.TB, trustedProxies string) *edgeWorld {
 	rd := testenv.StartRedis(t)
 	ctx := context.Background()
 	wc := DefaultWorker()
-	wc.NATS.URL, wc.RedisURL, wc.Worker.ID = ns.ClientURL(), rd.URL, "w1"
+	wc.NATS.URL, wc.Redis.URL, wc.Worker.ID = ns.ClientURL(), rd.URL, "w1"
 	fast(&wc.Engine)
 	wk, err := StartWorker(ctx, wc)
 	if err != nil {
@@ -40,7 +40,7 @@ func startEdgeWorld(t testing.TB, trustedProxies string) *edgeWorld {
 	}
 	t.Cleanup(func() { _ = wk.Close() })
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), rd.URL
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), rd.URL
 	gc.HTTP.Listen, gc.HTTP.Admin, gc.HTTP.AdminToken, gc.HTTP.Auth = "127.0.0.1:0", "127.0.0.1:0", edgeAdminToken, true
 	gc.HTTP.TrustedProxies = trustedProxies
 	// A key lookup may take a second (the default bound is 50 ms): these

@@ -38,7 +38,7 @@ func simWorker(t *testing.T, ns *server.Server, id string, configure ...func(*Wo
 func plainGateway(t *testing.T, ns *server.Server, configure ...func(*GatewayConfig)) *Gateway {
 	t.Helper()
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
 	for _, c := range configure {
 		c(&gc)

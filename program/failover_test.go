@@ -30,7 +30,7 @@ func failoverFleet(t *testing.T, ns *server.Server) (*Dispatcher, []*Worker, *Ga
 	t.Helper()
 	ctx := context.Background()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), ""
+	dc.NATS.URL, dc.Redis.URL = ns.ClientURL(), ""
 	disp, err := StartDispatcher(ctx, dc)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func failoverFleet(t *testing.T, ns *server.Server) (*Dispatcher, []*Worker, *Ga
 		return nil
 	})
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
 	gw, err := startGateway(ctx, gc, host{dispatcher: func() *dispatcher.Dispatcher { return disp.run().d }})
 	if err != nil {

@@ -104,9 +104,9 @@ func DefaultLimits() LimitsConfig {
 
 // GatewayConfig configures a gateway program.
 type GatewayConfig struct {
-	NATS     natsconn.Options
-	RedisURL string // registry, API keys, limits and usage; "" none (then Auth off and Admin "")
-	HTTP     HTTPConfig
+	NATS  natsconn.Options
+	Redis registry.Topology // registry, API keys, limits and usage; none configured: no Redis (then Auth off and Admin "")
+	HTTP  HTTPConfig
 	// EmbedDispatcher routes requests with a dispatcher inside the gateway,
 	// straight to workers; Dispatcher configures it (it runs Embedded).
 	// Without it the gateway publishes to standalone dispatchers.
@@ -161,7 +161,7 @@ func DefaultDispatcherConfig() dispatcher.Config {
 func DefaultGateway() GatewayConfig {
 	return GatewayConfig{
 		NATS:            natsconn.Options{URL: nats.DefaultURL},
-		RedisURL:        "redis://127.0.0.1:6379/0",
+		Redis:           registry.Topology{URL: "redis://127.0.0.1:6379/0"},
 		HTTP:            DefaultHTTP(),
 		EmbedDispatcher: true,
 		Dispatcher:      DefaultDispatcherConfig(),
@@ -213,7 +213,7 @@ func startGateway(ctx context.Context, cfg GatewayConfig, h host) (*Gateway, err
 
 func (g *Gateway) start(ctx context.Context, h host) error {
 	cfg := g.cfg
-	if err := cfg.HTTP.check(h.store != nil || cfg.RedisURL != ""); err != nil {
+	if err := cfg.HTTP.check(h.store != nil || cfg.Redis.Configured()); err != nil {
 		return err
 	}
 	// The OpenAI API's listener first: the console needs its address.
@@ -311,9 +311,17 @@ func (gw *gatewayRun) start(ctx context.Context, h host, ln, admLn *keptListener
 	}
 	gw.watch.watch(gw.nc)
 	store, cache := h.store, h.cache
-	if store == nil && cfg.RedisURL != "" {
-		if store, err = registry.Open(ctx, cfg.RedisURL); err != nil {
+	if store == nil && cfg.Redis.Configured() {
+		if store, err = registry.OpenTopology(ctx, cfg.Redis); err != nil {
 			return err
+		}
+		if old, err := store.OldLayout(ctx); err == nil && old {
+			log.Warn("Redis holds a registry in the layout before Redis Cluster support and none in today's: its API keys, models and usage are not seen; copy them with `tokenbus redis migrate` (docs/redis.md)",
+				"redis", cfg.Redis.String())
+		}
+		if addr, have, err := store.ReplicasShort(ctx); err == nil && addr != "" {
+			log.Warn("a Redis master has fewer replicas than --redis-min-replicas: usage records of the API keys it holds wait in JetStream, and API keys cannot be created, until it has them (docs/redis.md)",
+				"master", addr, "replicas", have, "min_replicas", cfg.Redis.Replicas())
 		}
 		gw.store = store
 		cache = registry.NewCache(store, log)

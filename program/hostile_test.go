@@ -333,7 +333,7 @@ func TestLongReplySubjectDropped(t *testing.T) {
 	ns := testenv.NATS(t)
 	ctx := context.Background()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), ""
+	dc.NATS.URL, dc.Redis.URL = ns.ClientURL(), ""
 	d, err := StartDispatcher(ctx, dc)
 	if err != nil {
 		t.Fatal(err)

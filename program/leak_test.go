@@ -63,7 +63,7 @@ func startLeakWorld(t testing.TB) *leakWorld {
 	natsOpts.URL, natsOpts.User, natsOpts.Password = ns.ClientURL(), "tokenbus", natsMarker
 
 	wc := DefaultWorker()
-	wc.NATS, wc.RedisURL, wc.Worker.ID, wc.Log = natsOpts, rd.URL, "w1", log
+	wc.NATS, wc.Redis.URL, wc.Worker.ID, wc.Log = natsOpts, rd.URL, "w1", log
 	fast(&wc.Engine)
 	wk, err := StartWorker(ctx, wc)
 	if err != nil {
@@ -72,7 +72,7 @@ func startLeakWorld(t testing.TB) *leakWorld {
 	t.Cleanup(func() { _ = wk.Close() })
 
 	gc := DefaultGateway()
-	gc.NATS, gc.RedisURL, gc.Log = natsOpts, rd.URL, log
+	gc.NATS, gc.Redis.URL, gc.Log = natsOpts, rd.URL, log
 	gc.HTTP.Listen, gc.HTTP.Admin, gc.HTTP.AdminToken, gc.HTTP.Auth = "127.0.0.1:0", "127.0.0.1:0", adminMarker, true
 	if w.gw, err = StartGateway(ctx, gc); err != nil {
 		t.Fatal(err)

@@ -40,7 +40,7 @@ func httpFleetOn(t *testing.T, ns *server.Server, kind, redisURL string) ([]*Wor
 	t.Helper()
 	ctx := context.Background()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL = ns.ClientURL(), redisURL
+	dc.NATS.URL, dc.Redis.URL = ns.ClientURL(), redisURL
 	disp, err := StartDispatcher(ctx, dc)
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func httpFleetOn(t *testing.T, ns *server.Server, kind, redisURL string) ([]*Wor
 		return nil
 	})
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
 	gw, err := startGateway(ctx, gc, host{dispatcher: func() *dispatcher.Dispatcher { return disp.run().d }})
 	if err != nil {
@@ -348,7 +348,7 @@ func TestMigratedTenantRequestCountsOnce(t *testing.T) {
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimPrefix(strings.TrimSuffix(rd.URL, "/0"), "redis://")})
 	defer rdb.Close()
 	counted := func() (requests, tokens int) {
-		v, err := rdb.HMGet(ctx, "{tokenbus}:rl:"+key.ID, "r", "t").Result()
+		v, err := rdb.HMGet(ctx, "tokenbus:key:{"+key.ID+"}:rl", "r", "t").Result()
 		if err != nil {
 			t.Fatal(err)
 		}

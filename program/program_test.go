@@ -27,7 +27,7 @@ func distributed(t *testing.T, ns *server.Server) (*Dispatcher, *Worker, *Gatewa
 	t.Helper()
 	ctx := context.Background()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL, dc.Metrics = ns.ClientURL(), "", "127.0.0.1:0"
+	dc.NATS.URL, dc.Redis.URL, dc.Metrics = ns.ClientURL(), "", "127.0.0.1:0"
 	d, err := StartDispatcher(ctx, dc)
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +42,7 @@ func distributed(t *testing.T, ns *server.Server) (*Dispatcher, *Worker, *Gatewa
 	}
 	t.Cleanup(func() { _ = w.Close() })
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
 	gw, err := StartGateway(ctx, gc)
 	if err != nil {
@@ -139,7 +139,7 @@ func TestRolesServeAndCloseCleanly(t *testing.T) {
 func TestGatewayServeFailureEndsTheProgram(t *testing.T) {
 	ns := testenv.NATS(t)
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = "127.0.0.1:0", false, ""
 	gw, err := StartGateway(context.Background(), gc)
 	if err != nil {
@@ -243,7 +243,7 @@ func TestStartFailures(t *testing.T) {
 	}
 	defer taken.Close()
 	gc := DefaultGateway()
-	gc.NATS.URL, gc.RedisURL = ns.ClientURL(), ""
+	gc.NATS.URL, gc.Redis.URL = ns.ClientURL(), ""
 	gc.HTTP.Listen, gc.HTTP.Auth, gc.HTTP.Admin = taken.Addr().String(), false, ""
 	if _, err := StartGateway(context.Background(), gc); err == nil || !strings.Contains(err.Error(), "gateway listen") {
 		t.Fatalf("gateway on a taken port: %v", err)
@@ -268,7 +268,7 @@ func TestStartFailures(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL = "nats://"+gone.Addr().String(), ""
+	dc.NATS.URL, dc.Redis.URL = "nats://"+gone.Addr().String(), ""
 	start := time.Now()
 	if _, err := StartDispatcher(ctx, dc); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("dispatcher with no NATS: %v, want its context's end", err)

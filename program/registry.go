@@ -28,9 +28,9 @@ func ensureModels(ctx context.Context, store *registry.Store, models []string, n
 	return nil
 }
 
-// registerModels is ensureModels on the store at url, opened for it.
-func registerModels(ctx context.Context, url string, models []string, nc *nats.Conn) error {
-	store, err := registry.Open(ctx, url)
+// registerModels is ensureModels on the store topo names, opened for it.
+func registerModels(ctx context.Context, topo registry.Topology, models []string, nc *nats.Conn) error {
+	store, err := registry.OpenTopology(ctx, topo)
 	if err != nil {
 		return err
 	}

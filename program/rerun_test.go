@@ -78,7 +78,7 @@ func TestProgramsOutliveAConnectionTheServerClosed(t *testing.T) {
 	start := time.Now()
 	phase := func(what string) { t.Logf("%5.1fs %s", time.Since(start).Seconds(), what) }
 	dc := DefaultDispatcher()
-	dc.NATS.URL, dc.RedisURL, dc.Metrics = ns.ClientURL(), "", "127.0.0.1:0"
+	dc.NATS.URL, dc.Redis.URL, dc.Metrics = ns.ClientURL(), "", "127.0.0.1:0"
 	d, err := StartDispatcher(ctx0, dc)
 	if err != nil {
 		t.Fatal(err)

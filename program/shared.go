@@ -18,7 +18,7 @@ import (
 // registry; what a host lends, the program uses and does not close.
 type host struct {
 	dial  dialer          // nil: dialURL
-	store *registry.Store // nil: open the config's RedisURL, if any
+	store *registry.Store // nil: open the config's Redis topology, if any
 	cache *registry.Cache // with store: the shared, running model cache
 	// metrics, in dev: the process's /metrics, which shows a registry of
 	// each program's current run (registry(name)); nil: every run has a

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenbus/tokenbus/internal/natsconn"
+	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 	"github.com/tokenbus/tokenbus/workers"
 	"github.com/tokenbus/tokenbus/workers/engine"
@@ -21,9 +22,9 @@ type WorkerConfig struct {
 	// NATS: an empty Inbox is schemas.WorkerInboxPrefix, the workers' own
 	// namespace, so NATS permissions can let workers read their replies (the
 	// start-up ping) without reading any client's inbox.
-	NATS     natsconn.Options
-	RedisURL string // when set, the worker registers its models there
-	Metrics  string // listen address of /metrics; "" off
+	NATS    natsconn.Options
+	Redis   registry.Topology // when configured, the worker registers its models there
+	Metrics string            // listen address of /metrics; "" off
 	// Worker: an empty ID is the host name and a random suffix; Version and
 	// Metrics are set by the program.
 	Worker  workers.Config
@@ -154,8 +155,8 @@ func (p *workerRun) start(ctx context.Context, h host, ms *metricsServer, restar
 		return err
 	}
 	p.watch.watch(p.nc)
-	if cfg.RedisURL != "" {
-		if err := registerModels(ctx, cfg.RedisURL, servable(p.eng), p.nc); err != nil {
+	if cfg.Redis.Configured() {
+		if err := registerModels(ctx, cfg.Redis, servable(p.eng), p.nc); err != nil {
 			log.Warn("could not register models in Redis; serving anyway", "err", err)
 		}
 	}

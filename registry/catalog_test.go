@@ -11,8 +11,8 @@ import (
 	"github.com/tokenbus/tokenbus/schemas"
 )
 
-func TestModelList(t *testing.T) {
-	s, _ := openStore(t)
+func testModelList(t *testing.T, b *backend) {
+	s := b.store(t)
 	ctx := context.Background()
 	for _, m := range []registry.Model{{Name: "llama-8b", MaxModelLen: 8192, OwnedBy: "meta"}, {Name: "qwen"}} {
 		if _, err := s.PutBase(ctx, m); err != nil {

@@ -8,11 +8,15 @@
 // go through the store's Breaker, if it has one: a bounded wait each, and
 // after repeated failures none at all until a probe finds Redis back.
 //
-// Every Redis key carries the hash tag {tokenbus}, so all of it lives in one
-// slot of a Redis Cluster and multi-key transactions and scripts work there.
-// The control plane is small and its write rate is about one script call per
-// LLM request (admit) and one per finished request (usage), far below what
-// one shard serves.
+// The Redis is a single node, a Sentinel-watched master or a Redis Cluster
+// (Topology, topology.go; Valkey as well). The keys are laid out for
+// Cluster (layout.go; the table with who writes each is docs/redis.md):
+// every key of one API key's state carries its id as the hash tag, so the
+// scripts on a request's path (admission, usage) touch one slot and spread
+// over the shards by key, and what spans keys (listings, usage across keys)
+// reads small index sets and then each key's own keys. Usage records and
+// API keys' creation and deletion wait for replicas (WAIT, durable.go)
+// before they count as written, so that a master's loss loses none of them.
 //
 // Tokenbus imports: schemas.
 package registry

@@ -29,11 +29,12 @@ const EventKeys = schemas.EventsPrefix + "keys"
 // that are no key at all without asking Redis.
 const SecretPrefix = "tb-"
 
-// Redis keys of API keys. Secrets are never stored: only their SHA-256.
-const (
-	keyKeys    = "{tokenbus}:keys"    // hash: key id -> Key JSON
-	keyKeyHash = "{tokenbus}:keyhash" // hash: hex SHA-256 of the secret -> key id
-)
+// An API key is its record, recordKey(id), found by its secret through
+// secretKey(hash) and listed in keyIndex (layout.go). Secrets are never
+// stored: only their SHA-256. The three live in different slots: a key is
+// created index, secret entry, record (the record last: the key exists once
+// it is written) and deleted record first, and a lookup by secret or a
+// listing checks the record, so a step cut short shows nothing half made.
 
 // KeySpec is what an API key is created with.
 type KeySpec struct {
@@ -144,46 +145,58 @@ func (s *Store) CreateKey(ctx context.Context, spec KeySpec) (Key, string, error
 		Created: time.Now().Unix(),
 	}
 	b, _ := json.Marshal(keyRecord{Key: k, Hash: k.Hash})
-	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, keyKeys, k.ID, b)
-		p.HSet(ctx, keyKeyHash, k.Hash, k.ID)
-		return nil
-	})
+	// Each write waits for the replicas (Topology.MinReplicas): a key whose
+	// secret was handed out must not vanish with a master.
+	err := s.writeDurably(ctx,
+		slotWrite{keyIndex, func(ctx context.Context, c redis.Cmdable) error {
+			return storeErr(c.SAdd(ctx, keyIndex, k.ID).Err())
+		}},
+		slotWrite{secretKey(k.Hash), func(ctx context.Context, c redis.Cmdable) error {
+			return storeErr(c.Set(ctx, secretKey(k.Hash), k.ID, 0).Err())
+		}},
+		slotWrite{recordKey(k.ID), func(ctx context.Context, c redis.Cmdable) error {
+			return storeErr(c.Set(ctx, recordKey(k.ID), b, 0).Err())
+		}})
 	if err != nil {
-		return Key{}, "", storeErr(err)
+		return Key{}, "", err
 	}
 	return k, secret, nil
 }
 
-// keyByHashScript: KEYS[1] the hash index, KEYS[2] the keys hash; ARGV[1]
-// the secret's hash. Returns the key's record, or nil if there is none.
-var keyByHashScript = redis.NewScript(`
-local id = redis.call('HGET', KEYS[1], ARGV[1])
-if not id then return false end
-return redis.call('HGET', KEYS[2], id)
-`)
-
 // KeyByHash returns the key whose secret hashes to hash; ErrNotFound if none.
-// It is one round trip to Redis: a script reads the index and the record.
+// It is two reads, in one breaker call: the secret's entry, then the record
+// it names, which must name the same hash (an entry a crash or a deletion
+// left behind finds no record, or another key's).
 func (s *Store) KeyByHash(ctx context.Context, hash string) (Key, error) {
-	var b string
+	var k Key
 	err := s.br.Do(ctx, func(ctx context.Context) error {
-		var err error
-		b, err = keyByHashScript.Run(ctx, s.rdb, []string{keyKeyHash, keyKeys}, hash).Text()
+		id, err := s.rdb.Get(ctx, secretKey(hash)).Result()
 		if errors.Is(err, redis.Nil) {
 			return keyNotFound("")
 		}
-		return storeErr(err)
+		if err != nil {
+			return storeErr(err)
+		}
+		k, err = s.readKey(ctx, s.rdb, id)
+		if errors.Is(err, ErrNotFound) || err == nil && k.Hash != hash {
+			return keyNotFound("")
+		}
+		return err
 	})
 	if err != nil {
 		return Key{}, err
 	}
-	return decodeKey([]byte(b))
+	return k, nil
 }
 
 // Key returns a key by id; ErrNotFound if none.
 func (s *Store) Key(ctx context.Context, id string) (Key, error) {
-	b, err := s.rdb.HGet(ctx, keyKeys, id).Bytes()
+	return s.readKey(ctx, s.rdb, id)
+}
+
+// readKey reads key id's record with c; ErrNotFound if there is none.
+func (s *Store) readKey(ctx context.Context, c redis.Cmdable, id string) (Key, error) {
+	b, err := c.Get(ctx, recordKey(id)).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return Key{}, keyNotFound(id)
 	}
@@ -202,15 +215,33 @@ func decodeKey(b []byte) (Key, error) {
 	return r.Key, nil
 }
 
-// ListKeys returns every key, oldest first (by creation second, then id).
+// ListKeys returns every key, oldest first (by creation second, then id):
+// the index, then the records, pipelined (on a Cluster each node gets its
+// part). An id without a record is skipped.
 func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
-	all, err := s.rdb.HGetAll(ctx, keyKeys).Result()
+	ids, err := s.rdb.SMembers(ctx, keyIndex).Result()
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	out := make([]Key, 0, len(all))
-	for _, v := range all {
-		if k, err := decodeKey([]byte(v)); err == nil {
+	cmds := make([]*redis.StringCmd, len(ids))
+	if len(ids) > 0 {
+		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				cmds[i] = p.Get(ctx, recordKey(id))
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return nil, storeErr(err)
+		}
+	}
+	out := make([]Key, 0, len(ids))
+	for _, c := range cmds {
+		b, err := c.Bytes()
+		if err != nil {
+			continue
+		}
+		if k, err := decodeKey(b); err == nil {
 			out = append(out, k)
 		}
 	}
@@ -234,7 +265,7 @@ type FlowPolicy struct {
 func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, error) {
 	var out Key
 	err := s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
-		k, err := keyIn(ctx, tx, id)
+		k, err := s.readKey(ctx, tx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -252,40 +283,54 @@ func (s *Store) SetKeyFlow(ctx context.Context, id string, p FlowPolicy) (Key, e
 		}
 		out = k
 		rec, _ := json.Marshal(keyRecord{Key: k, Hash: k.Hash})
-		return func(p redis.Pipeliner) { p.HSet(ctx, keyKeys, id, rec) }, nil
-	}, keyKeys)
+		return func(p redis.Pipeliner) { p.Set(ctx, recordKey(id), rec, 0) }, nil
+	}, recordKey(id))
 	return out, err
 }
 
-// keyIn reads key id in a transaction; ErrNotFound if there is none.
-func keyIn(ctx context.Context, tx *redis.Tx, id string) (Key, error) {
-	b, err := tx.HGet(ctx, keyKeys, id).Bytes()
-	if errors.Is(err, redis.Nil) {
-		return Key{}, keyNotFound(id)
-	}
-	if err != nil {
-		return Key{}, err
-	}
-	return decodeKey(b)
-}
+// deleteKeyScript: KEYS[1] the key's record, KEYS[2] its rate window (one
+// slot). Deletes both and returns the record, or nil if there was none.
+var deleteKeyScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+redis.call('DEL', KEYS[1], KEYS[2])
+return v
+`)
 
-// DeleteKey deletes a key, its hash index entry and its rate-limit window in
-// one step; its usage stays. ErrNotFound if there is no such key. Callers
-// announce it (AnnounceKeys) so that gateways forget it at once.
+// DeleteKey deletes a key and its rate-limit window in one step, then its
+// secret's entry and its index entry; its usage stays. ErrNotFound if there
+// is no such key. The record goes first: from then on no lookup finds the
+// key, whatever becomes of the rest (a deletion cut short leaves entries
+// that point to nothing, which readers skip, and DeleteKey again cannot
+// find the key to finish: they cost a few bytes). Callers announce it
+// (AnnounceKeys) so that gateways forget it at once.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
-	return s.update(ctx, func(tx *redis.Tx) (func(redis.Pipeliner), error) {
-		k, err := keyIn(ctx, tx, id)
-		if err != nil {
-			return nil, err
+	var rec string
+	err := s.writeDurably(ctx, slotWrite{recordKey(id), func(ctx context.Context, c redis.Cmdable) error {
+		var err error
+		rec, err = deleteKeyScript.Run(ctx, c, []string{recordKey(id), rateKey(id)}).Text()
+		if errors.Is(err, redis.Nil) {
+			return keyNotFound(id)
 		}
-		return func(p redis.Pipeliner) {
-			p.HDel(ctx, keyKeys, id)
-			if k.Hash != "" {
-				p.HDel(ctx, keyKeyHash, k.Hash)
-			}
-			p.Del(ctx, rateKey(id))
-		}, nil
-	}, keyKeys)
+		return storeErr(err)
+	}})
+	if err != nil {
+		return err
+	}
+	k, err := decodeKey([]byte(rec))
+	var cleanup []slotWrite
+	if err == nil && k.Hash != "" {
+		cleanup = append(cleanup, slotWrite{secretKey(k.Hash), func(ctx context.Context, c redis.Cmdable) error {
+			return storeErr(c.Del(ctx, secretKey(k.Hash)).Err())
+		}})
+	}
+	cleanup = append(cleanup, slotWrite{keyIndex, func(ctx context.Context, c redis.Cmdable) error {
+		return storeErr(c.SRem(ctx, keyIndex, id).Err())
+	}})
+	// The key is gone: entries left over are skipped by every reader, so a
+	// failure here is no failure of the deletion.
+	_ = s.writeDurably(ctx, cleanup...)
+	return nil
 }
 
 // AnnounceKeys tells every KeyCache that keys changed (body: the key id).

@@ -27,7 +27,7 @@ import (
 // never ends with usage keeps its reservation until the window ends. Fixed
 // windows let a burst of up to 2x the limit straddle a window boundary; that
 // is the usual trade for exact, cheap counting with an exact reset time.
-func rateKey(id string) string { return "{tokenbus}:rl:" + id }
+// The window is rateKey(id) (layout.go).
 
 // Limiter checks and counts rate limits and records usage. Its zero Now uses
 // Redis's clock; tests pin it.
@@ -114,15 +114,11 @@ type Admission struct {
 // admission (the client package's default migration limit is 3; a stream
 // may run for minutes before its worker fails). A sending past either is
 // counted as a new request. The record is a small hash per admitted tenant
-// request of a limited key, {tokenbus}:rl:adm:<key id>:<request id>.
+// request of a limited key, admittedKey (layout.go), in its key's slot.
 const (
 	ReadmitTTL  = 10 * time.Minute
 	MaxReadmits = 3
 )
-
-func admittedKey(keyID, requestID string) string {
-	return "{tokenbus}:rl:adm:" + keyID + ":" + requestID
-}
 
 // readmitScript: KEYS[1] the request's admission record; ARGV[1] the most
 // readmissions. Returns {0} (not found, or readmitted too often) or {1,
@@ -227,22 +223,23 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 	return d, nil
 }
 
-// recordScript records a batch of usage records, each counted once by its
-// request id. KEYS[1] this period's set of recorded request ids, KEYS[2] the
-// last period's, KEYS[3] the usage index; per group g (from 0: the records
-// of one key, model and reservation window) KEYS[3g+4..3g+6]: the key's rate
-// hash, its usage hash, its hourly usage of the day. ARGV[1] now (ms or ""),
-// ARGV[2] the sets' lifetime (ms), ARGV[3] the hour (unix hours), ARGV[4]
-// the hourly hash's lifetime (ms), ARGV[5] groups G, ARGV[6] records N; per
-// group ARGV[3g+7..3g+9]: key id, model, the reservation's window (0: none
-// reserved); per record i ARGV[6+3G+6i+1..+6]: its id in the sets ("": not
-// checked), its group (from 1), prompt tokens, completion tokens, tokens
-// used (0: none to count), tokens reserved. Returns the records already
-// counted. The checks cost two calls per batch, not two per record: the
-// embedded store of tokenbus dev makes buffers for every call.
+// recordScript records one API key's usage records of a batch, each counted
+// once by its request id. All its keys carry the API key's tag (layout.go):
+// KEYS[1] this period's set of recorded request ids, KEYS[2] the last
+// period's, KEYS[3] the key's rate hash, KEYS[4] its usage hash, KEYS[5] its
+// hourly usage of the day. ARGV[1] now (ms or ""), ARGV[2] the sets'
+// lifetime (ms), ARGV[3] the hour (unix hours), ARGV[4] the hourly hash's
+// lifetime (ms), ARGV[5] groups G, ARGV[6] records N; per group g (from 0:
+// the records of one model and reservation window) ARGV[2g+7..2g+8]: model,
+// the reservation's window (0: none reserved); per record i
+// ARGV[6+2G+6i+1..+6]: its request id ("": not checked), its group (from
+// 1), prompt tokens, completion tokens, tokens used (0: none to count),
+// tokens reserved. Returns the records already counted. The checks cost two
+// calls per script, not two per record: the embedded store of tokenbus dev
+// makes buffers for every call.
 var recordScript = redis.NewScript(nowLua + `
 local G, N = tonumber(ARGV[5]), tonumber(ARGV[6])
-local base = 6 + 3 * G
+local base = 6 + 2 * G
 local ids, at, skip, fresh = {}, {}, {}, {}
 for i = 0, N - 1 do
   local id = ARGV[base + 6 * i + 1]
@@ -283,30 +280,29 @@ end
 local h = ARGV[3]
 for g = 1, G do
   if req[g] > 0 then
-    local k, a = 3 * g, 6 + 3 * (g - 1)
+    local a = 6 + 2 * (g - 1)
     local tokens, reserved = t[g], res[g]
     if reserved > 0 then
-      if tonumber(ARGV[a + 3]) == win and tonumber(redis.call('HGET', KEYS[k + 1], 'w')) == win then
-        local n = redis.call('HINCRBY', KEYS[k + 1], 't', tokens - reserved)
-        if n < 0 then redis.call('HSET', KEYS[k + 1], 't', 0) end
+      if tonumber(ARGV[a + 2]) == win and tonumber(redis.call('HGET', KEYS[3], 'w')) == win then
+        local n = redis.call('HINCRBY', KEYS[3], 't', tokens - reserved)
+        if n < 0 then redis.call('HSET', KEYS[3], 't', 0) end
       end
     elseif tokens > 0 then
-      if tonumber(redis.call('HGET', KEYS[k + 1], 'w')) == win then
-        redis.call('HINCRBY', KEYS[k + 1], 't', tokens)
+      if tonumber(redis.call('HGET', KEYS[3], 'w')) == win then
+        redis.call('HINCRBY', KEYS[3], 't', tokens)
       else
-        redis.call('HSET', KEYS[k + 1], 'w', win, 'r', 0, 't', tokens)
+        redis.call('HSET', KEYS[3], 'w', win, 'r', 0, 't', tokens)
       end
-      redis.call('PEXPIRE', KEYS[k + 1], reset + 60000)
+      redis.call('PEXPIRE', KEYS[3], reset + 60000)
     end
-    local m = ARGV[a + 2]
-    redis.call('HINCRBY', KEYS[k + 2], 'requests|' .. m, req[g])
-    redis.call('HINCRBY', KEYS[k + 2], 'prompt_tokens|' .. m, p[g])
-    redis.call('HINCRBY', KEYS[k + 2], 'completion_tokens|' .. m, c[g])
-    redis.call('SADD', KEYS[3], ARGV[a + 1])
-    redis.call('HINCRBY', KEYS[k + 3], h .. '|requests|' .. m, req[g])
-    redis.call('HINCRBY', KEYS[k + 3], h .. '|prompt_tokens|' .. m, p[g])
-    redis.call('HINCRBY', KEYS[k + 3], h .. '|completion_tokens|' .. m, c[g])
-    redis.call('PEXPIRE', KEYS[k + 3], ARGV[4])
+    local m = ARGV[a + 1]
+    redis.call('HINCRBY', KEYS[4], 'requests|' .. m, req[g])
+    redis.call('HINCRBY', KEYS[4], 'prompt_tokens|' .. m, p[g])
+    redis.call('HINCRBY', KEYS[4], 'completion_tokens|' .. m, c[g])
+    redis.call('HINCRBY', KEYS[5], h .. '|requests|' .. m, req[g])
+    redis.call('HINCRBY', KEYS[5], h .. '|prompt_tokens|' .. m, p[g])
+    redis.call('HINCRBY', KEYS[5], h .. '|completion_tokens|' .. m, c[g])
+    redis.call('PEXPIRE', KEYS[5], ARGV[4])
   end
 end
 if #fresh > 0 then
@@ -319,16 +315,13 @@ return dups
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
 // delivered again within it is not counted twice. A record is delivered
-// again when the ack of a recorded one is lost: after the usage consumer's
-// AckWait (30 s), so 10 minutes is a wide margin. The ids are kept in one
-// set per 10 minutes, each set for 20: every id is remembered for 10 to 20
-// minutes, which bounds them to 20 minutes of requests (about 80 MB at 1,000
-// requests/s).
+// again when the ack of a recorded one is lost, or when its replicas did
+// not confirm it in time (Topology.MinReplicas): after the usage
+// consumer's retry wait or AckWait (30 s), so 10 minutes is a wide margin.
+// The ids are kept in one set per key and 10 minutes, each set for 20:
+// every id is remembered for 10 to 20 minutes, which bounds them to 20
+// minutes of requests (about 80 MB at 1,000 requests/s).
 const UsageSeenTTL = 10 * time.Minute
-
-// seenSet is the set of the request ids (<key id>:<request id>) recorded in
-// a period of UsageSeenTTL.
-func seenSet(period int64) string { return "{tokenbus}:usage:seen:" + strconv.FormatInt(period, 10) }
 
 // Record adds one finished request's usage to its key's counters for its
 // model and settles its reservation (see Admit), in one atomic step. A
@@ -341,10 +334,19 @@ func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool
 }
 
 // RecordBatch is Record for many records (the usage consumer's come in
-// batches) in one Redis call; dups counts those already counted. Records of
-// one key, model and reservation window are summed, so the call's Redis
-// commands grow with the keys and models in the batch, not its requests.
-// On an error nothing is counted: the batch may be sent again whole.
+// batches): one Redis script per API key in the batch, after one write of
+// the usage index; dups counts records already counted. Records of one
+// key, model and reservation window are summed, so a script's commands grow
+// with the models in the batch, not its requests.
+//
+// Each key's script is atomic, with its de-duplication marks, but the batch
+// is not: on an error some keys' records may have been counted and others
+// not. The batch may be sent again whole: the counted ones are then
+// duplicates (by request id; a record without one would count again). When
+// the store waits for replicas (Topology.MinReplicas), RecordBatch returns
+// only once they confirmed every write, also of a batch that was all
+// duplicates: the marks it found may be ones the master took and did not
+// yet replicate.
 func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (dups int, err error) {
 	if len(recs) == 0 {
 		return 0, nil
@@ -359,33 +361,66 @@ func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (
 	// A request id stays in this period's set or the last one's: counted
 	// once for at least UsageSeenTTL.
 	period := now.UnixMilli() / UsageSeenTTL.Milliseconds()
-	keys := make([]string, 0, 3+3*len(groups))
-	keys = append(keys, seenSet(period), seenSet(period-1), keyUsageIndex)
-	args := make([]any, 0, 6+3*len(groups)+6*len(recs))
-	args = append(args, l.now(), 2*UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds(), len(groups), len(recs))
-	for _, g := range groups {
-		keys = append(keys, rateKey(g.key), usageKey(g.key), hourlyKey(g.key, hour/24))
-		args = append(args, g.key, g.model, g.window)
+	// One script per API key: its groups, then its records.
+	type perKey struct {
+		groups []int       // indexes into groups
+		at     map[int]int // index into groups -> the group's number in the key's script (from 1)
+		recs   []int       // indexes into recs
 	}
-	for i, rec := range recs {
-		g := groups[of[i]]
-		id := ""
-		if rec.RequestID != "" {
-			id = g.key + ":" + rec.RequestID
+	var order []string
+	keys := map[string]*perKey{}
+	for gi, g := range groups {
+		k := keys[g.key]
+		if k == nil {
+			k = &perKey{at: map[int]int{}}
+			keys[g.key] = k
+			order = append(order, g.key)
 		}
-		tokens, reserved := Tokens(rec.Usage), max(rec.Reserved, 0)
-		if g.key == AnonymousKey && rec.KeyID == "" {
-			tokens, reserved = 0, 0 // counted, never limited
-		}
-		args = append(args, id, of[i]+1, rec.Usage.PromptTokens, rec.Usage.CompletionTokens, tokens, reserved)
+		k.at[gi] = len(k.groups) + 1
+		k.groups = append(k.groups, gi)
 	}
-	var n int64
-	err = l.store.br.Do(ctx, func(ctx context.Context) error {
-		var err error
-		n, err = recordScript.Run(ctx, l.store.rdb, keys, args...).Int64()
-		return storeErr(err)
-	})
-	return int(n), err
+	for i := range recs {
+		k := keys[groups[of[i]].key]
+		k.recs = append(k.recs, i)
+	}
+	// The index first: a key whose usage a crash left unwritten is listed
+	// with no usage, never a key with usage unlisted.
+	index := make([]any, len(order))
+	for i, id := range order {
+		index[i] = id
+	}
+	writes := []slotWrite{{key: keyUsageIndex, write: func(ctx context.Context, c redis.Cmdable) error {
+		return l.store.br.Do(ctx, func(ctx context.Context) error {
+			return storeErr(c.SAdd(ctx, keyUsageIndex, index...).Err())
+		})
+	}}}
+	var total int64
+	for _, id := range order {
+		k := keys[id]
+		args := make([]any, 0, 6+2*len(k.groups)+6*len(k.recs))
+		args = append(args, l.now(), 2*UsageSeenTTL.Milliseconds(), hour, UsageHourlyTTL.Milliseconds(), len(k.groups), len(k.recs))
+		for _, gi := range k.groups {
+			args = append(args, groups[gi].model, groups[gi].window)
+		}
+		for _, i := range k.recs {
+			rec := recs[i]
+			tokens, reserved := Tokens(rec.Usage), max(rec.Reserved, 0)
+			if id == AnonymousKey && rec.KeyID == "" {
+				tokens, reserved = 0, 0 // counted, never limited
+			}
+			args = append(args, rec.RequestID, k.at[of[i]], rec.Usage.PromptTokens, rec.Usage.CompletionTokens, tokens, reserved)
+		}
+		script := []string{seenSet(id, period), seenSet(id, period-1), rateKey(id), usageKey(id), hourlyKey(id, hour/24)}
+		writes = append(writes, slotWrite{key: rateKey(id), write: func(ctx context.Context, c redis.Cmdable) error {
+			return l.store.br.Do(ctx, func(ctx context.Context) error {
+				n, err := recordScript.Run(ctx, c, script, args...).Int64()
+				total += n
+				return storeErr(err)
+			})
+		}})
+	}
+	err = l.store.writeDurably(ctx, writes...)
+	return int(total), err
 }
 
 // usageGroup is the records of a batch of one key, model and reservation

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -40,8 +39,8 @@ func newLimiter(s *registry.Store) (*registry.Limiter, *pinnedClock) {
 	return l, c
 }
 
-func TestRequestsPerMinute(t *testing.T) {
-	s, _ := openStore(t)
+func testRequestsPerMinute(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, clock := newLimiter(s)
 	ctx := context.Background()
 	k := registry.Key{ID: "key_rpm", KeySpec: registry.KeySpec{RPM: 3}}
@@ -70,8 +69,8 @@ func TestRequestsPerMinute(t *testing.T) {
 	}
 }
 
-func TestTokensPerMinute(t *testing.T) {
-	s, _ := openStore(t)
+func testTokensPerMinute(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, clock := newLimiter(s)
 	ctx := context.Background()
 	k := registry.Key{ID: "key_tpm", KeySpec: registry.KeySpec{TPM: 100}}
@@ -104,13 +103,9 @@ func TestTokensPerMinute(t *testing.T) {
 
 // Two gateways (two Stores on one Redis) and many goroutines never admit
 // more than the limit in a window.
-func TestRequestsPerMinuteConcurrent(t *testing.T) {
-	s1, r := openStore(t)
-	s2, err := registry.Open(context.Background(), r.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
+func testRequestsPerMinuteConcurrent(t *testing.T, b *backend) {
+	s1 := b.store(t)
+	s2 := b.open(t) // a second gateway
 	l1, _ := newLimiter(s1)
 	l2, _ := newLimiter(s2)
 	k := registry.Key{ID: "key_race", KeySpec: registry.KeySpec{RPM: 25}}
@@ -143,8 +138,8 @@ func TestRequestsPerMinuteConcurrent(t *testing.T) {
 }
 
 // With no pinned clock the scripts use Redis's own.
-func TestLimiterRedisClock(t *testing.T) {
-	s, _ := openStore(t)
+func testLimiterRedisClock(t *testing.T, b *backend) {
+	s := b.store(t)
 	l := registry.NewLimiter(s)
 	k := registry.Key{ID: "key_clock", KeySpec: registry.KeySpec{RPM: 1}}
 	d, err := l.Admit(context.Background(), k, registry.Admission{})
@@ -156,8 +151,8 @@ func TestLimiterRedisClock(t *testing.T) {
 	}
 }
 
-func TestUsage(t *testing.T) {
-	s, _ := openStore(t)
+func testUsage(t *testing.T, be *backend) {
+	s := be.store(t)
 	l := registry.NewLimiter(s)
 	ctx := context.Background()
 	a := registry.Key{ID: "key_a", KeySpec: registry.KeySpec{TPM: 1000}}
@@ -211,8 +206,8 @@ func TestUsage(t *testing.T) {
 
 // Usage per hour: each record counts in its hour, across a day's end; a
 // window and a key or model narrow it; a redelivered record counts once.
-func TestUsageHourly(t *testing.T) {
-	s, rds := openStore(t)
+func testUsageHourly(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, clock := newLimiter(s)
 	ctx := context.Background()
 	start := clock.now().Truncate(time.Hour)
@@ -259,9 +254,7 @@ func TestUsageHourly(t *testing.T) {
 		})
 	}
 	// kept for UsageHourlyTTL, not for ever
-	rdb := goredis.NewClient(&goredis.Options{Addr: rds.Addr})
-	defer rdb.Close()
-	ttl, err := rdb.PTTL(ctx, fmt.Sprintf("{tokenbus}:usage:hourly:key_a:%d", start.Unix()/3600/24)).Result()
+	ttl, err := s.Client().PTTL(ctx, fmt.Sprintf("tokenbus:key:{key_a}:hourly:%d", start.Unix()/3600/24)).Result()
 	if err != nil || ttl <= 0 || ttl > registry.UsageHourlyTTL {
 		t.Fatalf("hourly hash TTL %v %v", ttl, err)
 	}

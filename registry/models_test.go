@@ -36,8 +36,8 @@ func wantErr(t *testing.T, what string, err, sentinel error, status int) {
 	}
 }
 
-func TestAdapters(t *testing.T) {
-	s, _ := openStore(t)
+func testAdapters(t *testing.T, b *backend) {
+	s := b.store(t)
 	ctx := context.Background()
 	created, err := s.PutBase(ctx, registry.Model{Name: "llama-8b", MaxModelLen: 8192, OwnedBy: "meta"})
 	if err != nil || !created {
@@ -125,8 +125,8 @@ func TestAdapters(t *testing.T) {
 
 // PutAdapter's check of the base and its write are one step: racing with the
 // base's deletion never leaves an adapter without its base.
-func TestAdapterBaseRace(t *testing.T) {
-	s, _ := openStore(t)
+func testAdapterBaseRace(t *testing.T, b *backend) {
+	s := b.store(t)
 	ctx := context.Background()
 	for round := range 30 {
 		if _, err := s.PutBase(ctx, registry.Model{Name: "base"}); err != nil {

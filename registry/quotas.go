@@ -60,9 +60,6 @@ func (q Quotas) Resolve(defaults Quotas) Quotas {
 // the tenant); every QuotaCache forgets that tenant's when one arrives.
 const EventQuotas = schemas.EventsPrefix + "quotas"
 
-// keyQuotas is the hash of tenants' quotas: tenant -> Quotas JSON.
-const keyQuotas = "{tokenbus}:quotas"
-
 // checkTenant: the rules a key's tenant follows (KeySpec.check).
 func checkTenant(tenant string) error {
 	switch {

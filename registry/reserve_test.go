@@ -17,8 +17,8 @@ import (
 
 // Concurrent requests reserve at admission, so however many race, the
 // tokens admitted exceed TPM by at most one request's reservation.
-func TestTokensPerMinuteReserved(t *testing.T) {
-	s, _ := openStore(t)
+func testTokensPerMinuteReserved(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, _ := newLimiter(s)
 	k := registry.Key{ID: "key_tpm_race", KeySpec: registry.KeySpec{TPM: 200}}
 	const reserve = 52 // e.g. 2 prompt tokens + max_tokens 50
@@ -47,8 +47,8 @@ func TestTokensPerMinuteReserved(t *testing.T) {
 
 // Settling replaces the reservation with the real count in the
 // reservation's window, and only there; a redelivered record counts once.
-func TestSettle(t *testing.T) {
-	s, _ := openStore(t)
+func testSettle(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, clock := newLimiter(s)
 	ctx := context.Background()
 	k := registry.Key{ID: "key_settle", KeySpec: registry.KeySpec{TPM: 100, RPM: 10}}
@@ -85,8 +85,8 @@ func TestSettle(t *testing.T) {
 
 // n prompts count n requests against RPM; a request that would pass the
 // limit is refused whole.
-func TestPromptsCountAsRequests(t *testing.T) {
-	s, _ := openStore(t)
+func testPromptsCountAsRequests(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, _ := newLimiter(s)
 	k := registry.Key{ID: "key_prompts", KeySpec: registry.KeySpec{RPM: 5}}
 	for i, tc := range []struct {
@@ -227,7 +227,7 @@ func TestKeyCacheMaxStale(t *testing.T) {
 // A batch counts as its records recorded one by one would (summed by key,
 // model and reservation window: a reservation of a past window settles
 // nothing, one of the current window does), each record once by its id.
-func TestRecordBatchSumsAsSingles(t *testing.T) {
+func testRecordBatchSumsAsSingles(t *testing.T, b *backend) {
 	ctx := context.Background()
 	k := registry.Key{ID: "key_b1", KeySpec: registry.KeySpec{TPM: 10_000}}
 	// state: usage rows of every key and the tokens k's current window holds.
@@ -247,7 +247,7 @@ func TestRecordBatchSumsAsSingles(t *testing.T) {
 		return rows, hourly, d.Tokens
 	}
 	run := func(batch bool) ([]registry.UsageRow, []registry.HourlyUsageRow, int) {
-		s, _ := openStore(t)
+		s := b.store(t)
 		l, clock := newLimiter(s)
 		old, err := l.Admit(ctx, k, registry.Admission{Requests: 1, Tokens: 40})
 		if err != nil {
@@ -304,8 +304,8 @@ func TestRecordBatchSumsAsSingles(t *testing.T) {
 // admission (its reservation, its window), not counted again, at most
 // MaxReadmits times; an id never admitted, or admitted without keeping it,
 // is not let in that way.
-func TestReadmit(t *testing.T) {
-	s, _ := openStore(t)
+func testReadmit(t *testing.T, b *backend) {
+	s := b.store(t)
 	l, _ := newLimiter(s)
 	ctx := context.Background()
 	k := registry.Key{ID: "key_readmit", KeySpec: registry.KeySpec{RPM: 10, TPM: 1000}}

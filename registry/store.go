@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -25,13 +24,18 @@ type Model struct {
 // IsAdapter reports whether m is a LoRA adapter.
 func (m Model) IsAdapter() bool { return m.Base != "" }
 
-// Store reads and writes the registry. Keys share the hash tag {tokenbus} so
-// multi-key scripts work on Redis Cluster.
+// Store reads and writes the registry. Its keys are laid out for Redis
+// Cluster (keys.go's layout, docs/redis.md): what one script or transaction
+// touches shares a hash tag, and nothing spans tags in one command.
 type Store struct {
 	rdb redis.UniversalClient
 	// br guards the calls on a request's path (KeyByHash, Limiter's Admit
 	// and Record); nil: none. Set by UseBreaker before use.
 	br *Breaker
+	// replicas is how many replicas a durable write waits for (WAIT), and
+	// replicaWait how long at most (Topology.MinReplicas).
+	replicas    int
+	replicaWait time.Duration
 }
 
 // UseBreaker puts the calls on a request's path (key lookups, limit checks,
@@ -41,35 +45,14 @@ func (s *Store) UseBreaker(b *Breaker) { s.br = b }
 // Breaker is the store's breaker (nil: none).
 func (s *Store) Breaker() *Breaker { return s.br }
 
-const keyModels = "{tokenbus}:models" // hash: name -> Model JSON
-
-// Open connects to the Redis at url (redis://[user:pass@]host:port/db or
-// rediss:// for TLS) and checks it answers.
+// Open connects to the single Redis node at url (redis://[user:pass@]host:
+// port/db or rediss:// for TLS) and checks it answers: OpenTopology with
+// just a URL.
 func Open(ctx context.Context, url string) (*Store, error) {
-	opts, err := redis.ParseURL(url)
-	if err != nil {
-		return nil, fmt.Errorf("redis url: %w", err)
-	}
-	opts.ContextTimeoutEnabled = true
-	opts.DialTimeout = 2 * time.Second
-	opts.ReadTimeout = 2 * time.Second
-	opts.WriteTimeout = 2 * time.Second
-	opts.MaxRetries = 1
-	// While Redis is down every call fails after one quick redial, not
-	// go-redis's five attempts: callers fall back to caches or fail open.
-	opts.DialerRetries = 2
-	opts.DialerRetryTimeout = 50 * time.Millisecond
-	rdb := redis.NewClient(opts)
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := rdb.Ping(pctx).Err(); err != nil {
-		_ = rdb.Close()
-		return nil, fmt.Errorf("redis at %s: %w", opts.Addr, err)
-	}
-	return &Store{rdb: rdb}, nil
+	return OpenTopology(ctx, Topology{URL: url})
 }
 
-// NewStore wraps an existing client.
+// NewStore wraps an existing client; its writes wait for no replica.
 func NewStore(rdb redis.UniversalClient) *Store { return &Store{rdb: rdb} }
 
 // Client is the underlying Redis client.

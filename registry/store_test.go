@@ -11,14 +11,9 @@ import (
 	"github.com/tokenbus/tokenbus/registry"
 )
 
-func TestStoreCRUD(t *testing.T) {
-	r := testenv.StartRedis(t)
+func testStoreCRUD(t *testing.T, b *backend) {
 	ctx := context.Background()
-	s, err := registry.Open(ctx, r.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := b.store(t)
 	if err := s.PutModel(ctx, registry.Model{Name: "meta-llama/Llama-3.1-8B", MaxModelLen: 8192}); err != nil {
 		t.Fatal(err)
 	}

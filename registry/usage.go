@@ -15,13 +15,11 @@ import (
 // off) are counted.
 const AnonymousKey = "anonymous"
 
-// Usage is stored per key as one hash, {tokenbus}:usage:<key id>, with the
+// Usage is stored per key as one hash, usageKey (layout.go), with the
 // fields "<counter>|<model>" (the counter names have no '|', so a model name
-// may), and an index set of the key ids that have usage. Usage outlives its
-// key, for billing.
-const keyUsageIndex = "{tokenbus}:usage:keys"
-
-func usageKey(id string) string { return "{tokenbus}:usage:" + id }
+// may), and an index set of the key ids that have usage, keyUsageIndex.
+// Usage outlives its key, for billing. A key the index lists may have no
+// usage hash (a crash between the index and the count): it has no rows.
 
 // UsageRow is what one key used of one model.
 type UsageRow struct {
@@ -80,12 +78,8 @@ func (s *Store) Usage(ctx context.Context, keyID, model string) ([]UsageRow, err
 }
 
 // Usage is also kept per hour, for a view over time: one hash per key and
-// day, {tokenbus}:usage:hourly:<key id>:<unix day>, with the fields
-// "<unix hour>|<counter>|<model>", kept UsageHourlyTTL after the day's last
-// request.
-func hourlyKey(id string, day int64) string {
-	return "{tokenbus}:usage:hourly:" + id + ":" + strconv.FormatInt(day, 10)
-}
+// day, hourlyKey (layout.go), with the fields "<unix hour>|<counter>|
+// <model>", kept UsageHourlyTTL after the day's last request.
 
 // UsageHourlyTTL is how long hourly usage is kept.
 const UsageHourlyTTL = 8 * 24 * time.Hour

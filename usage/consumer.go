@@ -74,7 +74,13 @@ type consumer struct {
 	rec Recorder
 	log *slog.Logger
 	m   consumerMetrics
+	// warned is when a failed write was last logged: one line per
+	// refusedLogEvery while Redis refuses, not one per message.
+	warned time.Time
 }
+
+// refusedLogEvery spaces the log lines of records Redis did not take.
+const refusedLogEvery = 10 * time.Second
 
 type consumerMetrics struct {
 	recorded, duplicates, retried, bad prometheus.Counter
@@ -173,6 +179,11 @@ func (c *consumer) handle(ctx context.Context, msg jetstream.Msg) bool {
 	if err != nil {
 		c.m.retried.Add(float64(len(recs)))
 		_ = msg.NakWithDelay(c.cfg.Retry)
+		if time.Since(c.warned) >= refusedLogEvery {
+			c.warned = time.Now()
+			c.log.Warn("usage consumer: Redis did not take usage records; they stay in the stream and are tried again",
+				"records", len(recs), "err", err)
+		}
 		return false
 	}
 	c.m.duplicates.Add(float64(dups))

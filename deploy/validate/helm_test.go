@@ -39,10 +39,12 @@ var kubeVersions = []string{"v1.30.0", "v1.37.0"}
 // chartVariants are the values the chart is rendered with: its defaults and
 // the example values under ci/.
 var chartVariants = map[string]string{
-	"default": "",
-	"gpu":     "ci/gpu-values.yaml",
-	"keda":    "ci/keda-values.yaml",
-	"secure":  "ci/secure-values.yaml",
+	"default":        "",
+	"gpu":            "ci/gpu-values.yaml",
+	"keda":           "ci/keda-values.yaml",
+	"secure":         "ci/secure-values.yaml",
+	"redis-cluster":  "ci/redis-cluster-values.yaml",
+	"redis-sentinel": "ci/redis-sentinel-values.yaml",
 }
 
 type manifest struct {
@@ -777,9 +779,10 @@ func TestHelmRejects(t *testing.T) {
 		"unknown role":         {`{"workers":{"pools":[{"name":"a","model":"a","role":"prefil"}]}}`, "role must be both, prefill or decode"},
 		"decode without a KV connector": {`{"workers":{"pools":[{"name":"a","model":"a","engine":"vllm","role":"decode"}]}}`,
 			"needs vLLM's KV connector"},
-		"pool without model":   {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
-		"creds without secret": {`{"nats":{"auth":{"mode":"creds"}}}`, "existingSecret"},
-		"tls without secret":   {`{"nats":{"tls":{"enabled":true}}}`, "nats.tls.secretName is required"},
+		"pool without model":     {`{"workers":{"pools":[{"name":"a"}]}}`, "model is required"},
+		"creds without secret":   {`{"nats":{"auth":{"mode":"creds"}}}`, "existingSecret"},
+		"tls without secret":     {`{"nats":{"tls":{"enabled":true}}}`, "nats.tls.secretName is required"},
+		"unknown redis topology": {`{"redis":{"topology":"ring"}}`, "redis.topology must be single, sentinel or cluster"},
 	} {
 		var vals map[string]any
 		if err := json.Unmarshal([]byte(tc.vals), &vals); err != nil {
@@ -788,6 +791,61 @@ func TestHelmRejects(t *testing.T) {
 		_, err := renderChart(t, ch, kubeVersions[0], vals)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: got %v, want an error with %q", name, err, tc.want)
+		}
+	}
+}
+
+// TestHelmRedisTopology: every tokenbus container names Redis in the
+// variable of the chart's redis.topology (one flag per topology), from the
+// Secret, and the gateway gets --redis-min-replicas.
+func TestHelmRedisTopology(t *testing.T) {
+	ch := loadChart(t)
+	for _, tc := range []struct{ variant, env, replicas string }{
+		{"default", "TOKENBUS_REDIS_URL", "auto"},
+		{"redis-sentinel", "TOKENBUS_REDIS_SENTINEL", "1"},
+		{"redis-cluster", "TOKENBUS_REDIS_CLUSTER", "auto"},
+	} {
+		ms, err := renderChart(t, ch, kubeVersions[1], variantValues(t, tc.variant))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := 0
+		for i := range ms {
+			decodeManifest(t, &ms[i])
+			var pod *corev1.PodTemplateSpec
+			switch o := ms[i].obj.(type) {
+			case *appsv1.Deployment:
+				pod = &o.Spec.Template
+			case *appsv1.StatefulSet:
+				pod = &o.Spec.Template
+			default:
+				continue
+			}
+			for _, c := range pod.Spec.Containers {
+				if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return strings.HasPrefix(e.Name, "TOKENBUS_NATS") }) {
+					continue // not a tokenbus container (vLLM)
+				}
+				seen++
+				var names []string
+				for _, e := range c.Env {
+					if e.Name == "TOKENBUS_REDIS_URL" || e.Name == "TOKENBUS_REDIS_SENTINEL" || e.Name == "TOKENBUS_REDIS_CLUSTER" {
+						names = append(names, e.Name)
+						if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil || e.ValueFrom.SecretKeyRef.Key != "redis-url" {
+							t.Errorf("%s %s: %s not from the Secret's redis-url", tc.variant, ms[i], e.Name)
+						}
+					}
+				}
+				if !slices.Equal(names, []string{tc.env}) {
+					t.Errorf("%s %s: Redis variables %v, want [%s]", tc.variant, ms[i], names, tc.env)
+				}
+				gateway := strings.Contains(ms[i].name, "gateway")
+				if got := envValue(&c, "TOKENBUS_REDIS_MIN_REPLICAS"); gateway && got != tc.replicas || !gateway && got != "" {
+					t.Errorf("%s %s: TOKENBUS_REDIS_MIN_REPLICAS %q", tc.variant, ms[i], got)
+				}
+			}
+		}
+		if seen < 3 {
+			t.Errorf("%s: %d tokenbus containers rendered, want gateway, dispatcher and workers", tc.variant, seen)
 		}
 	}
 }

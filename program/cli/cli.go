@@ -35,6 +35,7 @@ func commands() []command {
 		{"dispatcher", "routes requests to workers; run any number", runDispatcher},
 		{"worker", "drives one inference engine", runWorker},
 		{"sim-server", "the sim engine behind vLLM's HTTP API", runSimServer},
+		{"redis", "redis migrate: copy a registry of the layout before Cluster support into today's (docs/redis.md)", runRedis},
 		{"nats-users", "print the NATS users entries of NATS-native tenants (their permissions)", runNATSUsers},
 		{"bench", "load generator for any OpenAI-compatible endpoint", bench.Run},
 		{"batch", "submit a batch (tokenbus batch submit FILE.jsonl --model M --wait) and follow it to its output file", runBatch},

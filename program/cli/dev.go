@@ -21,7 +21,7 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringSliceVar(&cfg.Adapters, "adapters", cfg.Adapters,
 		`LoRA adapters to register on the served model, as name=path pairs; none given: with --engine sim, <model>-lora=sim://<model>-lora (<model>'s last path element); "" for none`)
 	fs.StringVar(&cfg.NATSListen, "nats-listen", cfg.NATSListen, "where the embedded NATS server listens for NATS-native clients and the nats CLI (port -1: any free port)")
-	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "use this Redis instead of the embedded store")
+	rf := registerRedis(fs, &cfg.Redis, "use this Redis instead of the embedded store", true)
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, `JetStream storage directory (files, batches, usage records), kept across restarts; "" is `+devStateDir+` in the current directory (remove it to start clean); "temp": a temporary directory removed at exit`)
 	fs.IntVar(&cfg.SimWorkers, "sim-workers", cfg.SimWorkers, "number of sim workers (with --engine vllm or openai, one worker fronts the engine)")
 	fs.IntVar(&cfg.PrefillWorkers, "prefill-workers", cfg.PrefillWorkers, "this many more sim workers, of role prefill, and the --sim-workers of role decode: prefill/decode disaggregation in one process (docs/disaggregation.md; the policy: --disagg-min-prompt-tokens)")
@@ -34,6 +34,9 @@ func runDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	popts.register(fs)
 	err := parse(fs, args, stdout)
 	if err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
 		return err
 	}
 	if dir, err := devDataDir(cfg.DataDir); err == nil {
@@ -110,7 +113,7 @@ func devBanner(w io.Writer, d *program.Dev, cfg program.DevConfig) {
 	if d.Workers() == 0 {
 		// Scale from zero by hand (docs/capacity.md): requests wait for a worker.
 		fmt.Fprintf(w, "  no worker    requests wait up to --cold-start-timeout for one; start one with:\n"+
-			"                 tokenbus worker --nats-url %s --redis-url %s\n", d.NATSURL(), d.StoreURL())
+			"                 tokenbus worker --nats-url %s %s %s\n", d.NATSURL(), redisFlag(d.Store()), d.StoreURL())
 	}
 	fmt.Fprintf(w, "  metrics      http://%s/metrics\n", addr)
 	fmt.Fprintf(w, "  NATS         %s\n", d.NATSURL())

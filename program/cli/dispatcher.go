@@ -39,11 +39,14 @@ func runDispatcher(ctx context.Context, args []string, stdout, stderr io.Writer)
 	var popts processOptions
 	cfg.NATS.Register(fs)
 	registerDispatcher(fs, &cfg.Dispatcher)
-	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis holding the model registry, and the API keys and limits of NATS-native tenant requests (empty: none; unknown models then get 404, tenant requests are dropped)")
+	rf := registerRedis(fs, &cfg.Redis, "Redis holding the model registry, and the API keys and limits of NATS-native tenant requests (empty: none; unknown models then get 404, tenant requests are dropped)", false)
 	registerLimits(fs, &cfg.Limits)
 	fs.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "listen address for /metrics (empty: off)")
 	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
 		return err
 	}
 	log, own, stop, err := popts.start(ctx, stderr, "dispatcher")

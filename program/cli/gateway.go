@@ -90,9 +90,9 @@ func registerLimits(fs *pflag.FlagSet, l *program.LimitsConfig) {
 func checkHTTP(c program.HTTPConfig, haveRedis bool) error {
 	switch {
 	case c.Auth && !haveRedis:
-		return fmt.Errorf("--auth needs Redis (--redis-url): API keys live there; or run without keys: --auth=false")
+		return fmt.Errorf("--auth needs Redis (--redis-url, --redis-sentinel or --redis-cluster): API keys live there; or run without keys: --auth=false")
 	case c.Admin != "" && !haveRedis:
-		return fmt.Errorf(`the admin API needs Redis (--redis-url); or turn it off with --admin ""`)
+		return fmt.Errorf(`the admin API needs Redis (--redis-url, --redis-sentinel or --redis-cluster); or turn it off with --admin ""`)
 	case c.Admin != "" && c.AdminToken == "":
 		return fmt.Errorf(`--admin-token (or %s) is required for the admin API on %s; or turn it off with --admin ""`,
 			flagenv.EnvName("admin-token"), c.Admin)
@@ -111,12 +111,15 @@ func runGateway(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.BoolVar(&cfg.EmbedDispatcher, "embed-dispatcher", cfg.EmbedDispatcher, "route requests with a dispatcher inside the gateway, straight to workers (saves two NATS hops before the first token); standalone dispatchers still serve NATS-native clients")
 	registerDispatcher(fs, &cfg.Dispatcher)
 	cfg.NATS.Register(fs)
-	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis holding the registry, API keys, limits and usage (empty: none; then --auth=false --admin '' are needed)")
+	rf := registerRedis(fs, &cfg.Redis, "Redis holding the registry, API keys, limits and usage (empty: none; then --auth=false --admin '' are needed)", true)
 	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
-	if err := checkHTTP(cfg.HTTP, cfg.RedisURL != ""); err != nil {
+	if err := rf.check(); err != nil {
+		return err
+	}
+	if err := checkHTTP(cfg.HTTP, cfg.Redis.Configured()); err != nil {
 		return err
 	}
 	log, own, stop, err := popts.start(ctx, stderr, "gateway")

@@ -16,19 +16,22 @@ import (
 func runNATSUsers(ctx context.Context, args []string, stdout, _ io.Writer) error {
 	fs := flagenv.NewFlagSet("nats-users")
 	var (
-		redisURL string
-		pairs    []string
-		nkeys    map[string]string
+		topo  registry.Topology
+		pairs []string
+		nkeys map[string]string
 	)
-	fs.StringVar(&redisURL, "redis-url", "", "Redis holding the API keys: one user per tenant of those keys (empty: only --tenant)")
+	rf := registerRedis(fs, &topo, "Redis holding the API keys: one user per tenant of those keys (empty: only --tenant)", false)
 	fs.StringArrayVar(&pairs, "tenant", nil, "key-id:tenant or key-id:tenant:model,model (repeat for each key); a tenant named after a deploy user (gateway, dispatcher, worker, operator, sys) or workers is refused")
 	fs.StringToStringVar(&nkeys, "nkey", nil, "tenant=public nkey (U...): the tenant logs in with that nkey instead of a password")
 	if err := parse(fs, args, stdout); err != nil {
 		return err
 	}
+	if err := rf.check(); err != nil {
+		return err
+	}
 	var keys []registry.Key
-	if redisURL != "" {
-		store, err := registry.Open(ctx, redisURL)
+	if topo.Configured() {
+		store, err := registry.OpenTopology(ctx, topo)
 		if err != nil {
 			return err
 		}
@@ -45,7 +48,7 @@ func runNATSUsers(ctx context.Context, args []string, stdout, _ io.Writer) error
 		keys = append(keys, k)
 	}
 	if len(keys) == 0 {
-		return fmt.Errorf("no keys: give --redis-url or --tenant")
+		return fmt.Errorf("no keys: give --redis-url (or --redis-sentinel, --redis-cluster) or --tenant")
 	}
 	tenants := natsusers.FromKeys(keys, nkeys)
 	// An --nkey for a tenant with no key is a typo: that tenant would

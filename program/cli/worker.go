@@ -23,12 +23,15 @@ func runWorker(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.DurationVar(&cfg.Worker.DrainTimeout, "drain-timeout", cfg.Worker.DrainTimeout, "on SIGTERM, how long in-flight requests may run before they are cancelled (also before a model switch)")
 	fs.DurationVar(&cfg.Worker.SwitchHold, "switch-hold", cfg.Worker.SwitchHold, "an engine of several models (--sim-models, --vllm-model): how long a model stays loaded at least before the worker switches away from it, so that two busy models do not make it thrash")
 	fs.DurationVar(&cfg.Worker.SleepAfter, "sleep-after", cfg.Worker.SleepAfter, "put the engine to sleep after this long with no request (vLLM's sleep mode: GPU memory freed, weights kept in CPU memory); the next request wakes it. sim and vllm only; vllm needs --enable-sleep-mode and VLLM_SERVER_DEV_MODE=1 (given to a --vllm-cmd child). 0: never (docs/capacity.md)")
-	fs.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis holding the model registry; when set the worker registers its models there")
+	rf := registerRedis(fs, &cfg.Redis, "Redis holding the model registry; when set the worker registers its models there", false)
 	fs.StringVar(&cfg.Worker.Role, "role", "both", "prefill/decode disaggregation (docs/disaggregation.md): prefill (runs only the prefills of disaggregated requests), decode (takes requests, prefilled on a prefill worker when a dispatcher so decides) or both (neither pool: every request whole). prefill and decode need the sim or vllm engine, vLLM started with --kv-transfer-config")
 	fs.StringVar(&cfg.Metrics, "metrics", cfg.Metrics, "listen address for /metrics (empty: off)")
 	registerEngine(fs, &cfg.Engine)
 	popts.register(fs)
 	if err := parse(fs, args, stdout); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
 		return err
 	}
 	role, ok := schemas.ParseRole(cfg.Worker.Role)

@@ -60,7 +60,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/*
 Environment of a tokenbus container for one NATS role (gateway, dispatcher,
-worker): NATS credentials and the Redis URL. Call with (dict "root" $ "role" "gateway").
+worker): NATS credentials and the Redis URL (in the variable of its
+topology; the gateway also gets --redis-min-replicas). Call with (dict "root" $ "role" "gateway").
 */}}
 {{- define "tokenbus.roleEnv" -}}
 {{- $root := .root }}
@@ -77,11 +78,25 @@ worker): NATS credentials and the Redis URL. Call with (dict "root" $ "role" "ga
 - name: TOKENBUS_NATS_CREDS
   value: /etc/tokenbus/nats-creds/{{ .role }}.creds
 {{- end }}
-- name: TOKENBUS_REDIS_URL
+- name: {{ include "tokenbus.redisEnv" $root }}
   valueFrom:
     secretKeyRef:
       name: {{ include "tokenbus.redisSecretName" $root }}
       key: redis-url
+{{- if eq .role "gateway" }}
+- name: TOKENBUS_REDIS_MIN_REPLICAS
+  value: {{ $root.Values.redis.minReplicas | default "auto" | toString | quote }}
+{{- end }}
+{{- end }}
+
+{{/* The variable that names Redis, by redis.topology: one flag per topology (docs/redis.md). */}}
+{{- define "tokenbus.redisEnv" -}}
+{{- $t := .Values.redis.topology | default "single" }}
+{{- if eq $t "single" }}TOKENBUS_REDIS_URL
+{{- else if eq $t "sentinel" }}TOKENBUS_REDIS_SENTINEL
+{{- else if eq $t "cluster" }}TOKENBUS_REDIS_CLUSTER
+{{- else }}{{ fail (printf "redis.topology must be single, sentinel or cluster, not %q" $t) }}
+{{- end }}
 {{- end }}
 
 {{/* Volume mounts for NATS credentials files and TLS. Call with (dict "root" $ "role" "gateway"). */}}
