@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/tokenbus/tokenbus/registry"
 	"github.com/tokenbus/tokenbus/schemas"
@@ -62,11 +63,23 @@ func (d *Dispatcher) attemptOf(h map[string][]string) Attempt {
 	for _, id := range strings.Split(ex, ",") {
 		if id != "" && !d.fleet.Live(id) {
 			at.Again = true
-			break
+			return at
 		}
+	}
+	// A migrated stream (Tb-Resume) whose worker is alive and whose failed
+	// done notice has not arrived yet: the worker sends that notice before
+	// the error frame, but on another subject, which this dispatcher reads
+	// on another goroutine; the continuation can win the race. Wait a
+	// moment for the notice, one such request at a time (a tenant forging
+	// these headers can delay no more than one of its own requests).
+	if get(schemas.HdrResume) != "" && d.failed.await(at.RequestID, ex, failureWait) {
+		at.Again = true
 	}
 	return at
 }
+
+// failureWait bounds how long a continuation waits for its failed done notice.
+const failureWait = 200 * time.Millisecond
 
 // setAdmission marks an admitted tenant request for the worker's usage
 // record, and with its key's flow.

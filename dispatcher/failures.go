@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
@@ -17,6 +18,10 @@ type failures struct {
 	mu    sync.Mutex
 	byID  map[string]failure
 	order []recorded // in the order recorded, to forget the oldest first
+	// changed is closed (and replaced) at each failure recorded: await's
+	// wake-up. waiting: an await is under way (at most one at a time).
+	changed chan struct{}
+	waiting atomic.Bool
 }
 
 type recorded struct {
@@ -60,6 +65,40 @@ func (f *failures) record(n schemas.DoneNotice) {
 	now := time.Now()
 	f.byID[n.RequestID] = failure{worker: n.Worker, at: now}
 	f.order = append(f.order, recorded{n.RequestID, now})
+	if f.changed != nil {
+		close(f.changed)
+		f.changed = nil
+	}
+}
+
+// await waits up to d for failedOn(id, exclude) to become true, and says
+// whether it did. Only one await runs at a time: another returns false at
+// once.
+func (f *failures) await(id, exclude string, d time.Duration) bool {
+	if !f.waiting.CompareAndSwap(false, true) {
+		return false
+	}
+	defer f.waiting.Store(false)
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	for {
+		f.mu.Lock()
+		e, ok := f.byID[id]
+		if ok && time.Since(e.at) < failureTTL && schemas.ExcludeHas(exclude, e.worker) {
+			f.mu.Unlock()
+			return true
+		}
+		if f.changed == nil {
+			f.changed = make(chan struct{})
+		}
+		ch := f.changed
+		f.mu.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return false
+		}
+	}
 }
 
 // failedOn reports whether request id's last attempt failed, recently, on a

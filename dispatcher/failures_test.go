@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"testing"
+	"time"
 
 	"github.com/tokenbus/tokenbus/schemas"
 )
@@ -41,5 +42,33 @@ func TestFailuresBounded(t *testing.T) {
 	}
 	if n := len(f.byID); n > maxFailures {
 		t.Fatalf("%d failures held, bound %d", n, maxFailures)
+	}
+}
+
+// A continuation that arrives before its failed done notice waits for it,
+// briefly; a second one meanwhile does not wait, and a notice that never
+// comes costs the wait's bound.
+func TestFailuresAwait(t *testing.T) {
+	var f failures
+	got := make(chan bool, 1)
+	go func() { got <- f.await("r1", "w1", 5*time.Second) }()
+	for !f.waiting.Load() {
+		time.Sleep(time.Millisecond) // until the first await holds the slot
+	}
+	start := time.Now()
+	if f.await("r2", "w1", 5*time.Second) {
+		t.Fatal("a second await waited and succeeded")
+	}
+	if time.Since(start) > time.Second {
+		t.Fatal("a second await waited")
+	}
+	f.record(schemas.DoneNotice{Worker: "w2", RequestID: "r1", Failed: true}) // another worker: not it
+	f.record(schemas.DoneNotice{Worker: "w1", RequestID: "r1", Failed: true})
+	if !<-got {
+		t.Fatal("the await missed the failed done notice")
+	}
+	start = time.Now()
+	if f.await("r3", "w1", 50*time.Millisecond) || time.Since(start) < 50*time.Millisecond {
+		t.Fatal("an await for a notice that never comes")
 	}
 }
