@@ -28,16 +28,23 @@ func (f *Fleet) Acquire(model, exclude string) (id string, serving int, ok bool)
 // record. Without hashes it is Acquire exactly. Awake workers come first
 // either way; a sleeping one's cache is empty anyway (a sleep frees it).
 func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string, serving, cached int, ok bool) {
+	return f.acquire(model, exclude, hashes, false)
+}
+
+// acquire picks, counts and records as AcquirePrefix says among the
+// workers of model of one kind: prefill workers (prefill) or the others.
+// candidates counts the live, healthy, non-draining workers of that kind.
+func (f *Fleet) acquire(model, exclude string, hashes []uint64, prefill bool) (id string, candidates, cached int, ok bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	var best *workerState
 	bestScore := -1e300
 	f.rr++
 	for wid, w := range f.workers {
-		if _, yes := w.models[model]; !yes || w.hb.Draining || !w.hb.Healthy || w.prefillOnly() {
+		if _, yes := w.models[model]; !yes || w.hb.Draining || !w.hb.Healthy || w.prefillOnly() != prefill {
 			continue
 		}
-		serving++
+		candidates++
 		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
 			continue
 		}
@@ -58,11 +65,11 @@ func (f *Fleet) AcquirePrefix(model, exclude string, hashes []uint64) (id string
 		}
 	}
 	if best == nil {
-		return "", serving, 0, false
+		return "", candidates, 0, false
 	}
 	best.load++
 	f.recordLocked(best, hashes)
-	return id, serving, cached, true
+	return id, candidates, cached, true
 }
 
 // awakeFirst orders two candidates by sleep alone: -1 when only a is

@@ -19,38 +19,7 @@ func (w *workerState) prefillOnly() bool { return w.hb.Role == schemas.RolePrefi
 // prefill worker of model has room; live counts the prefill workers of
 // model at all.
 func (f *Fleet) AcquirePrefill(model, exclude string, hashes []uint64) (id string, live, cached int, ok bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	var best *workerState
-	bestScore := -1e300
-	f.rr++
-	for wid, w := range f.workers {
-		if _, yes := w.models[model]; !yes || !w.prefillOnly() || w.hb.Draining || !w.hb.Healthy {
-			continue
-		}
-		live++
-		if schemas.ExcludeHas(exclude, wid) || w.load >= w.hb.MaxConcurrency || w.switching() {
-			continue
-		}
-		ratio := float64(w.load) / float64(max(w.hb.MaxConcurrency, 1))
-		score, c := -ratio, 0
-		if len(hashes) > 0 {
-			score, c = f.scoreLocked(w, ratio, hashes)
-		}
-		order := -1
-		if best != nil {
-			order = awakeFirst(w, best)
-		}
-		if order < 0 || order == 0 && (score > bestScore || score == bestScore && (f.rr+uint64(len(wid)))%2 == 0) {
-			best, bestScore, id, cached = w, score, wid, c
-		}
-	}
-	if best == nil {
-		return "", live, 0, false
-	}
-	best.load++
-	f.recordLocked(best, hashes)
-	return id, live, cached, true
+	return f.acquire(model, exclude, hashes, true)
 }
 
 // PrefillWorkers counts the live, healthy, non-draining prefill workers of

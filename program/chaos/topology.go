@@ -423,6 +423,21 @@ func metricLine(url, want string) func() error {
 // every /metrics page that answers; ok is false when no page has any such
 // series (the product does not count them yet).
 func counters(urls []string, word string) (sum float64, ok bool) {
+	return sumLines(urls, func(name string) bool {
+		base, _, _ := strings.Cut(name, "{")
+		return strings.HasSuffix(base, "_total") && strings.Contains(base, word)
+	})
+}
+
+// sumCounters sums the samples whose series begins with prefix (a metric
+// name and its first labels, e.g. `x_total{outcome="lost"`).
+func sumCounters(urls []string, prefix string) (sum float64, ok bool) {
+	return sumLines(urls, func(name string) bool { return strings.HasPrefix(name, prefix) })
+}
+
+// sumLines sums the samples whose series (name and labels) match, on the
+// /metrics pages at urls.
+func sumLines(urls []string, match func(series string) bool) (sum float64, ok bool) {
 	for _, url := range urls {
 		resp, err := probeClient.Get(url)
 		if err != nil {
@@ -435,8 +450,7 @@ func counters(urls []string, word string) (sum float64, ok bool) {
 				continue
 			}
 			name, rest, _ := strings.Cut(strings.TrimSpace(line), " ")
-			base, _, _ := strings.Cut(name, "{")
-			if !strings.HasSuffix(base, "_total") || !strings.Contains(base, word) {
+			if !match(name) {
 				continue
 			}
 			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
@@ -451,46 +465,5 @@ func counters(urls []string, word string) (sum float64, ok bool) {
 // gauges sums the sample of series (a name with its labels, as /metrics
 // prints it) over the /metrics pages at urls; ok is false when none had it.
 func gauges(urls []string, series string) (sum float64, ok bool) {
-	for _, url := range urls {
-		resp, err := probeClient.Get(url)
-		if err != nil {
-			continue
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for line := range strings.Lines(string(b)) {
-			if v, found := strings.CutPrefix(strings.TrimSpace(line), series+" "); found {
-				if f, err := strconv.ParseFloat(strings.TrimSpace(v), 64); err == nil {
-					sum += f
-					ok = true
-				}
-			}
-		}
-	}
-	return sum, ok
-}
-
-// sumCounters sums the samples whose line begins with prefix (a metric
-// name and its first labels, e.g. `x_total{outcome="lost"`) on the
-// /metrics pages at urls.
-func sumCounters(urls []string, prefix string) (sum float64, ok bool) {
-	for _, url := range urls {
-		resp, err := probeClient.Get(url)
-		if err != nil {
-			continue
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		for line := range strings.Lines(string(b)) {
-			if !strings.HasPrefix(line, prefix) {
-				continue
-			}
-			_, v, _ := strings.Cut(strings.TrimSpace(line), " ")
-			if f, err := strconv.ParseFloat(v, 64); err == nil {
-				sum += f
-				ok = true
-			}
-		}
-	}
-	return sum, ok
+	return sumLines(urls, func(name string) bool { return name == series })
 }
