@@ -154,6 +154,19 @@ func orDefault[T comparable](v, d T) T {
 	return v
 }
 
+// tune gives a client's options tokenbus's timeouts and retries where the
+// URL set none (the three topologies' options are three types with the
+// same fields).
+func tune(ctxTimeout *bool, dial, read, write *time.Duration, retries, redials *int, redialWait *time.Duration) {
+	*ctxTimeout = true
+	*dial = orDefault(*dial, dialTimeout)
+	*read = orDefault(*read, ioTimeout)
+	*write = orDefault(*write, ioTimeout)
+	*retries = orDefault(*retries, maxRetries)
+	*redials = orDefault(*redials, dialerRetries)
+	*redialWait = orDefault(*redialWait, dialerRetryTimeout)
+}
+
 // client builds the go-redis client the topology names; nothing is dialled
 // yet. It is the one place tokenbus makes a Redis client.
 func (t Topology) client() (redis.UniversalClient, error) {
@@ -163,13 +176,8 @@ func (t Topology) client() (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--redis-url: %w", err)
 		}
-		o.ContextTimeoutEnabled = true
-		o.DialTimeout = orDefault(o.DialTimeout, dialTimeout)
-		o.ReadTimeout = orDefault(o.ReadTimeout, ioTimeout)
-		o.WriteTimeout = orDefault(o.WriteTimeout, ioTimeout)
-		o.MaxRetries = orDefault(o.MaxRetries, maxRetries)
-		o.DialerRetries = orDefault(o.DialerRetries, dialerRetries)
-		o.DialerRetryTimeout = orDefault(o.DialerRetryTimeout, dialerRetryTimeout)
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
 		return redis.NewClient(o), nil
 	case KindSentinel:
 		o, err := redis.ParseFailoverURL(t.Sentinel)
@@ -179,26 +187,16 @@ func (t Topology) client() (redis.UniversalClient, error) {
 		if o.MasterName == "" {
 			return nil, errors.New("--redis-sentinel: the URL names no master: add ?master_name=NAME (the name in the sentinels' `sentinel monitor`)")
 		}
-		o.ContextTimeoutEnabled = true
-		o.DialTimeout = orDefault(o.DialTimeout, dialTimeout)
-		o.ReadTimeout = orDefault(o.ReadTimeout, ioTimeout)
-		o.WriteTimeout = orDefault(o.WriteTimeout, ioTimeout)
-		o.MaxRetries = orDefault(o.MaxRetries, maxRetries)
-		o.DialerRetries = orDefault(o.DialerRetries, dialerRetries)
-		o.DialerRetryTimeout = orDefault(o.DialerRetryTimeout, dialerRetryTimeout)
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
 		return redis.NewFailoverClient(o), nil
 	case KindCluster:
 		o, err := redis.ParseClusterURL(t.Cluster)
 		if err != nil {
 			return nil, fmt.Errorf("--redis-cluster: %w", err)
 		}
-		o.ContextTimeoutEnabled = true
-		o.DialTimeout = orDefault(o.DialTimeout, dialTimeout)
-		o.ReadTimeout = orDefault(o.ReadTimeout, ioTimeout)
-		o.WriteTimeout = orDefault(o.WriteTimeout, ioTimeout)
-		o.MaxRetries = orDefault(o.MaxRetries, maxRetries)
-		o.DialerRetries = orDefault(o.DialerRetries, dialerRetries)
-		o.DialerRetryTimeout = orDefault(o.DialerRetryTimeout, dialerRetryTimeout)
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
 		return redis.NewClusterClient(o), nil
 	}
 	return nil, errors.New("no Redis named: give --redis-url, --redis-sentinel or --redis-cluster")
