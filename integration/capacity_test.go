@@ -551,18 +551,36 @@ func streamSome(ctx context.Context, c openai.Client, prompt string) error {
 // endpoint: natsMonitor).
 func procNATS(t *testing.T) string {
 	t.Helper()
-	port, mon := testenv.FreePort(t), testenv.FreePort(t)
-	startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-m", strconv.Itoa(mon))
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
-	natsMonitors.Store(url, fmt.Sprintf("http://127.0.0.1:%d", mon))
-	testenv.WaitFor(t, 10*time.Second, func() error {
-		nc, err := nats.Connect(url)
-		if err == nil {
-			nc.Close()
+	// A port free a moment ago may be taken before nats-server binds it
+	// (an outgoing connection of another test gets it as its local port):
+	// then the server exits, and it is started again on new ports.
+	for attempt := 1; ; attempt++ {
+		port, mon := testenv.FreePort(t), testenv.FreePort(t)
+		p := startProc(t, "nats-server", natsServer(t), "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-m", strconv.Itoa(mon))
+		url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+		exited := false
+		testenv.WaitFor(t, 10*time.Second, func() error {
+			select {
+			case err := <-p.done:
+				p.done <- err
+				exited = true
+				return nil
+			default:
+			}
+			nc, err := nats.Connect(url)
+			if err == nil {
+				nc.Close()
+			}
+			return err
+		})
+		if !exited {
+			natsMonitors.Store(url, fmt.Sprintf("http://127.0.0.1:%d", mon))
+			return url
 		}
-		return err
-	})
-	return url
+		if attempt == 3 {
+			t.Fatal("nats-server exited at start three times (ports taken?)")
+		}
+	}
 }
 
 // natsMonitors: the monitoring endpoint of each nats-server procNATS
