@@ -315,7 +315,7 @@ func TestDecodeWorkerKilledDisaggregated(t *testing.T) {
 	}
 	t.Parallel()
 	p := startDisaggProcs(t)
-	p.worker(t, "p1", "prefill")
+	_, pm := p.worker(t, "p1", "prefill")
 	w1, _ := p.worker(t, "d1", "decode", "--sim-decode-base", "40ms")
 	p.worker(t, "d2", "decode", "--sim-decode-base", "40ms")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -330,6 +330,11 @@ func TestDecodeWorkerKilledDisaggregated(t *testing.T) {
 		}
 		return nil
 	})
+	// Every stream was disaggregated before the kill: the prefill worker
+	// ran its prefill.
+	if served := metricSum(t, pm, "tokenbus_worker_prefills_served_total", `outcome="ok"`); served < n {
+		t.Fatalf("prefills served before the kill: %v of %d", served, n)
+	}
 	w1.kill9(t)
 	<-done
 	for i, err := range errs {

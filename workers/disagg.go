@@ -111,8 +111,10 @@ type remote struct {
 func (c *call) readDisagg(h nats.Header, prefill bool) *schemas.Error {
 	c.prefillWorker = h.Get(schemas.HdrPrefillWorker)
 	c.prefillFor = prefill
-	if c.prefillFor {
-		c.prefillWorker = "" // a prefill is not disaggregated again
+	if c.prefillFor || !schemas.ValidToken(c.prefillWorker) {
+		// A prefill is not disaggregated again; a name that is no subject
+		// token (a dispatcher never sends one) is no worker to publish to.
+		c.prefillWorker = ""
 	}
 	if c.req.View == nil || c.req.View.KVTransfer == nil || c.prefillFor {
 		return nil

@@ -225,3 +225,42 @@ func ttftBench(b *testing.B, nc *nats.Conn, body []byte, disagg bool) {
 	slices.Sort(ttfts)
 	b.ReportMetric(float64(ttfts[len(ttfts)/2].Microseconds()), "ttft-p50-µs")
 }
+
+// What a call takes from its headers and body: a prefill keeps its
+// kv_transfer_params, any other request loses a client's; a prefill worker
+// named by something that is no subject token is none.
+func TestReadDisagg(t *testing.T) {
+	params := `{"model":"m","messages":[{"role":"user","content":"hi"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.9"}}`
+	for _, tc := range []struct {
+		name, worker string
+		prefill      bool
+		wantWorker   string
+		keepsParams  bool
+	}{
+		{"a client's params are removed", "", false, "", false},
+		{"a prefill keeps them", "", true, "", true},
+		{"a prefill is not disaggregated again", "p", true, "", true},
+		{"a prefill worker", "p", false, "p", false},
+		{"a wildcard is no worker", "p.*", false, "", false},
+		{"a subject tail is no worker", ">", false, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			view, err := schemas.ReadRequestFor(schemas.KindChat, []byte(params), "m")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &call{req: engine.Request{Kind: schemas.KindChat, Model: "m", Body: []byte(params), View: view}}
+			h := nats.Header{}
+			if tc.worker != "" {
+				h.Set(schemas.HdrPrefillWorker, tc.worker)
+			}
+			if err := c.readDisagg(h, tc.prefill); err != nil {
+				t.Fatal(err)
+			}
+			if c.prefillWorker != tc.wantWorker || (c.req.View.KVTransfer != nil) != tc.keepsParams ||
+				strings.Contains(string(c.req.Body), "kv_transfer_params") != tc.keepsParams {
+				t.Fatalf("worker %q, params %s, body %s", c.prefillWorker, c.req.View.KVTransfer, c.req.Body)
+			}
+		})
+	}
+}
