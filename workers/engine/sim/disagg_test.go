@@ -379,11 +379,16 @@ func TestHeldBlocksNotEvictable(t *testing.T) {
 	if held < 30 {
 		t.Fatalf("%d blocks held", held)
 	}
-	// 600 tokens need more blocks than are left: the request waits.
+	// 600 tokens need more blocks than are left: the request waits, and
+	// the scheduler sleeps meanwhile (a few turns, not a spin).
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
+	turns := p.noSteps.Load()
 	if _, err := p.Generate(ctx, &engine.Request{Kind: schemas.KindChat, Body: []byte(long(" world", 600))}, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a request that cannot fit: %v", err)
+	}
+	if n := p.noSteps.Load() - turns; n > 10 {
+		t.Fatalf("the scheduler took %d turns while nothing could run", n)
 	}
 	// Taken by a decode engine, they are free: it runs.
 	d := newEngine(t, kvConfig())

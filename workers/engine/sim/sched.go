@@ -40,7 +40,19 @@ func (e *Engine) run() {
 			}
 			continue
 		}
-		e.stepOnce()
+		if !e.stepOnce() {
+			e.noSteps.Add(1)
+			// Sequences wait and none could be admitted: the KV cache is
+			// held for remote decodes (disagg.go). Sleep until something
+			// changes (a pull or expiry frees blocks, a request arrives or
+			// aborts); each of those signals.
+			select {
+			case <-e.wake:
+			case <-e.quit:
+				e.shutdown()
+				return
+			}
+		}
 	}
 }
 
@@ -192,8 +204,9 @@ func (e *Engine) shutdown() {
 }
 
 // stepOnce schedules one step, waits for its simulated duration and emits
-// one token for every sequence in the batch.
-func (e *Engine) stepOnce() {
+// one token for every sequence in the batch. ran is false when there was
+// no step: nothing runs and nothing waiting could be admitted.
+func (e *Engine) stepOnce() (ran bool) {
 	bs := e.cfg.BlockSize
 	e.step++
 
@@ -322,7 +335,7 @@ func (e *Engine) stepOnce() {
 	if len(e.running) == 0 {
 		e.kvEv.flush()
 		e.blockEv.flush()
-		return
+		return false
 	}
 
 	// 3. The step's simulated duration: one wait for the whole batch.
@@ -334,7 +347,7 @@ func (e *Engine) stepOnce() {
 	}
 	cost += time.Duration(nDecode) * e.cfg.DecodePerSeq
 	if !e.wait(cost) {
-		return
+		return true // quitting: the loop sees it
 	}
 	e.mSteps.Add(1)
 
@@ -374,6 +387,7 @@ func (e *Engine) stepOnce() {
 	e.publishKV()
 	e.kvEv.flush()
 	e.blockEv.flush()
+	return true
 }
 
 func (e *Engine) publishKV() {

@@ -154,6 +154,10 @@ type Engine struct {
 	nextID             atomic.Uint64
 
 	mPrompt, mGen, mQueries, mHits, mPreempt, mSteps atomic.Uint64
+	// noSteps counts the scheduler's turns that admitted nothing with
+	// sequences waiting (held KV blocks): each must be followed by a
+	// sleep until something changes, not by another turn at once.
+	noSteps atomic.Uint64
 	mStop, mLength, mAbort                           atomic.Uint64
 
 	kvx kvTransfer // prefill/decode disaggregation (disagg.go, kvserver.go)
