@@ -157,8 +157,8 @@ type Engine struct {
 	// noSteps counts the scheduler's turns that admitted nothing with
 	// sequences waiting (held KV blocks): each must be followed by a
 	// sleep until something changes, not by another turn at once.
-	noSteps atomic.Uint64
-	mStop, mLength, mAbort                           atomic.Uint64
+	noSteps                atomic.Uint64
+	mStop, mLength, mAbort atomic.Uint64
 
 	kvx kvTransfer // prefill/decode disaggregation (disagg.go, kvserver.go)
 
