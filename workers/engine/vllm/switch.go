@@ -189,6 +189,12 @@ func (s *Switching) Switch(ctx context.Context, model string) error {
 		s.install(e, model)
 		return nil
 	}
+	if ctx.Err() != nil {
+		// The switch was called off (the worker is stopping): no old
+		// model is started again only to be closed, for up to its start
+		// timeout.
+		return fmt.Errorf("vllm: switch to %s: %w (called off; no model serving)", model, err)
+	}
 	if log != nil {
 		log.Error("vllm: the new model did not come up; starting the old one again", "model", model, "old", oldName, "err", err)
 	}

@@ -140,6 +140,37 @@ func TestSwitchingFailsBack(t *testing.T) {
 	}
 }
 
+// A switch called off while the new vLLM comes up (the worker stops)
+// returns at once: the old model is not started again.
+func TestSwitchingCalledOff(t *testing.T) {
+	cfg, cmds := switchConfig(t, "a", "b")
+	cfg.StartTimeout = time.Minute
+	cmds[1].Command = "FAKEVLLM_UNHEALTHY=1 " + cmds[1].Command
+	s, err := NewSwitching(cfg, cmds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ready, cancelReady := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancelReady()
+	if err := s.WaitReady(ready); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	start := time.Now()
+	err = s.Switch(ctx, "b")
+	if err == nil || !strings.Contains(err.Error(), "called off") {
+		t.Fatalf("a switch called off: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("the switch took %v after it was called off", took)
+	}
+	if got := s.Models(); len(got) != 0 {
+		t.Fatalf("models %q after a switch called off", got)
+	}
+}
+
 // A command that serves the model under another name is refused at once.
 func TestSwitchingChecksTheServedName(t *testing.T) {
 	cfg, cmds := switchConfig(t, "a", "b")
