@@ -240,7 +240,7 @@ func (l *Limiter) Admit(ctx context.Context, k Key, a Admission) (Decision, erro
 var recordScript = redis.NewScript(nowLua + `
 local G, N = tonumber(ARGV[5]), tonumber(ARGV[6])
 local base = 6 + 2 * G
-local ids, at, skip, fresh = {}, {}, {}, {}
+local ids, at, skip = {}, {}, {}
 for i = 0, N - 1 do
   local id = ARGV[base + 6 * i + 1]
   if id ~= '' then
@@ -265,10 +265,7 @@ for i = 0, N - 1 do
   if skip[i] or (id ~= '' and once[id]) then
     dups = dups + 1
   else
-    if id ~= '' then
-      once[id] = true
-      fresh[#fresh + 1] = id
-    end
+    if id ~= '' then once[id] = true end
     local g = tonumber(ARGV[r + 2])
     req[g] = req[g] + 1
     p[g] = p[g] + tonumber(ARGV[r + 3])
@@ -305,12 +302,27 @@ for g = 1, G do
     redis.call('PEXPIRE', KEYS[5], ARGV[4])
   end
 end
-if #fresh > 0 then
+if #ids > 0 then
   -- Last: a script that failed above left no ids, so its retry counts.
-  redis.call('SADD', KEYS[1], unpack(fresh))
+  -- Every id goes in this period's set, duplicates too, and its lifetime
+  -- is set again: so the script always writes (a batch of records without
+  -- ids counts them above), and the WAIT after it covers every write the
+  -- master took on this connection, also a first delivery's that it has
+  -- not replicated yet (WAIT waits for a connection's last write only).
+  redis.call('SADD', KEYS[1], unpack(ids))
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return dups
+`)
+
+// indexScript adds ARGV to the set KEYS[1], and always writes: ARGV[1] is
+// removed first, then added again with the rest. A plain SADD of members
+// already there writes nothing, and WAIT, which waits for its connection's
+// last write, would then confirm nothing: not an earlier delivery's SADD
+// that the master took and did not replicate yet.
+var indexScript = redis.NewScript(`
+redis.call('SREM', KEYS[1], ARGV[1])
+return redis.call('SADD', KEYS[1], unpack(ARGV))
 `)
 
 // UsageSeenTTL is how long Record remembers a request id, so that a record
@@ -391,7 +403,7 @@ func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (
 	}
 	writes := []slotWrite{{key: keyUsageIndex, write: func(ctx context.Context, c redis.Cmdable) error {
 		return l.store.br.Do(ctx, func(ctx context.Context) error {
-			return storeErr(c.SAdd(ctx, keyUsageIndex, index...).Err())
+			return storeErr(indexScript.Run(ctx, c, []string{keyUsageIndex}, index...).Err())
 		})
 	}}}
 	var total int64

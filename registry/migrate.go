@@ -104,7 +104,9 @@ func Migrate(ctx context.Context, from redis.UniversalClient, to *Store) (Migrat
 			return m, fmt.Errorf("API key %s in %s: not a key record (%v)", id, oldKeys, err)
 		}
 		writes := []slotWrite{
-			{keyIndex, func(ctx context.Context, c redis.Cmdable) error { return c.SAdd(ctx, keyIndex, id).Err() }},
+			{keyIndex, func(ctx context.Context, c redis.Cmdable) error {
+				return indexScript.Run(ctx, c, []string{keyIndex}, id).Err()
+			}},
 			{secretKey(rec.Hash), func(ctx context.Context, c redis.Cmdable) error {
 				return c.Set(ctx, secretKey(rec.Hash), id, 0).Err()
 			}},
@@ -132,7 +134,7 @@ func Migrate(ctx context.Context, from redis.UniversalClient, to *Store) (Migrat
 	}
 	for _, id := range ids {
 		writes := []slotWrite{{keyUsageIndex, func(ctx context.Context, c redis.Cmdable) error {
-			return c.SAdd(ctx, keyUsageIndex, id).Err()
+			return indexScript.Run(ctx, c, []string{keyUsageIndex}, id).Err()
 		}}}
 		usage, err := from.HGetAll(ctx, oldUsage(id)).Result()
 		if err != nil {

@@ -80,6 +80,7 @@ var suite = []struct {
 	{"RecordBatchSumsAsSingles", testRecordBatchSumsAsSingles},
 	{"UsageAcrossShards", testUsageAcrossShards},
 	{"NotReplicated", testNotReplicated},
+	{"RetryReplicated", testRetryReplicated},
 	{"Migrate", testMigrate},
 }
 
@@ -315,5 +316,70 @@ func TestTopologyCheck(t *testing.T) {
 	// Passwords stay out of what is logged.
 	if s := (registry.Topology{Cluster: "redis://u:secret@h1:7000?addr=h2:7001"}).String(); strings.Contains(s, "secret") || s != "Redis Cluster at h1:7000,h2:7001" {
 		t.Errorf("String = %q", s)
+	}
+}
+
+// A batch delivered again whose records are all counted already is still
+// confirmed by the replicas, never acked on a WAIT that confirms nothing:
+// a store that waits for more replicas than there are refuses it every
+// time, and on a topology with replicas the retry writes to every master
+// it touches (the index's and the key's), so that its WAIT covers the first
+// delivery's writes (WAIT waits for its connection's last write only).
+func testRetryReplicated(t *testing.T, b *backend) {
+	s := b.store(t)
+	greedy := *b
+	greedy.topo.MinReplicas, greedy.topo.ReplicaTimeout = 5, 20*time.Millisecond
+	lg := registry.NewLimiter(greedy.open(t))
+	ctx := context.Background()
+	batch := []schemas.UsageRecord{
+		{RequestID: "a", KeyID: "key_rr1", Model: "m", Usage: schemas.Usage{PromptTokens: 1}},
+		{RequestID: "b", KeyID: "key_rr2", Model: "m", Usage: schemas.Usage{PromptTokens: 1}},
+	}
+	for i := range 2 {
+		if _, err := lg.RecordBatch(ctx, batch); !errors.Is(err, registry.ErrNotReplicated) {
+			t.Fatalf("delivery %d to a store that waits for 5 replicas: %v", i+1, err)
+		}
+	}
+	if b.topo.Replicas() == 0 {
+		return
+	}
+	l := registry.NewLimiter(s)
+	if dups, err := l.RecordBatch(ctx, batch); err != nil || dups != 2 {
+		t.Fatalf("delivered again: %d dups, %v", dups, err)
+	}
+	masters := func() map[string]int64 {
+		out := map[string]int64{}
+		for _, key := range []string{"tokenbus:usage:keys", "tokenbus:key:{key_rr1}:rl", "tokenbus:key:{key_rr2}:rl"} {
+			m, ok := s.Client().(*redis.Client)
+			if cc, isCluster := s.Client().(*redis.ClusterClient); isCluster {
+				var err error
+				if m, err = cc.MasterForKey(ctx, key); err != nil {
+					t.Fatal(err)
+				}
+			} else if !ok {
+				t.Fatalf("a %T", s.Client())
+			}
+			info, err := m.Info(ctx, "replication").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, line := range strings.Split(info, "\n") {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(line), "master_repl_offset:"); ok {
+					var n int64
+					fmt.Sscan(v, &n)
+					out[m.Options().Addr] = n
+				}
+			}
+		}
+		return out
+	}
+	before := masters()
+	if dups, err := l.RecordBatch(ctx, batch); err != nil || dups != 2 {
+		t.Fatalf("delivered again: %d dups, %v", dups, err)
+	}
+	for addr, n := range masters() {
+		if n <= before[addr] {
+			t.Fatalf("master %s: replication offset %d before an all-duplicate batch, %d after: it wrote nothing its WAIT could confirm", addr, before[addr], n)
+		}
 	}
 }
