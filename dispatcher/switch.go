@@ -156,7 +156,7 @@ func chooseSwitch(model string, workers []fleet.Worker, queued map[string]int, n
 		if w.Switching == model {
 			return "", false
 		}
-		if w.Switching != "" || w.Draining || !w.Healthy || !slices.Contains(w.CanServe, model) ||
+		if w.Switching != "" || w.Draining || !w.Healthy || w.Role == schemas.RolePrefill || !slices.Contains(w.CanServe, model) ||
 			slices.Contains(w.Models, model) || now.Before(holdEnds(w.Heartbeat)) {
 			continue
 		}

@@ -34,6 +34,7 @@ func TestChooseSwitch(t *testing.T) {
 	}{
 		{"none can serve it", []fleet.Worker{w("w1", "b", 0, func(x *fleet.Worker) { x.CanServe = []string{"b", "c"} })}, nil, ""},
 		{"the only candidate", []fleet.Worker{w("w1", "b", 0)}, nil, "w1"},
+		{"a prefill worker serves no request whole", []fleet.Worker{w("w1", "b", 0, func(x *fleet.Worker) { x.Role = schemas.RolePrefill })}, nil, ""},
 		{"idle before busy", []fleet.Worker{w("w1", "b", 1), w("w2", "c", 0)}, nil, "w2"},
 		{"idle before busy, whatever waits for it", []fleet.Worker{w("w1", "b", 3), w("w2", "c", 0)}, map[string]int{"c": 50}, "w2"},
 		{"least queued for the model it holds", []fleet.Worker{w("w1", "b", 0), w("w2", "c", 0)}, map[string]int{"b": 3, "c": 1}, "w2"},

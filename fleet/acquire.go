@@ -272,7 +272,7 @@ func evictCandidate(w *workerState, wid, adapter, base, exclude string, pend map
 	_, hasSelf := w.models[adapter]
 	_, listed := w.adapters[adapter]
 	_, pending := pend[wid]
-	return hasBase && !hasSelf && !listed && !pending && !w.hb.Draining && w.hb.Healthy &&
+	return hasBase && !hasSelf && !listed && !pending && !w.hb.Draining && w.hb.Healthy && !w.prefillOnly() &&
 		!schemas.ExcludeHas(exclude, wid) && w.load < w.hb.MaxConcurrency && !w.switching()
 }
 

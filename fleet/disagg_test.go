@@ -68,3 +68,21 @@ func TestAcquirePrefillPrefersCachedPrompt(t *testing.T) {
 		}
 	}
 }
+
+// A request for an adapter never lands on a prefill worker, also not
+// through the eviction pass, which picks the worker whose coldest adapter
+// is coldest: here the prefill worker's.
+func TestAdapterNeverOnPrefillWorker(t *testing.T) {
+	now := time.Now()
+	fl := New()
+	fl.AdapterRate = func(a string, _ time.Time) float64 { return map[string]float64{"hot": 10, "cold": 0.1}[a] }
+	full := func(h schemas.Heartbeat, adapter string) schemas.Heartbeat {
+		h.Adapters, h.Models, h.MaxLoras = []string{adapter}, []string{"m", adapter}, 1 // its one slot taken
+		return h
+	}
+	fl.Observe(full(roleHB("d1", schemas.RoleDecode, 0, 8), "hot"), now)
+	fl.Observe(full(roleHB("p1", schemas.RolePrefill, 0, 8), "cold"), now)
+	if id, serving, how, ok := fl.AcquireAdapter("y", "m", "", now); !ok || id != "d1" || serving != 1 || how != PlacedEvict {
+		t.Fatalf("AcquireAdapter = %q, %d, %v, %v; want d1, which evicts", id, serving, how, ok)
+	}
+}
