@@ -100,24 +100,28 @@ var scenarios = []scenario{
 		inject: func(ctx context.Context, t *topology, cfg Config) (int, func() error, error) {
 			p0 := t.workerMetrics[len(t.workers) : len(t.workers)+1]
 			var running float64
-			_ = waitFor(ctx, 5*time.Second, "chaos-p0 runs prefills", func() error {
+			if err := waitFor(ctx, 5*time.Second, "chaos-p0 runs prefills", func() error {
 				if running, _ = gauges(p0, `tokenbus_worker_running{worker="chaos-p0"}`); running == 0 {
 					return fmt.Errorf("no prefill running")
 				}
 				return nil
-			})
+			}); err != nil {
+				return 0, nil, err // a kill with no prefill running would test nothing
+			}
 			t.prefills[0].kill9()
 			t.note(fmt.Sprintf("killed chaos-p0 with %v prefills running", running))
 			return 0, func() error {
 				// Its prefills' decode workers hear nothing for 1 s and run
 				// them whole.
 				decode := t.workerMetrics[:len(t.workers)]
-				_ = waitFor(ctx, 5*time.Second, "the lost prefills run whole", func() error {
+				if err := waitFor(ctx, 5*time.Second, "the lost prefills run whole", func() error {
 					if lost, _ := sumCounters(decode, `tokenbus_worker_remote_prefills_total{outcome="lost"`); lost < running {
 						return fmt.Errorf("%v lost prefills seen", lost)
 					}
 					return nil
-				})
+				}); err != nil {
+					return err
+				}
 				lost, _ := sumCounters(decode, `tokenbus_worker_remote_prefills_total{outcome="lost"`)
 				t.note(fmt.Sprintf("decode workers ran %v requests whole after losing their prefill", lost))
 				return nil
