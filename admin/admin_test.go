@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tokenbus/tokenbus/admin"
 	"github.com/tokenbus/tokenbus/fleet"
@@ -587,4 +589,49 @@ func TestRedisDown(t *testing.T) {
 		return nil
 	})
 	w.do("POST", "/keys", `{"tenant":"t"}`).expect(t, "key after restart", 201, "", "")
+}
+
+// A DELETE /keys/{id} whose replicas did not confirm the deletion in time
+// answers 503, and the key, deleted on the master, is announced all the
+// same; a DELETE again answers 404.
+func TestDeleteKeyNotReplicated(t *testing.T) {
+	var greedy *registry.Store
+	w := newWorld(t, func(c *admin.Config) {
+		var err error
+		greedy, err = registry.OpenTopology(context.Background(), registry.Topology{URL: "redis://" + c.Store.Client().(*redis.Client).Options().Addr, MinReplicas: 5, ReplicaTimeout: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Store = greedy
+	})
+	t.Cleanup(func() { greedy.Close() })
+	keyEvents := make(chan string, 10)
+	if _, err := w.nc.Subscribe(registry.EventKeys, func(m *nats.Msg) { keyEvents <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	k, _, err := w.store.CreateKey(context.Background(), registry.KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.do("DELETE", "/keys/"+k.ID, "").expect(t, "delete key, not replicated", 503, "", "")
+	select {
+	case id := <-keyEvents:
+		if id != k.ID {
+			t.Fatalf("event for %q", id)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("no key event for a deletion the replicas did not confirm")
+	}
+	if _, err := w.store.Key(context.Background(), k.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("the key after its deletion: %v", err)
+	}
+	w.do("DELETE", "/keys/"+k.ID, "").expect(t, "delete key again", 404, schemas.ErrKeyNotFound.Code, "")
+	select {
+	case id := <-keyEvents:
+		t.Fatalf("event for %q after a 404", id)
+	case <-time.After(100 * time.Millisecond):
+	}
 }

@@ -2,6 +2,7 @@ package admin
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -76,15 +77,25 @@ func (s *Server) listKeys(c *fiber.Ctx) error {
 // lines not yet run are answered key_revoked). batches_cancelled says how
 // many; -1 if they could not be (the runners still stop their lines, as
 // they ask whether a batch's key exists before each line).
+//
+// A deletion whose replicas did not confirm it in time answers 503, as
+// every write that waits for replicas does, but the master deleted the key:
+// it is announced and its batches cancelled all the same (a DELETE again
+// answers 404). Any other error but 404 is announced too (the key may be
+// gone: gateways read it again), and answered as it is.
 func (s *Server) deleteKey(c *fiber.Ctx) error {
 	id := pathParam(c, "id")
 	ctx, cancel := s.ctx()
 	defer cancel()
-	if err := s.cfg.Store.DeleteKey(ctx, id); err != nil {
+	err := s.cfg.Store.DeleteKey(ctx, id)
+	if errors.Is(err, registry.ErrNotFound) {
 		return err
 	}
 	if err := registry.AnnounceKeys(s.cfg.NC, id); err != nil {
 		s.log.Warn("could not announce a key deletion: gateways forget it within their cache TTL", "key_id", id, "err", err)
+	}
+	if err != nil && !errors.Is(err, registry.ErrNotReplicated) {
+		return err
 	}
 	out := fiber.Map{"id": id, "object": "api_key", "deleted": true}
 	if s.cfg.Batches != nil {
@@ -96,6 +107,9 @@ func (s *Server) deleteKey(c *fiber.Ctx) error {
 			n = -1
 		}
 		out["batches_cancelled"] = n
+	}
+	if err != nil {
+		return err // not replicated: deleted on the master
 	}
 	return c.JSON(out)
 }

@@ -304,6 +304,10 @@ return v
 // that point to nothing, which readers skip, and DeleteKey again cannot
 // find the key to finish: they cost a few bytes). Callers announce it
 // (AnnounceKeys) so that gateways forget it at once.
+//
+// ErrNotReplicated means the master deleted the key and its replicas did
+// not confirm it in time: the rest is cleared all the same (a DeleteKey
+// again finds no key: ErrNotFound), and callers announce it as a deletion.
 func (s *Store) DeleteKey(ctx context.Context, id string) error {
 	var rec string
 	err := s.writeDurably(ctx, slotWrite{recordKey(id), func(ctx context.Context, c redis.Cmdable) error {
@@ -314,9 +318,10 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 		}
 		return storeErr(err)
 	}})
-	if err != nil {
+	if err != nil && (rec == "" || !errors.Is(err, ErrNotReplicated)) {
 		return err
 	}
+	notReplicated := err
 	k, err := decodeKey([]byte(rec))
 	var cleanup []slotWrite
 	if err == nil && k.Hash != "" {
@@ -330,7 +335,7 @@ func (s *Store) DeleteKey(ctx context.Context, id string) error {
 	// The key is gone: entries left over are skipped by every reader, so a
 	// failure here is no failure of the deletion.
 	_ = s.writeDurably(ctx, cleanup...)
-	return nil
+	return notReplicated
 }
 
 // AnnounceKeys tells every KeyCache that keys changed (body: the key id).

@@ -81,6 +81,7 @@ var suite = []struct {
 	{"UsageAcrossShards", testUsageAcrossShards},
 	{"NotReplicated", testNotReplicated},
 	{"RetryReplicated", testRetryReplicated},
+	{"DeleteNotReplicated", testDeleteNotReplicated},
 	{"Migrate", testMigrate},
 }
 
@@ -381,5 +382,39 @@ func testRetryReplicated(t *testing.T, b *backend) {
 		if n <= before[addr] {
 			t.Fatalf("master %s: replication offset %d before an all-duplicate batch, %d after: it wrote nothing its WAIT could confirm", addr, before[addr], n)
 		}
+	}
+}
+
+// A deletion whose replicas did not confirm it in time deleted the key on
+// the master: DeleteKey says ErrNotReplicated, the secret's and the index's
+// entries are cleared all the same, and DeleteKey again finds no key.
+func testDeleteNotReplicated(t *testing.T, b *backend) {
+	s := b.store(t)
+	greedy := *b
+	greedy.topo.MinReplicas, greedy.topo.ReplicaTimeout = 5, 20*time.Millisecond
+	g := greedy.open(t)
+	ctx := context.Background()
+	k, secret, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.DeleteKey(ctx, k.ID); !errors.Is(err, registry.ErrNotReplicated) {
+		t.Fatalf("DeleteKey waiting for 5 replicas: %v", err)
+	}
+	if _, err := s.Key(ctx, k.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("the key after its deletion: %v", err)
+	}
+	if _, err := s.KeyByHash(ctx, registry.HashSecret(secret)); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("the key's secret after its deletion: %v", err)
+	}
+	rdb := s.Client()
+	if n, err := rdb.Exists(ctx, "tokenbus:secret:{"+registry.HashSecret(secret)+"}").Result(); err != nil || n != 0 {
+		t.Fatalf("the secret's entry left: %d %v", n, err)
+	}
+	if in, err := rdb.SIsMember(ctx, "tokenbus:keys", k.ID).Result(); err != nil || in {
+		t.Fatalf("the index entry left: %v %v", in, err)
+	}
+	if err := g.DeleteKey(ctx, k.ID); !errors.Is(err, registry.ErrNotFound) {
+		t.Fatalf("DeleteKey again: %v", err)
 	}
 }
