@@ -235,11 +235,17 @@ func (s *Store) ListKeys(ctx context.Context) ([]Key, error) {
 			return nil, storeErr(err)
 		}
 	}
+	// Pipelined said the first error only: a missing record (an index
+	// entry a deletion left) must not hide another's failure, which would
+	// make the list short.
 	out := make([]Key, 0, len(ids))
 	for _, c := range cmds {
 		b, err := c.Bytes()
-		if err != nil {
+		if errors.Is(err, redis.Nil) {
 			continue
+		}
+		if err != nil {
+			return nil, storeErr(err)
 		}
 		if k, err := decodeKey(b); err == nil {
 			out = append(out, k)

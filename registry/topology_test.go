@@ -66,6 +66,7 @@ var suite = []struct {
 	{"CreateKeysConcurrently", testCreateKeysConcurrently},
 	{"KeyFlow", testKeyFlow},
 	{"KeyLeftovers", testKeyLeftovers},
+	{"ListKeysFails", testListKeysFails},
 	{"Quotas", testQuotas},
 	{"RequestsPerMinute", testRequestsPerMinute},
 	{"TokensPerMinute", testTokensPerMinute},
@@ -416,5 +417,31 @@ func testDeleteNotReplicated(t *testing.T, b *backend) {
 	}
 	if err := g.DeleteKey(ctx, k.ID); !errors.Is(err, registry.ErrNotFound) {
 		t.Fatalf("DeleteKey again: %v", err)
+	}
+}
+
+// ListKeys skips an index entry whose record is missing, but fails, never
+// lists short, when reading another record fails.
+func testListKeysFails(t *testing.T, b *backend) {
+	s := b.store(t)
+	ctx := context.Background()
+	if _, _, err := s.CreateKey(ctx, registry.KeySpec{Tenant: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	rdb := s.Client()
+	if err := rdb.SAdd(ctx, "tokenbus:keys", "key_gone", "key_broken").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Neither key_gone nor key_broken has a record yet.
+	if list, err := s.ListKeys(ctx); err != nil || len(list) != 1 {
+		t.Fatalf("ListKeys with entries whose records are gone: %+v %v", list, err)
+	}
+	if err := rdb.HSet(ctx, "tokenbus:key:{key_broken}", "f", "v").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 { // the set's order varies: the failure must show whatever it is
+		if list, err := s.ListKeys(ctx); err == nil {
+			t.Fatalf("ListKeys with a record it cannot read: %+v, no error", list)
+		}
 	}
 }
