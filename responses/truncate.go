@@ -78,16 +78,27 @@ func Fit(ctx context.Context, req *CreateRequest, items []Item, limit int, count
 		return nil, refuse(n)
 	}
 	perByte := float64(n) / float64(len(b))
-	empty := len(body(nil))
-	items = slices.Clone(items)
+	// What a drop saves: the bytes of the dropped items' messages alone
+	// (not the instructions and tools each body has again).
+	bare := &CreateRequest{}
+	// As a JSON array, k messages carry k-1 commas and two brackets; in
+	// the conversation's array they carry k commas: one byte less.
+	size := func(items []Item) int { m, _ := json.Marshal(chatMessages(bare, items)); return len(m) - 1 }
+	t := newTrimmer(items)
 	for range maxRecounts + 1 {
+		// The estimate falls by the bytes dropped so far, summed before
+		// they are turned into tokens: a fraction lost at each of
+		// thousands of small drops adds up.
+		start, gone := n, 0
 		for n+reserve > limit {
-			var dropped []Item
-			if items, dropped = dropTurn(items); dropped == nil {
+			dropped := t.dropTurn()
+			if dropped == nil {
 				return nil, refuse(n)
 			}
-			n -= int(perByte * float64(len(body(dropped))-empty))
+			gone += size(dropped)
+			n = start - int(perByte*float64(gone))
 		}
+		items = t.kept()
 		if !exact {
 			return items, nil
 		}
@@ -104,24 +115,59 @@ func Fit(ctx context.Context, req *CreateRequest, items []Item, limit int, count
 	return nil, refuse(n)
 }
 
+// trimmer drops a conversation's oldest items, each drop costing only
+// what it drops (a conversation of thousands of items is trimmed in linear
+// time): items stay where they are, marked gone.
+type trimmer struct {
+	items []Item
+	gone  []bool
+	next  int              // no droppable item that is not gone lies before it
+	left  int              // droppable items not gone
+	outs  map[string][]int // a function call's id: the indices of its outputs
+}
+
+func newTrimmer(items []Item) *trimmer {
+	t := &trimmer{items: items, gone: make([]bool, len(items)), outs: map[string][]int{}}
+	for i, it := range items {
+		if droppable(it) {
+			t.left++
+		}
+		if it.Type == "function_call_output" && it.CallID != "" {
+			t.outs[it.CallID] = append(t.outs[it.CallID], i)
+		}
+	}
+	return t
+}
+
+// oldest is the index of the oldest item that may go, -1 when none.
+func (t *trimmer) oldest() int {
+	for t.next < len(t.items) && (t.gone[t.next] || !droppable(t.items[t.next])) {
+		t.next++
+	}
+	if t.next == len(t.items) {
+		return -1
+	}
+	return t.next
+}
+
 // dropTurn removes the oldest turn: the oldest item that may go, and
 // those after it up to the next user message (chat templates that want
 // user and assistant turns to alternate refuse a conversation that starts
 // with an assistant's); dropped is nil when nothing may go.
-func dropTurn(items []Item) (kept, dropped []Item) {
-	kept, dropped = dropOldest(items)
+func (t *trimmer) dropTurn() (dropped []Item) {
+	dropped = t.dropOldest()
 	for dropped != nil {
-		i := slices.IndexFunc(kept, droppable)
-		if i < 0 || kept[i].Type == "message" && kept[i].Role == "user" {
+		i := t.oldest()
+		if i < 0 || t.items[i].Type == "message" && t.items[i].Role == "user" {
 			break
 		}
-		k, d := dropOldest(kept)
+		d := t.dropOldest()
 		if d == nil {
 			break
 		}
-		kept, dropped = k, append(dropped, d...)
+		dropped = append(dropped, d...)
 	}
-	return kept, dropped
+	return dropped
 }
 
 // droppable: an item truncation may drop (not a system or developer
@@ -131,29 +177,41 @@ func droppable(it Item) bool {
 }
 
 // dropOldest removes the oldest item that may go (not a system or
-// developer message), with the outputs of a function call it removes;
-// dropped is nil when that would leave no item that may go (no turn).
-func dropOldest(items []Item) (kept, dropped []Item) {
-	first := slices.IndexFunc(items, droppable)
+// developer message), with the outputs of a function call it removes (a
+// tool message without its call is refused by chat templates); dropped is
+// nil when that would leave no item that may go (no turn).
+func (t *trimmer) dropOldest() (dropped []Item) {
+	first := t.oldest()
 	if first < 0 {
-		return items, nil
+		return nil
 	}
-	gone := items[first]
-	goes := func(i int, it Item) bool {
-		// A tool message without its call is refused by chat templates.
-		return i == first || gone.Type == "function_call" && gone.CallID != "" && it.Type == "function_call_output" && it.CallID == gone.CallID
-	}
-	left := false
-	for i, it := range items {
-		if goes(i, it) {
-			dropped = append(dropped, it)
-		} else {
-			kept = append(kept, it)
-			left = left || droppable(it)
+	goes := []int{first}
+	if it := t.items[first]; it.Type == "function_call" && it.CallID != "" {
+		for _, j := range t.outs[it.CallID] {
+			if !t.gone[j] && j != first {
+				goes = append(goes, j)
+			}
 		}
 	}
-	if !left {
-		return items, nil
+	if t.left-len(goes) <= 0 { // every one of them is droppable
+		return nil
 	}
-	return kept, dropped
+	slices.Sort(goes)
+	for _, j := range goes {
+		t.gone[j] = true
+		dropped = append(dropped, t.items[j])
+	}
+	t.left -= len(goes)
+	return dropped
+}
+
+// kept is the items not dropped, in order.
+func (t *trimmer) kept() []Item {
+	out := make([]Item, 0, len(t.items))
+	for i, it := range t.items {
+		if !t.gone[i] {
+			out = append(out, it)
+		}
+	}
+	return out
 }
