@@ -554,6 +554,13 @@ const (
 // is made when the request arrives.
 const maxMinimum = 4096
 
+// maxAnswerBytes bounds what the generator writes: minimums multiply
+// through nesting (three nested arrays of minItems 4096 are 7·10^10
+// values), and no answer longer than a context window (MaxModelLen
+// tokens) is ever delivered; past the bound it stops, as max_tokens would
+// cut the answer anyway.
+const maxAnswerBytes = 256 << 10
+
 // jsonGen writes JSON valid against schemas, from its own seed.
 type jsonGen struct {
 	rng    uint64
@@ -591,6 +598,9 @@ func generateJSON(n *schemaNode, seed uint64, strict bool) []byte {
 func (g *jsonGen) shallow(depth int) bool { return depth >= shallowDepth || len(g.dst) > sizeBudget }
 
 func (g *jsonGen) value(n *schemaNode, depth int) {
+	if len(g.dst) > maxAnswerBytes {
+		return
+	}
 	n = n.deref()
 	if depth > maxDepth || n == nil && depth > shallowDepth {
 		g.dst = append(g.dst, "null"...)
@@ -700,6 +710,9 @@ func (g *jsonGen) object(n *schemaNode, depth int) {
 	}
 	g.dst = append(g.dst, '{')
 	for i, m := range ms {
+		if len(g.dst) > maxAnswerBytes {
+			break
+		}
 		if i > 0 {
 			g.dst = append(g.dst, ", "...)
 		}
@@ -734,7 +747,7 @@ func (g *jsonGen) array(n *schemaNode, depth int) {
 	}
 	g.dst = append(g.dst, '[')
 	var seen []string // uniqueItems: the items so far, as written
-	for i := 0; i < count; i++ {
+	for i := 0; i < count && len(g.dst) <= maxAnswerBytes; i++ {
 		s := n.items
 		if i < len(n.prefix) {
 			s = n.prefix[i]

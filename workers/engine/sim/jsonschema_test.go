@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
@@ -244,5 +245,21 @@ func TestResponseFormatErrors(t *testing.T) {
 		if se := asError(t, err); se.Status != 400 || *se.Body.Param != tc.param {
 			t.Errorf("%s: %s, want a 400 about %s", tc.format, se.JSON(), tc.param)
 		}
+	}
+}
+
+// Minimums multiply through nesting: three nested arrays of minItems 4096
+// would be 7·10^10 values. The generator stops at maxAnswerBytes (no
+// answer longer than a context window is ever delivered).
+func TestJSONSchemaNestedMinimumsBounded(t *testing.T) {
+	n, err := compileSchema([]byte(`{"type":"array","minItems":4096,"items":{"type":"array","minItems":4096,
+		"items":{"type":"array","minItems":4096,"items":{"type":"string","minLength":64}}}}`), "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out := generateJSON(n, 1, false)
+	if len(out) > maxAnswerBytes+4096 || time.Since(start) > 5*time.Second {
+		t.Fatalf("%d bytes in %v", len(out), time.Since(start))
 	}
 }
