@@ -797,15 +797,31 @@ func TestHelmRejects(t *testing.T) {
 
 // TestHelmRedisTopology: every tokenbus container names Redis in the
 // variable of the chart's redis.topology (one flag per topology), from the
-// Secret, and the gateway gets --redis-min-replicas.
+// Secret, and the gateway gets --redis-min-replicas: redis.minReplicas as
+// given, 0 (no replicas) included, and auto when unset.
 func TestHelmRedisTopology(t *testing.T) {
 	ch := loadChart(t)
-	for _, tc := range []struct{ variant, env, replicas string }{
-		{"default", "TOKENBUS_REDIS_URL", "auto"},
-		{"redis-sentinel", "TOKENBUS_REDIS_SENTINEL", "1"},
-		{"redis-cluster", "TOKENBUS_REDIS_CLUSTER", "auto"},
+	for _, tc := range []struct {
+		variant, env, replicas string
+		minReplicas            any // redis.minReplicas set over the variant's; nil: left
+	}{
+		{"default", "TOKENBUS_REDIS_URL", "auto", nil},
+		{"redis-sentinel", "TOKENBUS_REDIS_SENTINEL", "1", nil},
+		{"redis-cluster", "TOKENBUS_REDIS_CLUSTER", "auto", nil},
+		{"redis-cluster", "TOKENBUS_REDIS_CLUSTER", "0", 0},
+		{"redis-sentinel", "TOKENBUS_REDIS_SENTINEL", "2", 2},
+		{"redis-sentinel", "TOKENBUS_REDIS_SENTINEL", "auto", "auto"},
 	} {
-		ms, err := renderChart(t, ch, kubeVersions[1], variantValues(t, tc.variant))
+		vals := variantValues(t, tc.variant)
+		if tc.minReplicas != nil {
+			redis, _ := vals["redis"].(map[string]any)
+			if redis == nil {
+				redis = map[string]any{}
+				vals["redis"] = redis
+			}
+			redis["minReplicas"] = tc.minReplicas
+		}
+		ms, err := renderChart(t, ch, kubeVersions[1], vals)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -85,7 +85,9 @@ topology; the gateway also gets --redis-min-replicas). Call with (dict "root" $ 
       key: redis-url
 {{- if eq .role "gateway" }}
 - name: TOKENBUS_REDIS_MIN_REPLICAS
-  value: {{ $root.Values.redis.minReplicas | default "auto" | toString | quote }}
+  {{- /* Not sprig's default, which takes 0 (no replicas) for unset. */}}
+  {{- $min := $root.Values.redis.minReplicas }}
+  value: {{ if or (kindIs "invalid" $min) (eq (toString $min) "") }}"auto"{{ else }}{{ $min | toString | quote }}{{ end }}
 {{- end }}
 {{- end }}
 
