@@ -132,6 +132,28 @@ func Migrate(ctx context.Context, from redis.UniversalClient, to *Store) (Migrat
 	if err != nil {
 		return m, fmt.Errorf("read %s: %w", oldUsageIndex, err)
 	}
+	// The hourly hashes, by key id: one SCAN (an id is what comes before
+	// the last ':', the day after it).
+	hourly, err := scanKeys(ctx, from, oldHourlyPrefix+"*")
+	if err != nil {
+		return m, err
+	}
+	type oldDay struct {
+		key string
+		day int64
+	}
+	daysOf := map[string][]oldDay{}
+	for _, old := range hourly {
+		id, d, ok := cutLast(strings.TrimPrefix(old, oldHourlyPrefix), ":")
+		if !ok {
+			continue
+		}
+		day, err := strconv.ParseInt(d, 10, 64)
+		if err != nil {
+			continue
+		}
+		daysOf[id] = append(daysOf[id], oldDay{old, day})
+	}
 	for _, id := range ids {
 		writes := []slotWrite{{keyUsageIndex, func(ctx context.Context, c redis.Cmdable) error {
 			return indexScript.Run(ctx, c, []string{keyUsageIndex}, id).Err()
@@ -145,23 +167,15 @@ func Migrate(ctx context.Context, from redis.UniversalClient, to *Store) (Migrat
 				return c.HSet(ctx, usageKey(id), usage).Err()
 			}})
 		}
-		days, err := scanKeys(ctx, from, oldHourlyPrefix+id+":*")
-		if err != nil {
-			return m, err
-		}
-		for _, old := range days {
-			day, err := strconv.ParseInt(strings.TrimPrefix(old, oldHourlyPrefix+id+":"), 10, 64)
-			if err != nil {
-				continue // another key's: an id that is a prefix of this one's
-			}
-			h, ttl, err := hashWithTTL(ctx, from, old)
+		for _, d := range daysOf[id] {
+			h, ttl, err := hashWithTTL(ctx, from, d.key)
 			if err != nil {
 				return m, err
 			}
 			if len(h) == 0 {
 				continue
 			}
-			key := hourlyKey(id, day)
+			key := hourlyKey(id, d.day)
 			writes = append(writes, slotWrite{key, func(ctx context.Context, c redis.Cmdable) error {
 				return setHash(ctx, c, key, h, ttl)
 			}})
@@ -213,6 +227,15 @@ func Migrate(ctx context.Context, from redis.UniversalClient, to *Store) (Migrat
 		}
 	}
 	return m, nil
+}
+
+// cutLast is strings.Cut at the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
 }
 
 // scanKeys is every key matching pattern, by SCAN.
