@@ -63,7 +63,8 @@ type textItem struct {
 // callItem is an open function call.
 type callItem struct {
 	idx  int
-	item Item // Arguments grow as the deltas come
+	item Item            // Arguments set when the call closes
+	args strings.Builder // the arguments as the deltas come
 }
 
 // NewGen starts the events of resp; emit is called with each event.
@@ -130,7 +131,12 @@ func (g *Gen) Replay(ev *Event) {
 	case "response.output_text.delta":
 		if ev.Delta != nil && g.msg != nil {
 			g.msg.text.WriteString(*ev.Delta)
-			g.msg.logprobs = append(g.msg.logprobs, readLogprobs(ev.Logprobs)...)
+			switch {
+			case ev.lps != nil: // live: the engine's own, bytes and all
+				g.msg.logprobs = append(g.msg.logprobs, ev.lps...)
+			case len(ev.Logprobs) > len("[]"): // read back from the store
+				g.msg.logprobs = append(g.msg.logprobs, readLogprobs(ev.Logprobs)...)
+			}
 			g.tokens++
 		}
 	case "response.reasoning_text.delta":
@@ -142,7 +148,7 @@ func (g *Gen) Replay(ev *Event) {
 		if ev.Delta != nil {
 			for _, c := range g.calls {
 				if c.item.ID == ev.ItemID {
-					c.item.Arguments += *ev.Delta
+					c.args.WriteString(*ev.Delta)
 					g.tokens++
 				}
 			}
@@ -218,7 +224,7 @@ func (g *Gen) text(s string, lps []tokenLogprob) error {
 		}
 	}
 	return g.send(Event{Type: "response.output_text.delta", ItemID: g.msg.id, OutputIndex: ptr(g.msg.idx),
-		ContentIndex: ptr(0), Delta: &s, Logprobs: deltaLogprobs(lps)})
+		ContentIndex: ptr(0), Delta: &s, Logprobs: deltaLogprobs(lps), lps: lps})
 }
 
 // toolCall sends a tool call delta: the function_call item first when its
@@ -247,8 +253,10 @@ func (g *Gen) toolCall(tc chatToolCall) error {
 		}
 		c = g.calls[len(g.calls)-1]
 		g.byIdx[tc.Index] = c
-	} else if tc.Function.Name != "" && !strings.HasSuffix(c.item.Name, tc.Function.Name) {
-		c.item.Name += tc.Function.Name // a name in pieces (OpenAI sends it whole, once)
+	} else if tc.Function.Name != "" && tc.Function.Name != c.item.Name && c.args.Len() == 0 {
+		// A name in pieces, before its arguments (OpenAI sends it whole,
+		// once; a piece that repeats the whole name is no piece).
+		c.item.Name += tc.Function.Name
 	}
 	if tc.Function.Arguments == "" {
 		return nil
@@ -295,6 +303,7 @@ func (g *Gen) closeText(t **textItem, status string) error {
 func (g *Gen) closeCalls(status string) error {
 	for len(g.calls) > 0 {
 		c := g.calls[0]
+		c.item.Arguments = c.args.String()
 		args := c.item.Arguments
 		if err := g.send(Event{Type: "response.function_call_arguments.done", ItemID: c.item.ID, OutputIndex: ptr(c.idx),
 			Name: c.item.Name, Arguments: &args}); err != nil {

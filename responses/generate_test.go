@@ -380,3 +380,59 @@ func TestGenResumeOpenItems(t *testing.T) {
 		t.Fatalf("continuation %s", body)
 	}
 }
+
+// The output_text part keeps the engine's bytes of each token: a
+// byte-fallback token's ("bytes:\xe6" in vLLM's text) are not its text's.
+func TestGenLogprobBytes(t *testing.T) {
+	var evs []Event
+	g := newTestGen(&evs)
+	_ = g.Begin()
+	collect(t, g, &evs, chunk(`{"choices":[{"index":0,"delta":{"content":"x"},"logprobs":{"content":[{"token":"bytes:\\xe6","logprob":-0.5,"bytes":[230],"top_logprobs":[]}]},"finish_reason":"stop"}]}`),
+		doneFrame)
+	for _, e := range evs {
+		if e.Type == "response.content_part.done" {
+			if e.Part == nil || !strings.Contains(string(e.Part.Logprobs), `"bytes":[230]`) {
+				t.Fatalf("part logprobs %s", e.Part.Logprobs)
+			}
+			return
+		}
+	}
+	t.Fatal("no content_part.done")
+}
+
+// A function name that comes in pieces is joined, also a piece that is the
+// end of what came before ("look" then "ok"); one that repeats the whole
+// name is no piece.
+func TestGenCallNamePieces(t *testing.T) {
+	for _, tc := range []struct {
+		pieces []string
+		want   string
+	}{
+		{[]string{"look", "ok"}, "lookok"},
+		{[]string{"get_", "weather"}, "get_weather"},
+		{[]string{"f", "f"}, "f"},
+	} {
+		var evs []Event
+		g := newTestGen(&evs)
+		_ = g.Begin()
+		var frames []schemas.Frame
+		for i, p := range tc.pieces {
+			id := ""
+			if i == 0 {
+				id = `"id":"c",`
+			}
+			frames = append(frames, chunk(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,`+id+`"function":{"name":"`+p+`"}}]}}]}`))
+		}
+		frames = append(frames, chunk(`{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`), doneFrame)
+		collect(t, g, &evs, frames...)
+		got := ""
+		for _, e := range evs {
+			if e.Type == "response.function_call_arguments.done" {
+				got = e.Name
+			}
+		}
+		if got != tc.want {
+			t.Errorf("pieces %q: name %q, want %q", tc.pieces, got, tc.want)
+		}
+	}
+}

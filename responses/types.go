@@ -216,6 +216,10 @@ type Event struct {
 	// The "error" event's fields.
 	Code    *string `json:"code,omitempty"`
 	Message string  `json:"message,omitempty"`
+
+	// lps: a live text delta's logprobs as the engine gave them (bytes
+	// included), so that Gen applies them without reading Logprobs back.
+	lps []tokenLogprob
 }
 
 // Terminal reports whether ev ends a response's stream.
