@@ -93,8 +93,16 @@ func (t Topology) replicaTimeout() time.Duration {
 
 // Check reports a topology that names more than one Redis, or a URL that
 // does not parse, in words that name the flags (--redis-url,
-// --redis-sentinel, --redis-cluster).
+// --redis-sentinel, --redis-cluster). It builds no client.
 func (t Topology) Check() error {
+	_, err := t.parse()
+	return err
+}
+
+// parse checks the topology and parses its URL into the options of its
+// client, returned as the function that builds the client (nothing is
+// dialled yet). It is the one place tokenbus makes a Redis client.
+func (t Topology) parse() (func() redis.UniversalClient, error) {
 	var given []string
 	for _, g := range []struct{ flag, v string }{{"--redis-url", t.URL}, {"--redis-sentinel", t.Sentinel}, {"--redis-cluster", t.Cluster}} {
 		if g.v != "" {
@@ -102,14 +110,42 @@ func (t Topology) Check() error {
 		}
 	}
 	if len(given) > 1 {
-		return fmt.Errorf("%s: give at most one of --redis-url (one node), --redis-sentinel (Sentinel) and --redis-cluster (Cluster)",
+		return nil, fmt.Errorf("%s: give at most one of --redis-url (one node), --redis-sentinel (Sentinel) and --redis-cluster (Cluster)",
 			strings.Join(given, " and "))
 	}
 	if t.MinReplicas < NoReplicas {
-		return fmt.Errorf("--redis-min-replicas %d: want auto, 0 (none) or a number of replicas", t.MinReplicas)
+		return nil, fmt.Errorf("--redis-min-replicas %d: want auto, 0 (none) or a number of replicas", t.MinReplicas)
 	}
-	_, err := t.client()
-	return err
+	switch t.Kind() {
+	case KindSingle:
+		o, err := redis.ParseURL(t.URL)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-url: %w", err)
+		}
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
+		return func() redis.UniversalClient { return redis.NewClient(o) }, nil
+	case KindSentinel:
+		o, err := redis.ParseFailoverURL(t.Sentinel)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-sentinel: %w", err)
+		}
+		if o.MasterName == "" {
+			return nil, errors.New("--redis-sentinel: the URL names no master: add ?master_name=NAME (the name in the sentinels' `sentinel monitor`)")
+		}
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
+		return func() redis.UniversalClient { return redis.NewFailoverClient(o) }, nil
+	case KindCluster:
+		o, err := redis.ParseClusterURL(t.Cluster)
+		if err != nil {
+			return nil, fmt.Errorf("--redis-cluster: %w", err)
+		}
+		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
+			&o.DialerRetryTimeout)
+		return func() redis.UniversalClient { return redis.NewClusterClient(o) }, nil
+	}
+	return nil, errors.New("no Redis named: give --redis-url, --redis-sentinel or --redis-cluster")
 }
 
 // String describes the topology without its passwords, for logs and errors.
@@ -167,51 +203,14 @@ func tune(ctxTimeout *bool, dial, read, write *time.Duration, retries, redials *
 	*redialWait = orDefault(*redialWait, dialerRetryTimeout)
 }
 
-// client builds the go-redis client the topology names; nothing is dialled
-// yet. It is the one place tokenbus makes a Redis client.
-func (t Topology) client() (redis.UniversalClient, error) {
-	switch t.Kind() {
-	case KindSingle:
-		o, err := redis.ParseURL(t.URL)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-url: %w", err)
-		}
-		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
-			&o.DialerRetryTimeout)
-		return redis.NewClient(o), nil
-	case KindSentinel:
-		o, err := redis.ParseFailoverURL(t.Sentinel)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-sentinel: %w", err)
-		}
-		if o.MasterName == "" {
-			return nil, errors.New("--redis-sentinel: the URL names no master: add ?master_name=NAME (the name in the sentinels' `sentinel monitor`)")
-		}
-		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
-			&o.DialerRetryTimeout)
-		return redis.NewFailoverClient(o), nil
-	case KindCluster:
-		o, err := redis.ParseClusterURL(t.Cluster)
-		if err != nil {
-			return nil, fmt.Errorf("--redis-cluster: %w", err)
-		}
-		tune(&o.ContextTimeoutEnabled, &o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.MaxRetries, &o.DialerRetries,
-			&o.DialerRetryTimeout)
-		return redis.NewClusterClient(o), nil
-	}
-	return nil, errors.New("no Redis named: give --redis-url, --redis-sentinel or --redis-cluster")
-}
-
 // OpenTopology connects to the Redis t names and checks it answers (on a
 // Cluster: that every slot is served).
 func OpenTopology(ctx context.Context, t Topology) (*Store, error) {
-	if err := t.Check(); err != nil {
-		return nil, err
-	}
-	rdb, err := t.client()
+	newClient, err := t.parse()
 	if err != nil {
 		return nil, err
 	}
+	rdb := newClient()
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := ping(pctx, rdb); err != nil {
