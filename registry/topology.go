@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -181,26 +182,17 @@ const (
 	dialerRetryTimeout = 50 * time.Millisecond
 )
 
-// orDefault is d when v was not set (0).
-func orDefault[T comparable](v, d T) T {
-	var zero T
-	if v == zero {
-		return d
-	}
-	return v
-}
-
 // tune gives a client's options tokenbus's timeouts and retries where the
 // URL set none (the three topologies' options are three types with the
 // same fields).
 func tune(ctxTimeout *bool, dial, read, write *time.Duration, retries, redials *int, redialWait *time.Duration) {
 	*ctxTimeout = true
-	*dial = orDefault(*dial, dialTimeout)
-	*read = orDefault(*read, ioTimeout)
-	*write = orDefault(*write, ioTimeout)
-	*retries = orDefault(*retries, maxRetries)
-	*redials = orDefault(*redials, dialerRetries)
-	*redialWait = orDefault(*redialWait, dialerRetryTimeout)
+	*dial = cmp.Or(*dial, dialTimeout)
+	*read = cmp.Or(*read, ioTimeout)
+	*write = cmp.Or(*write, ioTimeout)
+	*retries = cmp.Or(*retries, maxRetries)
+	*redials = cmp.Or(*redials, dialerRetries)
+	*redialWait = cmp.Or(*redialWait, dialerRetryTimeout)
 }
 
 // OpenTopology connects to the Redis t names and checks it answers (on a
