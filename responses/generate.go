@@ -41,15 +41,18 @@ type Gen struct {
 	emit func(*Event) error // marshals ev before it returns: ev is reused
 
 	seq    int
-	base   int               // deltas sent before this chat request (a continuation's)
-	tokens int               // deltas sent: text, reasoning and arguments (about a token each)
-	rs     *textItem         // the open reasoning item
-	msg    *textItem         // the open message
-	calls  []*callItem       // open function calls, in output order
-	byIdx  map[int]*callItem // open calls of this chat request, by tool call index
-	finish string
-	usage  chatUsage
-	ended  bool
+	base   int // deltas sent before this chat request (a continuation's)
+	tokens int // deltas sent: text, reasoning and arguments (about a token each)
+	// reasoning: the reasoning deltas among them (vLLM reports no
+	// reasoning_tokens in its usage: they are counted here)
+	reasoningN int
+	rs         *textItem         // the open reasoning item
+	msg        *textItem         // the open message
+	calls      []*callItem       // open function calls, in output order
+	byIdx      map[int]*callItem // open calls of this chat request, by tool call index
+	finish     string
+	usage      chatUsage
+	ended      bool
 }
 
 // textItem is an open message or reasoning item.
@@ -143,6 +146,7 @@ func (g *Gen) Replay(ev *Event) {
 		if ev.Delta != nil && g.rs != nil {
 			g.rs.text.WriteString(*ev.Delta)
 			g.tokens++
+			g.reasoningN++
 		}
 	case "response.function_call_arguments.delta":
 		if ev.Delta != nil {
@@ -495,7 +499,7 @@ func (g *Gen) End(e *schemas.Error) error {
 	if u.CompletionTokensDetails != nil {
 		reasoning = u.CompletionTokensDetails.ReasoningTokens
 	}
-	r.Usage = newUsage(u.PromptTokens, max(u.CompletionTokens, g.tokens), cached, reasoning)
+	r.Usage = newUsage(u.PromptTokens, max(u.CompletionTokens, g.tokens), cached, max(reasoning, g.reasoningN))
 	typ := "response.completed"
 	switch {
 	case e != nil:

@@ -436,3 +436,19 @@ func TestGenCallNamePieces(t *testing.T) {
 		}
 	}
 }
+
+// vLLM reports no reasoning_tokens in its usage: the reasoning deltas are
+// counted.
+func TestGenCountsReasoningTokens(t *testing.T) {
+	var evs []Event
+	g := newTestGen(&evs)
+	_ = g.Begin()
+	collect(t, g, &evs, chunk(`{"choices":[{"index":0,"delta":{"reasoning_content":"Two "}}]}`),
+		chunk(`{"choices":[{"index":0,"delta":{"reasoning_content":"steps."}}]}`),
+		chunk(`{"choices":[{"index":0,"delta":{"content":"Done"},"finish_reason":"stop"}]}`),
+		chunk(`{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":3,"total_tokens":8}}`), doneFrame)
+	r := evs[len(evs)-1].Response
+	if r == nil || r.Usage == nil || r.Usage.OutputTokensDetails.ReasoningTokens != 2 {
+		t.Fatalf("final usage %+v", r)
+	}
+}
