@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,7 +35,16 @@ import (
 type Limiter struct {
 	store *Store
 	Now   func() time.Time
+
+	// indexed is the key ids RecordBatch has put in the usage index, so
+	// that a batch writes the index (one master, and a round trip) only
+	// for keys new to this process; cleared when it holds maxIndexed.
+	mu      sync.Mutex
+	indexed map[string]struct{}
 }
+
+// maxIndexed bounds Limiter.indexed (about 10 MB of ids).
+const maxIndexed = 100_000
 
 // NewLimiter makes a limiter on store.
 func NewLimiter(store *Store) *Limiter { return &Limiter{store: store} }
@@ -347,7 +357,7 @@ func (l *Limiter) Record(ctx context.Context, rec schemas.UsageRecord) (dup bool
 
 // RecordBatch is Record for many records (the usage consumer's come in
 // batches): one Redis script per API key in the batch, after one write of
-// the usage index; dups counts records already counted. Records of one
+// the usage index for the keys this Limiter has not indexed yet; dups counts records already counted. Records of one
 // key, model and reservation window are summed, so a script's commands grow
 // with the models in the batch, not its requests.
 //
@@ -396,16 +406,25 @@ func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (
 		k.recs = append(k.recs, i)
 	}
 	// The index first: a key whose usage a crash left unwritten is listed
-	// with no usage, never a key with usage unlisted.
-	index := make([]any, len(order))
-	for i, id := range order {
-		index[i] = id
+	// with no usage, never a key with usage unlisted. Only the keys this
+	// process has not indexed yet: its failure fails the batch, which
+	// comes again, while the batches of keys indexed go on.
+	var index []any
+	l.mu.Lock()
+	for _, id := range order {
+		if _, ok := l.indexed[id]; !ok {
+			index = append(index, id)
+		}
 	}
-	writes := []slotWrite{{key: keyUsageIndex, write: func(ctx context.Context, c redis.Cmdable) error {
-		return l.store.br.Do(ctx, func(ctx context.Context) error {
-			return storeErr(indexScript.Run(ctx, c, []string{keyUsageIndex}, index...).Err())
-		})
-	}}}
+	l.mu.Unlock()
+	var writes []slotWrite
+	if len(index) > 0 {
+		writes = append(writes, slotWrite{key: keyUsageIndex, write: func(ctx context.Context, c redis.Cmdable) error {
+			return l.store.br.Do(ctx, func(ctx context.Context) error {
+				return storeErr(indexScript.Run(ctx, c, []string{keyUsageIndex}, index...).Err())
+			})
+		}})
+	}
 	var total int64
 	for _, id := range order {
 		k := keys[id]
@@ -432,6 +451,17 @@ func (l *Limiter) RecordBatch(ctx context.Context, recs []schemas.UsageRecord) (
 		}})
 	}
 	err = l.store.writeDurably(ctx, writes...)
+	if err == nil && len(index) > 0 {
+		// Indexed, and confirmed by the replicas.
+		l.mu.Lock()
+		if l.indexed == nil || len(l.indexed)+len(index) > maxIndexed {
+			l.indexed = make(map[string]struct{}, len(index))
+		}
+		for _, id := range index {
+			l.indexed[id.(string)] = struct{}{}
+		}
+		l.mu.Unlock()
+	}
 	return int(total), err
 }
 

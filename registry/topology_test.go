@@ -80,6 +80,7 @@ var suite = []struct {
 	{"UsageHourly", testUsageHourly},
 	{"RecordBatchSumsAsSingles", testRecordBatchSumsAsSingles},
 	{"UsageAcrossShards", testUsageAcrossShards},
+	{"UsageIndexOnce", testUsageIndexOnce},
 	{"NotReplicated", testNotReplicated},
 	{"RetryReplicated", testRetryReplicated},
 	{"DeleteNotReplicated", testDeleteNotReplicated},
@@ -376,7 +377,8 @@ func testRetryReplicated(t *testing.T, b *backend) {
 		return out
 	}
 	before := masters()
-	if dups, err := l.RecordBatch(ctx, batch); err != nil || dups != 2 {
+	// A new Limiter (as after a restart) writes the index too.
+	if dups, err := registry.NewLimiter(s).RecordBatch(ctx, batch); err != nil || dups != 2 {
 		t.Fatalf("delivered again: %d dups, %v", dups, err)
 	}
 	for addr, n := range masters() {
@@ -443,5 +445,45 @@ func testListKeysFails(t *testing.T, b *backend) {
 		if list, err := s.ListKeys(ctx); err == nil {
 			t.Fatalf("ListKeys with a record it cannot read: %+v, no error", list)
 		}
+	}
+}
+
+// A Limiter writes the usage index only for keys it has not indexed yet:
+// while the index cannot be written, the usage of keys it indexed goes on,
+// and a batch with a key new to it fails, that key's records uncounted
+// (they come again), and counts once the index can be written.
+func testUsageIndexOnce(t *testing.T, b *backend) {
+	s := b.store(t)
+	l, _ := newLimiter(s)
+	ctx := context.Background()
+	rec := func(req, key string) schemas.UsageRecord {
+		return schemas.UsageRecord{RequestID: req, KeyID: key, Model: "m", Usage: schemas.Usage{PromptTokens: 1}}
+	}
+	if _, err := l.Record(ctx, rec("r1", "key_known")); err != nil {
+		t.Fatal(err)
+	}
+	rdb := s.Client()
+	if err := rdb.Set(ctx, "tokenbus:usage:keys", "not a set", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Record(ctx, rec("r2", "key_known")); err != nil {
+		t.Fatalf("a key indexed already, the index unwritable: %v", err)
+	}
+	batch := []schemas.UsageRecord{rec("r3", "key_known"), rec("r4", "key_new")}
+	if _, err := l.RecordBatch(ctx, batch); err == nil {
+		t.Fatal("a batch with a key not indexed, the index unwritable: no error")
+	}
+	if _, err := registry.NewLimiter(s).Record(ctx, rec("r5", "key_known")); err == nil {
+		t.Fatal("another Limiter (process) with the index unwritable: no error")
+	}
+	if err := rdb.Del(ctx, "tokenbus:usage:keys").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if dups, err := l.RecordBatch(ctx, batch); err != nil || dups != 0 {
+		t.Fatalf("the batch again: %d dups, %v", dups, err)
+	}
+	rows, err := s.Usage(ctx, "key_new", "")
+	if err != nil || len(rows) != 1 || rows[0].Requests != 1 {
+		t.Fatalf("key_new's usage %+v %v: want 1 request", rows, err)
 	}
 }
