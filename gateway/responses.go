@@ -58,9 +58,9 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if err := g.resolveItemRefs(c, input); err != nil {
-		return err
-	}
+	// The stored responses this request reads: its previous one, then
+	// those its item references name (each read once).
+	recs := map[string]*responses.Record{}
 	var history []responses.Item
 	if req.PreviousResponseID != nil && *req.PreviousResponseID != "" {
 		if store == nil {
@@ -80,6 +80,10 @@ func (g *Gateway) createResponse(c *fiber.Ctx) error {
 			return err
 		}
 		history = prev.Conversation()
+		recs[*req.PreviousResponseID] = prev
+	}
+	if err := g.resolveItemRefs(c, input, recs); err != nil {
+		return err
 	}
 	body, err := responses.ChatBody(req, history, input)
 	if err != nil {

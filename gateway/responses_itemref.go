@@ -17,9 +17,13 @@ const maxRefResponses = 64
 // resolveItemRefs puts in place of each item_reference of input the item it
 // names, from the tenant's stored response whose id the item id carries
 // (responses/itemref.go). An item that cannot be found (no store, another
-// tenant's, store:false, an id made elsewhere) is OpenAI's 404.
-func (g *Gateway) resolveItemRefs(c *fiber.Ctx, input []responses.Item) error {
-	var recs map[string]*responses.Record
+// tenant's, store:false, an id made elsewhere) is OpenAI's 404. recs holds
+// the stored responses read already (the request's previous response),
+// by id; those read here are added.
+func (g *Gateway) resolveItemRefs(c *fiber.Ctx, input []responses.Item, recs map[string]*responses.Record) error {
+	var tenant *string // the caller's, looked up at the first read
+	read := 0
+	byID := map[string]map[string]responses.Item{} // each record's output items, indexed once
 	for i := range input {
 		if input[i].Type != "item_reference" {
 			continue
@@ -32,17 +36,21 @@ func (g *Gateway) resolveItemRefs(c *fiber.Ctx, input []responses.Item) error {
 			return schemas.ErrItemNotFound.At(param, id)
 		}
 		rec := recs[respID]
-		if rec == nil && len(recs) >= maxRefResponses {
+		if rec == nil && read >= maxRefResponses {
 			return schemas.ErrResponseInput.At(param, param,
 				fmt.Sprintf("item references name more than %d stored responses", maxRefResponses))
 		}
 		if rec == nil {
-			p, err := g.caller(c)
-			if err != nil {
-				return err
+			if tenant == nil {
+				p, err := g.caller(c)
+				if err != nil {
+					return err
+				}
+				tenant = &p.Tenant
 			}
+			read++
 			ctx, cancel := g.storeCtx(c)
-			r, _, err := store.Get(ctx, p.Tenant, respID)
+			r, _, err := store.Get(ctx, *tenant, respID)
 			cancel()
 			if err != nil {
 				if schemas.ErrResponseNotFound.Is(schemas.AsError(err)) {
@@ -50,12 +58,14 @@ func (g *Gateway) resolveItemRefs(c *fiber.Ctx, input []responses.Item) error {
 				}
 				return err
 			}
-			if recs == nil {
-				recs = map[string]*responses.Record{}
-			}
 			rec, recs[respID] = r, r
 		}
-		it, found := rec.Find(id)
+		items := byID[respID]
+		if items == nil {
+			items = rec.ItemsByID()
+			byID[respID] = items
+		}
+		it, found := items[id]
 		if !found {
 			return schemas.ErrItemNotFound.At(param, id)
 		}

@@ -52,15 +52,16 @@ func validSuffix(s string) bool {
 	return true
 }
 
-// Find returns the item of the record with id: an output item, or one of
-// its input items.
-func (r *Record) Find(id string) (Item, bool) {
-	for _, list := range [][]Item{r.Response.Output, r.Input} {
+// ItemsByID indexes the record's items by id, for item references: its
+// output items, and its input items (an output item's id wins).
+func (r *Record) ItemsByID() map[string]Item {
+	m := make(map[string]Item, len(r.Response.Output)+len(r.Input))
+	for _, list := range [][]Item{r.Input, r.Response.Output} {
 		for _, it := range list {
-			if it.ID == id {
-				return it, true
+			if it.ID != "" {
+				m[it.ID] = it
 			}
 		}
 	}
-	return Item{}, false
+	return m
 }

@@ -25,13 +25,14 @@ func TestItemIDNamesItsResponse(t *testing.T) {
 		}
 	}
 	rec := &Record{Response: Response{Output: []Item{{ID: a, Type: "function_call"}}}, Input: []Item{{ID: "msg_in", Type: "message"}}}
-	if it, ok := rec.Find(a); !ok || it.Type != "function_call" {
-		t.Errorf("Find(%s): %+v %v", a, it, ok)
+	items := rec.ItemsByID()
+	if it, ok := items[a]; !ok || it.Type != "function_call" {
+		t.Errorf("item %s: %+v %v", a, it, ok)
 	}
-	if _, ok := rec.Find("msg_in"); !ok {
+	if _, ok := items["msg_in"]; !ok {
 		t.Error("an input item is not found")
 	}
-	if _, ok := rec.Find(b); ok {
+	if _, ok := items[b]; ok {
 		t.Error("an item the record does not have is found")
 	}
 }
