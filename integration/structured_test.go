@@ -54,11 +54,11 @@ func TestStructuredFieldsReachVLLM(t *testing.T) {
 	if err := json.Unmarshal(sent, &want); err != nil {
 		t.Fatal(err)
 	}
-	check := func(how string) {
+	check := func(how string, n int) {
 		t.Helper()
 		got := fake.Received()
-		if len(got) == 0 {
-			t.Fatalf("%s: the fake vLLM got no request", how)
+		if len(got) != n {
+			t.Fatalf("%s: the fake vLLM got %d requests, want %d", how, len(got), n)
 		}
 		var body map[string]json.RawMessage
 		if err := json.Unmarshal(got[len(got)-1].Body, &body); err != nil {
@@ -73,14 +73,14 @@ func TestStructuredFieldsReachVLLM(t *testing.T) {
 	if _, err := c.Chat.Completions.New(ctx, params); err != nil {
 		t.Fatal(err)
 	}
-	check("stream:false")
+	check("stream:false", 1)
 	st := c.Chat.Completions.NewStreaming(ctx, params)
 	for st.Next() {
 	}
 	if err := st.Err(); err != nil {
 		t.Fatal(err)
 	}
-	check("stream:true")
+	check("stream:true", 2)
 }
 
 // sameJSON reports whether a and b are the same JSON value (key order aside).

@@ -47,17 +47,6 @@ var refusedFields = map[string]string{
 	"previous_input_messages":  "vLLM's gpt-oss extra",
 }
 
-// Fields lists every field POST /v1/responses takes (read or refused when
-// set), for docs and tests.
-func Fields() []string {
-	out := slices.Clone(readFields)
-	for f := range refusedFields {
-		out = append(out, f)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // includes that cannot be served, with why.
 var unservedIncludes = map[string]string{
 	"reasoning.encrypted_content":           "reasoning items are stored with their response; chain them with previous_response_id",
