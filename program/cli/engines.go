@@ -50,5 +50,6 @@ func registerSimFlags(fs *pflag.FlagSet, c *sim.Config) {
 	fs.DurationVar(&c.KVHoldTime, "sim-kv-hold", c.KVHoldTime, "sim: how long a prefill for a remote decode (kv_transfer_params, docs/disaggregation.md) holds its KV blocks for the decode engine to take them; then they are freed (vLLM: VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 	fs.DurationVar(&c.KVTransferBase, "sim-kv-transfer-base", c.KVTransferBase, "sim: fixed time a decode takes to transfer a remote prefill's KV blocks")
 	fs.DurationVar(&c.KVTransferPerToken, "sim-kv-transfer-per-token", c.KVTransferPerToken, "sim: transfer time per prompt token of a remote prefill's KV blocks (0.5µs: an 8B model's 128 KiB a token at about 260 GB/s, NVLink; about 2.6µs over 400 Gb/s RDMA)")
+	fs.StringSliceVar(&c.KVPeers, "sim-kv-transfer-peers", c.KVPeers, "sim: hosts besides loopback and this host's name (as prefills' remote_host names them) that a decode may pull KV blocks from; the params come in request bodies, so no other host is ever contacted")
 	fs.StringVar(&c.KVTransferAddr, "sim-kv-transfer-addr", c.KVTransferAddr, "sim: TCP address where the sim serves its held KV blocks to decode engines (the remote_host and remote_port of its prefills' kv_transfer_params); an unspecified host (0.0.0.0) is advertised by the host's name")
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -379,6 +381,12 @@ func (e *Engine) beginTransfer(ctx context.Context, r *request) error {
 // transfer; meanwhile r counts as waiting (vLLM's WAITING_FOR_REMOTE_KVS).
 func (e *Engine) pullKV(ctx context.Context, r *request) error {
 	p := r.kv.pull
+	if !e.kvPeer(p.host) {
+		e.kvx.mFailed.Add(1)
+		return schemas.ErrKVTransferFailed.New("sim", schemas.Clip(p.engineID, schemas.MaxQuoted),
+			fmt.Sprintf("remote_host %q is not a KV-transfer peer of this engine (loopback, or --sim-kv-transfer-peers)",
+				schemas.Clip(p.host, schemas.MaxQuoted)))
+	}
 	n := int64(len(r.seqs))
 	e.nWaiting.Add(n)
 	defer e.nWaiting.Add(-n) // Generate counts them again when it queues them
@@ -389,7 +397,7 @@ func (e *Engine) pullKV(ctx context.Context, r *request) error {
 			return ctx.Err()
 		}
 		e.kvx.mFailed.Add(1)
-		return schemas.ErrKVTransferFailed.New("sim", p.engineID, err)
+		return schemas.ErrKVTransferFailed.New("sim", schemas.Clip(p.engineID, schemas.MaxQuoted), err)
 	}
 	tokens = min(tokens, prompt)
 	if err := e.pause(ctx, e.cfg.KVTransferBase+time.Duration(tokens)*e.cfg.KVTransferPerToken); err != nil {
@@ -545,4 +553,18 @@ func (s *recentIDs) add(id string) {
 func (s *recentIDs) has(id string) bool {
 	_, ok := s.set[id]
 	return ok
+}
+
+// kvPeer reports whether a decode may pull KV blocks from host: a loopback
+// address, "localhost" or this host's name (what a prefill listening on
+// 0.0.0.0 advertises), or one of Config.KVPeers.
+func (e *Engine) kvPeer(host string) bool {
+	if host == "localhost" || slices.Contains(e.cfg.KVPeers, host) {
+		return true
+	}
+	if name, err := os.Hostname(); err == nil && host == name {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -527,3 +527,30 @@ func TestTransferCancelled(t *testing.T) {
 		}
 	})
 }
+
+// The params come in a request body: a decode pulls only from loopback,
+// this host's name or a configured peer, and refuses any other host at
+// once, connecting nowhere.
+func TestTransferPeersOnly(t *testing.T) {
+	p := newEngine(t, kvConfig())
+	body := `{"messages":[{"role":"user","content":"hello there"}],"max_tokens":4,"ignore_eos":true}`
+	_, params := prefillRun(t, p, schemas.KindChat, body)
+	elsewhere := setParam(t, params, "remote_host", "198.51.100.7") // TEST-NET-2: nobody
+	d := newEngine(t, kvConfig())
+	start := time.Now()
+	_, err := decodeRun(d, schemas.KindChat, body, elsewhere, nil)
+	if !schemas.ErrKVTransferFailed.Is(schemas.AsError(err)) || !strings.Contains(err.Error(), "not a KV-transfer peer") ||
+		time.Since(start) > time.Second {
+		t.Fatalf("a pull from an unlisted host: %v after %v", err, time.Since(start))
+	}
+	cfg := kvConfig()
+	cfg.KVPeers = []string{"198.51.100.7"}
+	listed := newEngine(t, cfg)
+	if !listed.kvPeer("198.51.100.7") || listed.kvPeer("198.51.100.8") || !listed.kvPeer("127.0.0.1") || !listed.kvPeer("::1") {
+		t.Fatal("kvPeer")
+	}
+	// Loopback, as the prefill said it: taken.
+	if _, err := decodeRun(d, schemas.KindChat, body, params, nil); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -136,9 +136,10 @@ func (x *kvTransfer) take(q *pullRequest) (tokens, blocks, status int, reason st
 	case h == nil && q.RequestID != "" && x.expired.has(q.RequestID):
 		return 0, 0, http.StatusNotFound, fmt.Sprintf("the KV blocks of %s expired or were dropped before the pull", q.RequestID)
 	case h == nil:
-		return 0, 0, http.StatusNotFound, fmt.Sprintf("no KV blocks held for %q %v: taken already, expired or never held", q.RequestID, q.BlockIDs)
+		return 0, 0, http.StatusNotFound, fmt.Sprintf("no KV blocks held for %q (%d blocks): taken already, expired or never held",
+			schemas.Clip(q.RequestID, schemas.MaxQuoted), len(q.BlockIDs))
 	case !sameBlocks(h.blocks, q.BlockIDs):
-		return 0, 0, http.StatusConflict, fmt.Sprintf("blocks %v are not those held for %s", q.BlockIDs, h.id)
+		return 0, 0, http.StatusConflict, fmt.Sprintf("the %d blocks asked for are not those held for %s (%d blocks)", len(q.BlockIDs), h.id, len(h.blocks))
 	case q.PromptTokens != h.prompt || q.PromptHash != promptHashText(h.hash):
 		return 0, 0, http.StatusConflict, fmt.Sprintf("the prompt (%d tokens) is not the one prefilled for %s (%d tokens, or another model)",
 			q.PromptTokens, h.id, h.prompt)
@@ -188,7 +189,7 @@ func (x *kvTransfer) pull(ctx context.Context, p *transferParams, promptTokens i
 	derr := json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&a)
 	switch {
 	case resp.StatusCode != http.StatusOK && a.Error != "":
-		return 0, errors.New(a.Error)
+		return 0, errors.New(schemas.Clip(a.Error, 2*schemas.MaxQuoted)) // a peer's words: bounded
 	case resp.StatusCode != http.StatusOK:
 		return 0, fmt.Errorf("%s answered %s", addr, resp.Status)
 	case derr != nil:

@@ -71,11 +71,16 @@ type Config struct {
 	// between hosts, 400 Gb/s, is about 2.6µs a token). KVTransferAddr
 	// is where the engine serves its held blocks to decode engines
 	// (kvserver.go), a TCP address listened on at the first prefill
-	// (default 127.0.0.1:0: loopback, any port).
+	// (default 127.0.0.1:0: loopback, any port). KVPeers are the hosts
+	// (names or addresses, as remote_host says them) besides loopback
+	// that a decode may pull blocks from: the params come in a request
+	// body, and the sim-server takes bodies from anyone, so no client
+	// makes the engine connect where it likes.
 	KVHoldTime         time.Duration
 	KVTransferBase     time.Duration
 	KVTransferPerToken time.Duration
 	KVTransferAddr     string
+	KVPeers            []string
 }
 
 // DefaultConfig is a small model on one GPU: about 15-20 ms to the first
