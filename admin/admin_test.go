@@ -105,7 +105,14 @@ func (w *world) worker(id string, models, adapters []string, mute, fail bool) *f
 		}
 	}
 	f.beat(t, models, adapters)
+	sent := time.Now()
 	testenv.WaitFor(t, 5*time.Second, func() error {
+		// A beat published before the fleet's subscription reached the
+		// server is lost: send it again now and then, as a worker would.
+		if time.Since(sent) > 200*time.Millisecond {
+			f.beat(t, models, adapters)
+			sent = time.Now()
+		}
 		for _, x := range w.fleet.Workers() {
 			if x.Worker == id && len(x.Models) == len(models) {
 				return nil
